@@ -1,0 +1,39 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: serve test check lint typecheck unit install model bench clean
+
+$(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/mlx-responses serve --host $(HOST) --port $(PORT)
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/mypy src
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: check unit
+
+model: $(STAMP)
+	$(PY) scripts/build_tiny_model.py
+
+bench: $(STAMP)
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
