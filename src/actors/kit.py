@@ -1,0 +1,71 @@
+"""The actor kit: bounded mailboxes, one-shot replies and request/reply.
+
+Invariants:
+- A mailbox is a bounded Trio memory channel (capacity 0 or a small constant): a sender that
+  outpaces an actor waits, it never grows a queue without bound.
+- A request that expects an answer carries a ``Reply``; the actor answers exactly once with a
+  value or an exception (an ``outcome``), and ``ask`` unwraps it in the caller's task, so an
+  actor's refusal raises where the request was made and the actor keeps running.
+- If the actor is gone (its mailbox closed), ``ask`` raises ``ActorGone``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import outcome
+import trio
+
+T = TypeVar("T")
+M = TypeVar("M")
+
+MAILBOX_SIZE = 16
+
+
+class ActorGone(RuntimeError):
+    """The actor addressed has stopped."""
+
+
+def open_mailbox(
+    size: int = MAILBOX_SIZE,
+) -> tuple[trio.MemorySendChannel[M], trio.MemoryReceiveChannel[M]]:
+    """A bounded mailbox; the actor owns the receive side, handles hold clones of the send side."""
+    return trio.open_memory_channel[M](size)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply(Generic[T]):
+    """A one-shot reply address carried inside a request message."""
+
+    _channel: trio.MemorySendChannel[outcome.Outcome[T]]
+
+    def send(self, value: T) -> None:
+        self._deliver(outcome.Value(value))
+
+    def fail(self, error: BaseException) -> None:
+        self._deliver(outcome.Error(error))
+
+    def _deliver(self, result: outcome.Outcome[T]) -> None:
+        # The channel has room for exactly one answer, so this never blocks; a caller that
+        # gave up (cancelled) has closed its end, which is not the actor's problem.
+        try:
+            self._channel.send_nowait(result)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+            pass
+
+
+async def ask(mailbox: trio.MemorySendChannel[M], make: Callable[[Reply[T]], M]) -> T:
+    """Send ``make(reply)`` to an actor and wait for its answer."""
+    send, receive = trio.open_memory_channel[outcome.Outcome[T]](1)
+    with send, receive:
+        try:
+            await mailbox.send(make(Reply(send)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ActorGone("the actor has stopped") from exc
+        try:
+            result = await receive.receive()
+        except trio.EndOfChannel as exc:  # pragma: no cover - the actor dropped the reply
+            raise ActorGone("the actor stopped before answering") from exc
+    return result.unwrap()

@@ -1,0 +1,217 @@
+"""The model actor: the single owner of the model, running continuous batching on its own thread.
+
+Invariants:
+- All MLX work happens on the ``GenerationThread`` this actor starts and joins; the Trio task
+  ``run_model_actor`` only supervises it: readiness once the model is loaded, a crash of the
+  thread is a crash of this task (and so of the server), and shutdown finishes every running
+  sequence with ``shutdown`` before the thread stops.
+- ``submit`` and ``cancel`` never block: they put a command on the thread's inbox. A cancelled
+  sequence leaves the batch at the thread's next step (one decode step or one prefill chunk).
+- After shutdown begins, ``submit`` raises ``ModelUnavailable``.
+- ``statistics()`` returns the thread's latest immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..model.loader import ChatMessage, LoadedModel, render_prompt
+from ..model.slot import SequenceOutput, SequenceSlot
+from ..model.thread import (
+    GenerationThread,
+    InsertSequence,
+    ModelStatistics,
+    RemoveSequence,
+    StopGeneration,
+    ThreadSettings,
+)
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+class ModelUnavailable(RuntimeError):
+    """The model is shutting down or has stopped; no new sequence is admitted."""
+
+
+class ModelOverloaded(RuntimeError):
+    """Too many sequences are admitted already."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    model_path: str
+    alias: str
+    prefill_step_size: int = 512
+    completion_batch_size: int = 32
+    prefill_batch_size: int = 8
+    max_sequences: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    alias: str
+    path: str
+    context_window: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Sender: the response actor. A rendered prompt and its sampling settings."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+
+
+class GenerationSequence:
+    """A response actor's view of its sequence in the batch."""
+
+    def __init__(self, handle: ModelHandle, seq_id: int, prompt_tokens: int, slot: SequenceSlot):
+        self.seq_id = seq_id
+        self.prompt_tokens = prompt_tokens
+        self._handle = handle
+        self._slot = slot
+        self._done = False
+
+    async def receive(self) -> SequenceOutput:
+        """The next coalesced output; ``trio.EndOfChannel`` after the finish was received."""
+        out = await self._slot.receive()
+        if out.finish is not None:
+            self._done = True
+            self._handle._release(self.seq_id)
+        return out
+
+    def cancel(self) -> None:
+        """Remove the sequence from the batch (no-op once finished). Never blocks."""
+        if not self._done:
+            self._done = True
+            self._handle.cancel(self.seq_id)
+
+
+class ModelHandle:
+    """The typed handle other actors use to reach the model actor."""
+
+    def __init__(self, settings: ModelSettings, loaded: LoadedModel, thread: GenerationThread):
+        self.info = ModelInfo(settings.alias, loaded.path, loaded.context_window)
+        self._settings = settings
+        self._tokenizer = loaded.tokenizer
+        self._thread = thread
+        self._ids = itertools.count(1)
+        self._admitted: set[int] = set()
+        self._closing = False
+        self._trio_token = trio.lowlevel.current_trio_token()
+
+    def statistics(self) -> ModelStatistics:
+        return self._thread.statistics
+
+    async def render(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX)."""
+        return await trio.to_thread.run_sync(render_prompt, self._tokenizer, messages, tools)
+
+    def submit(self, request: GenerationRequest) -> GenerationSequence:
+        if self._closing:
+            raise ModelUnavailable("the server is shutting down")
+        if len(self._admitted) >= self._settings.max_sequences:
+            raise ModelOverloaded(
+                f"the generation queue is full ({self._settings.max_sequences} sequences)"
+            )
+        seq_id = next(self._ids)
+        slot = SequenceSlot(self._trio_token)
+        self._admitted.add(seq_id)
+        self._thread.send(
+            InsertSequence(
+                seq_id, request.prompt, request.max_tokens, request.temperature, request.top_p, slot
+            )
+        )
+        return GenerationSequence(self, seq_id, len(request.prompt), slot)
+
+    def cancel(self, seq_id: int) -> None:
+        if seq_id in self._admitted:
+            self._release(seq_id)
+            self._thread.send(RemoveSequence(seq_id))
+
+    def _release(self, seq_id: int) -> None:
+        self._admitted.discard(seq_id)
+
+    def shutdown(self) -> None:
+        """Refuse new sequences; finish running ones with ``shutdown``; stop the thread."""
+        if not self._closing:
+            self._closing = True
+            self._thread.send(StopGeneration())
+
+    async def wait_idle(self) -> None:
+        """Wait until the batch holds no sequence (used by tests and the benchmark)."""
+        # Polled: the snapshot is published by the generation thread, not by a Trio task.
+        while self.statistics().active:  # noqa: ASYNC110
+            await trio.sleep(0.001)
+
+
+async def run_model_actor(
+    settings: ModelSettings,
+    *,
+    task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Load the model on its own thread, report ready with a handle, supervise until cancelled."""
+    token = trio.lowlevel.current_trio_token()
+    loaded_box: list[LoadedModel | BaseException] = []
+    loaded_event = trio.Event()
+    exit_box: list[BaseException | None] = []
+    exited = trio.Event()
+
+    def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
+        loaded_box.append(loaded if loaded is not None else error or RuntimeError("load failed"))
+        token.run_sync_soon(loaded_event.set)
+
+    def on_exit(error: BaseException | None) -> None:
+        exit_box.append(error)
+        try:
+            token.run_sync_soon(exited.set)
+        except trio.RunFinishedError:
+            pass
+
+    thread = GenerationThread(
+        ThreadSettings(
+            settings.model_path,
+            prefill_step_size=settings.prefill_step_size,
+            completion_batch_size=settings.completion_batch_size,
+            prefill_batch_size=settings.prefill_batch_size,
+        ),
+        on_loaded=on_loaded,
+        on_exit=on_exit,
+    )
+    thread.start()
+    handle: ModelHandle | None = None
+    try:
+        await loaded_event.wait()
+        loaded = loaded_box[0]
+        if isinstance(loaded, BaseException):
+            raise RuntimeError(
+                f"could not load model {settings.model_path!r}: {loaded}"
+            ) from loaded
+        handle = ModelHandle(settings, loaded, thread)
+        log.info("model %s loaded from %s", settings.alias, loaded.path)
+        task_status.started(handle)
+        await exited.wait()
+        error = exit_box[0] if exit_box else None
+        if handle._closing and error is None:
+            return
+        raise RuntimeError("the generation thread stopped unexpectedly") from error
+    finally:
+        with trio.CancelScope(shield=True):
+            if handle is not None:
+                handle.shutdown()
+            else:
+                thread.send(StopGeneration())
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                await exited.wait()

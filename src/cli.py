@@ -1,0 +1,162 @@
+"""``mlx-responses``: the command line. Every flag can also be set by an environment variable.
+
+Precedence: command line, then environment, then the default. ``--help`` lists each flag with
+its variable and default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .actors.model import ModelSettings
+from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from .model.loader import resolve_model_path
+from .server import ServerSettings, serve
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    name: str
+    env: str
+    default: Any
+    kind: Callable[[str], Any]
+    help: str
+
+
+SERVE_FLAGS: tuple[Flag, ...] = (
+    Flag("--host", "MLX_RESPONSES_HOST", "127.0.0.1", str, "interface to listen on"),
+    Flag("--port", "MLX_RESPONSES_PORT", 8080, int, "TCP port (0 picks a free one)"),
+    Flag(
+        "--model",
+        "MLX_RESPONSES_MODEL",
+        None,
+        str,
+        "model folder or hub id to serve (default: the bundled tiny model)",
+    ),
+    Flag(
+        "--alias",
+        "MLX_RESPONSES_ALIAS",
+        None,
+        str,
+        "the model name clients send and /v1/models lists "
+        f"(default: '{BUNDLED_ALIAS}' for the bundled model, else the folder name or hub id)",
+    ),
+    Flag(
+        "--prefill-step-size",
+        "MLX_RESPONSES_PREFILL_STEP_SIZE",
+        512,
+        int,
+        "prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk",
+    ),
+    Flag(
+        "--decode-concurrency",
+        "MLX_RESPONSES_DECODE_CONCURRENCY",
+        32,
+        int,
+        "most sequences decoded together in one batch step",
+    ),
+    Flag(
+        "--prompt-concurrency",
+        "MLX_RESPONSES_PROMPT_CONCURRENCY",
+        8,
+        int,
+        "most prompts prefilled together in one batch step",
+    ),
+    Flag(
+        "--max-sequences",
+        "MLX_RESPONSES_MAX_SEQUENCES",
+        256,
+        int,
+        "admitted sequences (running + waiting) before new requests get 503",
+    ),
+    Flag(
+        "--log-level",
+        "MLX_RESPONSES_LOG_LEVEL",
+        "info",
+        str,
+        "debug, info, warning or error",
+    ),
+)
+
+
+def _dest(flag: Flag) -> str:
+    return flag.name.removeprefix("--").replace("-", "_")
+
+
+def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="mlx-responses",
+        description="A local server for the OpenAI Responses API running one MLX model.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser(
+        "serve",
+        help="start the server",
+        description="Start the Responses API server. Every flag can also be set through the "
+        "environment variable shown; the command line wins.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for flag in SERVE_FLAGS:
+        raw = env.get(flag.env)
+        try:
+            default = flag.default if raw is None else flag.kind(raw)
+        except ValueError:
+            parser.error(f"environment variable {flag.env}={raw!r} is not a valid {flag.name}")
+        serve_parser.add_argument(
+            flag.name,
+            dest=_dest(flag),
+            type=flag.kind,
+            default=default,
+            help=f"{flag.help} [env: {flag.env}]",
+        )
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    if args.model is None:
+        model_path = str(BUNDLED_MODEL_PATH)
+        alias = args.alias or BUNDLED_ALIAS
+    else:
+        model_path = resolve_model_path(args.model)
+        alias = args.alias or os.path.basename(os.path.normpath(args.model))
+    for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.port < 65536:
+        raise SystemExit("--port must be between 0 and 65535")
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        model=ModelSettings(
+            model_path=model_path,
+            alias=alias,
+            prefill_step_size=args.prefill_step_size,
+            completion_batch_size=args.decode_concurrency,
+            prefill_batch_size=args.prompt_concurrency,
+            max_sequences=args.max_sequences,
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = settings_from_args(args)
+    trio.run(lambda: serve(settings, handle_signals=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Request bodies at the HTTP edge (the only place Pydantic is used) and their conversion.
+
+Invariants:
+- Every key of OpenAI's ``ResponseCreateParams`` (plus ``stream``) is accepted as a key; an
+  unknown top-level key is a 400 naming it (decision 3).
+- Scalars are strict: no string-to-number or number-to-bool coercion.
+- A field whose value we cannot honour yet is a 400 saying so, never silently dropped.
+- The result is the internal frozen ``CreateRequest``; nothing downstream sees Pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import ValidationError as PydanticValidationError
+
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.objects import ResponseConfig
+from ..protocol.request import CreateRequest, json_type, parse_input
+
+Number = StrictFloat | StrictInt
+
+
+class CreateResponseBody(BaseModel):
+    """``POST /v1/responses``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: StrictStr | None = None
+    input: Any = None
+    instructions: StrictStr | None = None
+    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    metadata: (
+        dict[
+            Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]
+        ]
+        | None
+    ) = None
+    user: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    parallel_tool_calls: StrictBool | None = None
+    truncation: StrictStr | None = None
+    service_tier: StrictStr | None = None
+    # Accepted keys whose non-default values later work will honour.
+    background: StrictBool | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    max_tool_calls: Any = None
+    text: Any = None
+    reasoning: Any = None
+    include: Any = None
+    previous_response_id: Any = None
+    conversation: Any = None
+    context_management: Any = None
+    top_logprobs: Any = None
+    prompt: Any = None
+    stream_options: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    access_programs: Any = None
+    background_options: Any = None
+    image: Any = None
+    moderation: Any = None
+
+
+# Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
+_NOT_YET: dict[str, str] = {
+    "tools": "function tools",
+    "tool_choice": "tool_choice",
+    "max_tool_calls": "max_tool_calls",
+    "previous_response_id": "previous_response_id",
+    "conversation": "conversation",
+    "context_management": "context_management",
+    "prompt": "prompt templates",
+    "include": "include",
+    "image": "image",
+    "background_options": "background_options",
+    "access_programs": "access_programs",
+    "moderation": "moderation",
+}
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return invalid_request(f"Unsupported parameter: '{param}' ({what}) is not supported.", param)
+
+
+def _check_not_yet(body: CreateResponseBody) -> None:
+    for key, what in _NOT_YET.items():
+        value = getattr(body, key)
+        if value is None or value == [] or (key == "tool_choice" and value in ("auto", "none")):
+            continue
+        raise _unsupported(key, what)
+    if body.background:
+        raise _unsupported("background", "background mode")
+    if body.truncation not in (None, "disabled"):
+        raise invalid_request(
+            f"Invalid value for 'truncation': {body.truncation!r}; only 'disabled' is supported.",
+            "truncation",
+        )
+    if body.service_tier not in (None, "auto", "default"):
+        raise invalid_request(
+            f"Invalid value for 'service_tier': {body.service_tier!r}; this server has only "
+            "the 'default' tier.",
+            "service_tier",
+        )
+    if body.text is not None:
+        fmt = body.text.get("format") if isinstance(body.text, dict) else None
+        if not isinstance(body.text, dict) or (fmt is not None and fmt != {"type": "text"}):
+            raise _unsupported("text.format", "structured output")
+    if body.top_logprobs not in (None, 0):
+        raise _unsupported("top_logprobs", "logprobs")
+    if body.reasoning is not None and not isinstance(body.reasoning, dict):
+        raise invalid_request(
+            f"Invalid type for 'reasoning': expected an object, but got "
+            f"{json_type(body.reasoning)}.",
+            "reasoning",
+        )
+
+
+def parse_create_request(data: object) -> CreateRequest:
+    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
+    if not isinstance(data, dict):
+        raise invalid_request(
+            f"Invalid request body: expected a JSON object, but got {json_type(data)}.", None
+        )
+    try:
+        body = CreateResponseBody.model_validate(data)
+    except PydanticValidationError as exc:
+        raise validation_error(exc) from None
+    if body.model is None:
+        raise invalid_request("Missing required parameter: 'model'.", "model")
+    if body.input is None:
+        raise invalid_request("Missing required parameter: 'input'.", "input")
+    _check_not_yet(body)
+    messages = parse_input(body.input)
+    config = ResponseConfig(
+        model=body.model,
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        temperature=None if body.temperature is None else float(body.temperature),
+        top_p=None if body.top_p is None else float(body.top_p),
+        store=True if body.store is None else body.store,
+        metadata=body.metadata or {},
+        user=body.user,
+        safety_identifier=body.safety_identifier,
+        prompt_cache_key=body.prompt_cache_key,
+        parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+    )
+    return CreateRequest(config=config, input=messages, stream=bool(body.stream))
+
+
+_TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict", "none", "constrained")
+
+
+def _param_from_loc(loc: tuple[int | str, ...]) -> str:
+    """Pydantic's error location as a JSON path, without the union-member tags it inserts."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif "[" in part or part.lower() in _TYPE_TAGS or part.startswith("function-"):
+            continue
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def validation_error(exc: PydanticValidationError) -> ApiError:
+    first = exc.errors()[0]
+    param = _param_from_loc(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        return invalid_request(f"Unknown parameter: '{param}'.", param)
+    value = first.get("input")
+    got = json_type(value)
+    shown = repr(value) if isinstance(value, int | float | str | bool) else got
+    return invalid_request(f"Invalid value for '{param}': {shown} ({first['msg']}).", param)

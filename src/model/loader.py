@@ -1,0 +1,73 @@
+"""Loading a model folder with mlx-lm and rendering chat prompts with its template.
+
+``load_model`` must run on the generation thread (it creates MLX arrays). ``render_prompt`` uses
+only the tokenizer (Jinja and the Rust tokenizer, no MLX), so it may run on any worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTEXT_WINDOW = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message for the chat template: roles system, user, assistant (developer is mapped)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    path: str
+    context_window: int
+
+
+def resolve_model_path(path_or_id: str) -> str:
+    """A local folder stays as given; anything else is handed to mlx-lm as a hub id."""
+    candidate = Path(path_or_id).expanduser()
+    return str(candidate.resolve()) if candidate.exists() else path_or_id
+
+
+def read_context_window(path: str) -> int:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return DEFAULT_CONTEXT_WINDOW
+    config: Mapping[str, Any] = json.loads(config_file.read_text())
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_CONTEXT_WINDOW
+
+
+def load_model(path: str) -> LoadedModel:
+    from mlx_lm import load
+
+    model, tokenizer = load(path)[:2]
+    return LoadedModel(model, tokenizer, path, read_context_window(path))
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of the chat-templated conversation, ending with the generation prompt."""
+    chat = [
+        # Many templates know only system/user/assistant; a developer message is a system one.
+        {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+        for m in messages
+    ]
+    tokens = tokenizer.apply_chat_template(
+        chat, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
+    )
+    return [int(t) for t in tokens]

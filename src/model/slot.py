@@ -1,0 +1,126 @@
+"""The per-sequence outbox between the generation thread and one Trio task.
+
+Invariants:
+- Exactly one producer (the generation thread) and one consumer (the Trio task that owns the
+  response). The producer never blocks on the consumer: it appends under a lock held for a few
+  microseconds and, only when the slot goes from empty to non-empty, schedules a wake-up on the
+  Trio loop with ``TrioToken.run_sync_soon`` (which does not wait).
+- Deltas coalesce: however slow the consumer, it receives everything produced since its last
+  ``receive`` as one ``SequenceOutput`` (text joined, token counts summed). Nothing is dropped;
+  the buffer is bounded by the sequence's own ``max_tokens``.
+- A finish is sticky: after the producer reports one, the slot accepts nothing more, and the
+  consumer receives it exactly once, after all text produced before it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+import trio
+
+FinishReason = Literal["stop", "length", "cancelled", "shutdown", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceOutput:
+    """What a consumer takes from the slot in one ``receive``."""
+
+    text: str
+    new_tokens: int
+    prefill_done: bool
+    finish: FinishReason | None
+    error: str | None = None
+
+
+class SequenceSlot:
+    """Coalescing, thread-safe outbox for one sequence (producer: generation thread)."""
+
+    def __init__(self, trio_token: trio.lowlevel.TrioToken) -> None:
+        self._token = trio_token
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+        self._tokens = 0
+        self._prefill_done = False
+        self._prefill_reported = False
+        self._finish: FinishReason | None = None
+        self._error: str | None = None
+        self._finish_delivered = False
+        self._wake_scheduled = False
+        # Touched only on the Trio thread (by ``receive`` and ``_wake``).
+        self._event = trio.Event()
+
+    # -- producer side (generation thread) --------------------------------------------------
+
+    def push(
+        self,
+        text: str = "",
+        new_tokens: int = 0,
+        *,
+        prefill_done: bool = False,
+        finish: FinishReason | None = None,
+        error: str | None = None,
+    ) -> None:
+        with self._lock:
+            if self._finish is not None:
+                return
+            if text:
+                self._text.append(text)
+            self._tokens += new_tokens
+            self._prefill_done = self._prefill_done or prefill_done
+            if finish is not None:
+                self._finish = finish
+                self._error = error
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        try:
+            self._token.run_sync_soon(self._wake)
+        except trio.RunFinishedError:
+            pass  # nobody is left to wake
+
+    @property
+    def finished(self) -> bool:
+        with self._lock:
+            return self._finish is not None
+
+    # -- consumer side (Trio thread) --------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    def _take(self) -> SequenceOutput | None:
+        with self._lock:
+            self._wake_scheduled = False
+            new_prefill = self._prefill_done and not self._prefill_reported
+            finish = None if self._finish_delivered else self._finish
+            if not self._text and not self._tokens and not new_prefill and finish is None:
+                return None
+            out = SequenceOutput(
+                text="".join(self._text),
+                new_tokens=self._tokens,
+                prefill_done=self._prefill_done,
+                finish=finish,
+                error=self._error if finish is not None else None,
+            )
+            self._text.clear()
+            self._tokens = 0
+            self._prefill_reported = self._prefill_done
+            self._finish_delivered = finish is not None or self._finish_delivered
+            return out
+
+    async def receive(self) -> SequenceOutput:
+        """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered."""
+        while True:
+            out = self._take()
+            if out is not None:
+                return out
+            if self._finish_delivered:
+                raise trio.EndOfChannel
+            self._event = trio.Event()
+            # Re-check: the producer may have pushed between _take and the new event.
+            out = self._take()
+            if out is not None:
+                return out
+            await self._event.wait()

@@ -1,0 +1,108 @@
+"""The root of the actor tree: start-up order, readiness and shutdown, written in one place.
+
+```
+root nursery
+ ├─ response store actor            nursery.start (ready = mailbox open)
+ ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
+ └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
+```
+Shutdown (SIGINT/SIGTERM or ``ServerHandle.shutdown``): the model refuses new sequences and
+finishes running ones, so every open stream ends with its terminal event; then Hypercorn
+closes gracefully, the MLX thread has stopped, and the nursery is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .actors.model import ModelHandle, ModelSettings, run_model_actor
+from .actors.store import ResponseStoreHandle, run_response_store
+from .http.app import AppContext, create_app
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str
+    port: int
+    model: ModelSettings
+    graceful_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHandle:
+    """What ``serve`` reports when ready: the bound URL and the actors (for tests, benchmarks)."""
+
+    base_url: str
+    model: ModelHandle
+    store: ResponseStoreHandle
+    _stop: trio.Event
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+
+async def serve(
+    settings: ServerSettings,
+    *,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    stop = trio.Event()
+    stopped_http = trio.Event()
+    async with trio.open_nursery() as nursery:
+        store = await nursery.start(run_response_store)
+        model = await nursery.start(run_model_actor, settings.model)
+
+        config = HypercornConfig()
+        config.bind = [f"{settings.host}:{settings.port}"]
+        config.graceful_timeout = settings.graceful_timeout
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        app = create_app(AppContext(model=model, store=store, created_at=int(time.time())))
+
+        async def wait_http_stop() -> None:
+            await stopped_http.wait()
+
+        http_done = trio.Event()
+
+        async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            try:
+                await hypercorn_serve(
+                    app, config, shutdown_trigger=wait_http_stop, task_status=task_status
+                )
+            finally:
+                http_done.set()
+
+        binds = await nursery.start(run_http)
+        base_url = binds[0]
+        log.info("serving %s at %s", model.info.alias, base_url)
+        if handle_signals:
+            nursery.start_soon(_watch_signals, stop)
+        task_status.started(ServerHandle(base_url, model, store, stop))
+        await stop.wait()
+        log.info("shutting down")
+        model.shutdown()
+        with trio.move_on_after(settings.graceful_timeout):
+            await model.wait_idle()
+        stopped_http.set()
+        # The HTTP server returns once open requests have finished (bounded by its grace).
+        with trio.move_on_after(settings.graceful_timeout + 1):
+            await http_done.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            stop.set()
+            return
