@@ -166,11 +166,10 @@ class GenerationThread:
                 stop = self._intake(loaded, generator, stop_sequences, live, by_uid, counters)
                 if stop:
                     return
-                if not live:
-                    self._publish(generator, live, counters)
-                    continue
-                self._step(generator, live, by_uid, counters)
                 self._publish(generator, live, counters)
+                if live:
+                    self._step(generator, live, by_uid, counters)
+                    self._publish(generator, live, counters)
         except BaseException as exc:
             crashed = exc
             raise

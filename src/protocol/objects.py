@@ -1,0 +1,241 @@
+"""The Response object and its parts, as JSON-ready dicts shaped like the pinned ``openai`` SDK.
+
+Invariants:
+- Every builder returns fresh ``dict``/``list`` values that ``json.dumps`` accepts and that
+  validate strictly (``Response.model_validate(..., strict=True)``) with no key the SDK model
+  does not define; callers may mutate what they get back.
+- Timestamps are integer Unix seconds (the SDK types them ``float``; OpenAI sends integers).
+- A foreground object has no ``background`` key at all; a background one carries
+  ``"background": true`` (spec 000, Background Mode).
+- ``store`` is a request setting we keep in :class:`ResponseConfig` but never echo: the SDK's
+  ``Response`` model has no such field, so echoing it would be an undeclared key.
+- :class:`ResponseConfig` is deeply immutable: nested JSON (tools, text format, metadata) is
+  frozen into read-only mappings and tuples at construction and thawed into fresh JSON on output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Literal, get_args
+
+__all__ = [
+    "RESPONSE_ERROR_CODES",
+    "TERMINAL_STATUSES",
+    "ItemStatus",
+    "JsonObject",
+    "ResponseConfig",
+    "ResponseErrorCode",
+    "ResponseStatus",
+    "Usage",
+    "message_item",
+    "output_text_part",
+    "response_object",
+]
+
+JsonObject = dict[str, Any]
+"""A JSON object as ``json.loads`` returns it."""
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+TERMINAL_STATUSES: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+# The SDK types `Response.error.code` as this closed Literal (openai 3.57
+# `types/responses/response_error.py`); any other code fails strict validation.
+ResponseErrorCode = Literal[
+    "server_error",
+    "rate_limit_exceeded",
+    "invalid_prompt",
+    "data_residency_mismatch",
+    "bio_policy",
+    "misalignment_policy_violation",
+    "vector_store_timeout",
+    "invalid_image",
+    "invalid_image_format",
+    "invalid_base64_image",
+    "invalid_image_url",
+    "image_too_large",
+    "image_too_small",
+    "image_parse_error",
+    "image_content_policy_violation",
+    "invalid_image_mode",
+    "image_file_too_large",
+    "unsupported_image_media_type",
+    "empty_image_file",
+    "failed_to_download_image",
+    "image_file_not_found",
+]
+RESPONSE_ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ResponseErrorCode))
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one response, as the model counted them."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Usage.{name} must be a non-negative int, got {value!r}")
+        if self.cached_tokens > self.input_tokens:
+            raise ValueError("Usage.cached_tokens cannot exceed input_tokens")
+        if self.reasoning_tokens > self.output_tokens:
+            raise ValueError("Usage.reasoning_tokens cannot exceed output_tokens")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> JsonObject:
+        return {
+            "input_tokens": self.input_tokens,
+            # `cache_write_tokens` is REQUIRED by the 3.57 SDK; a local prompt cache has no
+            # billed cache writes, so it is always 0.
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.total_tokens,
+        }
+
+
+def _freeze(value: object) -> object:
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: object) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _text_format_default() -> Mapping[str, object]:
+    return MappingProxyType({"type": "text"})
+
+
+def _empty_mapping() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseConfig:
+    """The request settings a Response object echoes, already validated at the HTTP edge.
+
+    ``None`` means "not given"; the echo fills in what OpenAI echoes then (temperature and top_p
+    1.0). Nested JSON is deep-frozen in ``__post_init__``.
+    """
+
+    model: str
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    store: bool = True
+    metadata: Mapping[str, str] = field(default_factory=_empty_mapping)
+    background: bool = False
+    previous_response_id: str | None = None
+    conversation_id: str | None = None
+    user: str | None = None
+    parallel_tool_calls: bool = True
+    tool_choice: str | Mapping[str, object] = "auto"
+    tools: Sequence[Mapping[str, object]] = ()
+    max_tool_calls: int | None = None
+    text_format: Mapping[str, object] = field(default_factory=_text_format_default)
+    verbosity: Literal["low", "medium", "high"] = "medium"
+    reasoning_effort: str | None = None
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    top_logprobs: int = 0
+    truncation: Literal["auto", "disabled"] = "disabled"
+    service_tier: str = "default"
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: the documented way to normalise fields is object.__setattr__.
+        object.__setattr__(self, "metadata", _freeze(self.metadata))
+        object.__setattr__(self, "tools", _freeze(self.tools))
+        object.__setattr__(self, "text_format", _freeze(self.text_format))
+        if not isinstance(self.tool_choice, str):
+            object.__setattr__(self, "tool_choice", _freeze(self.tool_choice))
+
+
+def output_text_part(text: str) -> JsonObject:
+    """An ``output_text`` content part (no annotations, no logprobs)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, status: ItemStatus, content: Sequence[JsonObject]) -> JsonObject:
+    """An assistant ``message`` output item."""
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": list(content),
+    }
+
+
+def response_object(
+    *,
+    response_id: str,
+    config: ResponseConfig,
+    created_at: int,
+    status: ResponseStatus,
+    output: Sequence[JsonObject],
+    usage: Usage | None,
+    error: Mapping[str, object] | None,
+    incomplete_details: Mapping[str, object] | None,
+    completed_at: int | None,
+) -> JsonObject:
+    """The full Response object (``object: "response"``), keys in OpenAI's order."""
+    obj: JsonObject = {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+    }
+    if config.background:
+        obj["background"] = True
+    obj.update(
+        {
+            "completed_at": completed_at,
+            "error": _thaw(error),
+            "incomplete_details": _thaw(incomplete_details),
+            "instructions": config.instructions,
+            "max_output_tokens": config.max_output_tokens,
+            "max_tool_calls": config.max_tool_calls,
+            "model": config.model,
+            "output": list(output),
+            "parallel_tool_calls": config.parallel_tool_calls,
+            "previous_response_id": config.previous_response_id,
+            "prompt_cache_key": config.prompt_cache_key,
+            "reasoning": {"effort": config.reasoning_effort, "summary": config.reasoning_summary},
+            "safety_identifier": config.safety_identifier,
+            "service_tier": config.service_tier,
+            "temperature": 1.0 if config.temperature is None else config.temperature,
+            "text": {"format": _thaw(config.text_format), "verbosity": config.verbosity},
+            "tool_choice": _thaw(config.tool_choice),
+            "tools": _thaw(config.tools),
+            "top_logprobs": config.top_logprobs,
+            "top_p": 1.0 if config.top_p is None else config.top_p,
+            "truncation": config.truncation,
+            "usage": None if usage is None else usage.to_json(),
+            "user": config.user,
+            "metadata": _thaw(config.metadata),
+        }
+    )
+    if config.conversation_id is not None:
+        obj["conversation"] = {"id": config.conversation_id}
+    return obj

@@ -1,0 +1,48 @@
+"""Fixtures: the real server (real model actor, real mlx-lm, real Hypercorn) on a free port."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import trio
+from openai import AsyncOpenAI
+
+from mlx_responses.actors.model import ModelSettings
+from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.server import ServerHandle, ServerSettings, serve
+
+MODEL = BUNDLED_ALIAS
+# Start-up, including the first-run JIT of MLX's CPU kernels, stays well under this.
+START_DEADLINE = 60
+
+
+def server_settings(**model_overrides: object) -> ServerSettings:
+    model = ModelSettings(
+        model_path=str(BUNDLED_MODEL_PATH),
+        alias=BUNDLED_ALIAS,
+        **model_overrides,  # type: ignore[arg-type]
+    )
+    return ServerSettings(host="127.0.0.1", port=0, model=model, graceful_timeout=5)
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> ServerHandle:
+    # Torn down by the fixture nursery's cancellation: the model thread stops cleanly.
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, server_settings())
+    return handle
+
+
+@pytest.fixture
+async def client(server: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(
+        base_url=f"{server.base_url}/v1", api_key="sk-local", max_retries=0, timeout=60
+    ) as c:
+        yield c
+
+
+async def wait_until(predicate: Callable[[], bool], poll: float = 0.001) -> None:
+    """Poll a condition on another thread's state (the model's batch snapshot)."""
+    while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
+        await trio.sleep(poll)
