@@ -3,6 +3,7 @@
 ```
 root nursery
  ├─ response store actor            nursery.start (ready = mailbox open)
+ ├─ conversation store actor        nursery.start (ready = mailbox open)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
 ```
@@ -22,9 +23,15 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from .actors.conversation_store import ConversationStoreHandle, run_conversation_store
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
-from .actors.store import ResponseStoreHandle, run_response_store
+from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
+from .storage.interface import StoreLimits
+
+# Spec 000, Storage Flags.
+DEFAULT_RESPONSE_LIMITS = StoreLimits(max_entries=1024, max_bytes=268435456, ttl_seconds=3600)
+DEFAULT_CONVERSATION_LIMITS = StoreLimits(max_entries=256, max_bytes=67108864, ttl_seconds=3600)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,8 @@ class ServerSettings:
     port: int
     model: ModelSettings
     graceful_timeout: float = 10.0
+    responses_store: StoreLimits = DEFAULT_RESPONSE_LIMITS
+    conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,7 @@ class ServerHandle:
     base_url: str
     model: ModelHandle
     store: ResponseStoreHandle
+    conversations: ConversationStoreHandle
     _stop: trio.Event
 
     def shutdown(self) -> None:
@@ -59,7 +69,8 @@ async def serve(
     stop = trio.Event()
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(run_response_store)
+        store = await nursery.start(run_response_store, settings.responses_store)
+        conversations = await nursery.start(run_conversation_store, settings.conversation_store)
         model = await nursery.start(run_model_actor, settings.model)
 
         config = HypercornConfig()
@@ -67,7 +78,14 @@ async def serve(
         config.graceful_timeout = settings.graceful_timeout
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
-        app = create_app(AppContext(model=model, store=store, created_at=int(time.time())))
+        app = create_app(
+            AppContext(
+                model=model,
+                store=store,
+                conversations=conversations,
+                created_at=int(time.time()),
+            )
+        )
 
         async def wait_http_stop() -> None:
             await stopped_http.wait()
@@ -87,7 +105,7 @@ async def serve(
         log.info("serving %s at %s", model.info.alias, base_url)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        task_status.started(ServerHandle(base_url, model, store, stop))
+        task_status.started(ServerHandle(base_url, model, store, conversations, stop))
         await stop.wait()
         log.info("shutting down")
         model.shutdown()

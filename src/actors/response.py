@@ -33,6 +33,7 @@ from ..protocol.machine import (
 )
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.request import CreateRequest
+from ..storage.interface import StoredResponse
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -40,7 +41,7 @@ from .model import (
     ModelOverloaded,
     ModelUnavailable,
 )
-from .store import ResponseStoreHandle
+from .response_store import ResponseStoreHandle
 
 # The temperature OpenAI applies when a request gives none.
 DEFAULT_TEMPERATURE = 1.0
@@ -118,7 +119,7 @@ class ResponseRun:
         if self._request.config.store:
             # Shielded: a hang-up at this instant must not leave the store half-told.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._store.put(self._machine.snapshot())
+                await self._store.put(StoredResponse(self._machine.snapshot()))
         return events + closing
 
     async def run_to_end(self) -> JsonObject:

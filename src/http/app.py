@@ -22,9 +22,10 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from ..actors.conversation_store import ConversationStoreHandle
 from ..actors.model import ModelHandle
 from ..actors.response import open_response
-from ..actors.store import ResponseStoreHandle
+from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.sse import encode_sse
 from .schemas import parse_create_request
@@ -38,6 +39,7 @@ class AppContext:
 
     model: ModelHandle
     store: ResponseStoreHandle
+    conversations: ConversationStoreHandle
     created_at: int
 
 
@@ -192,6 +194,6 @@ def create_app(ctx: AppContext) -> QuartTrio:
     async def delete_response(response_id: str) -> Response:
         if not await ctx.store.delete(response_id):
             raise not_found(f"No response found with id '{response_id}'.", param="response_id")
-        return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+        return _json({"id": response_id, "object": "response", "deleted": True})
 
     return app

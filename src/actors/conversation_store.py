@@ -1,0 +1,215 @@
+"""The conversation store actor: the only owner of conversations and their items.
+
+Invariants:
+- Conversations live in this one task, inside a ``ConversationStorage`` backend; others ask by
+  message through ``ConversationStoreHandle``. JSON is deep-copied on the way in and out.
+- Items arrive with their ids already assigned (``msg_``, ``fc_``, ...); the actor keeps their
+  order of arrival. ``append`` is atomic: all the items of one turn or none.
+- A turn is appended only when a response finishes with output (the response actor's job), so
+  a refused or failed request appends nothing.
+- ``enabled`` is false when transcripts are disabled (``--conversation-store-max-entries 0``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import trio
+
+from ..protocol.ids import new_id
+from ..storage.interface import (
+    ConversationRecord,
+    ConversationStorage,
+    JsonObject,
+    StoreLimits,
+    StoreStatistics,
+)
+from ..storage.memory import MemoryConversationStorage
+from .kit import Reply, ask, open_mailbox
+
+
+@dataclass(frozen=True, slots=True)
+class CreateConversation:
+    """Sender: the HTTP layer. Replies with the new record."""
+
+    metadata: Mapping[str, str]
+    items: tuple[JsonObject, ...]
+    reply: Reply[ConversationRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class GetConversation:
+    """Sender: the HTTP layer and response actors (history). Refreshes recency."""
+
+    conversation_id: str
+    reply: Reply[ConversationRecord | None]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateConversation:
+    """Sender: the HTTP layer. Replaces the metadata; None if the conversation is unknown."""
+
+    conversation_id: str
+    metadata: Mapping[str, str]
+    reply: Reply[ConversationRecord | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConversation:
+    conversation_id: str
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendItems:
+    """Sender: the HTTP layer (create items) and response actors (a finished turn)."""
+
+    conversation_id: str
+    items: tuple[JsonObject, ...]
+    reply: Reply[ConversationRecord | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteItem:
+    conversation_id: str
+    item_id: str
+    reply: Reply[ConversationRecord | None]
+
+
+ConversationMessage = (
+    CreateConversation
+    | GetConversation
+    | UpdateConversation
+    | DeleteConversation
+    | AppendItems
+    | DeleteItem
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPage:
+    data: tuple[JsonObject, ...]
+    has_more: bool
+
+
+def page_items(
+    items: Sequence[JsonObject],
+    *,
+    limit: int,
+    order: Literal["asc", "desc"],
+    after: str | None,
+) -> ItemPage | None:
+    """A page of items in ``order`` after the item ``after``; None if ``after`` is unknown."""
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            return None
+        start = ids.index(after) + 1
+    chunk = ordered[start : start + limit]
+    return ItemPage(tuple(chunk), start + limit < len(ordered))
+
+
+class ConversationStoreHandle:
+    def __init__(
+        self, mailbox: trio.MemorySendChannel[ConversationMessage], limits: StoreLimits
+    ) -> None:
+        self._mailbox = mailbox
+        self.limits = limits
+        self._stats = StoreStatistics()
+
+    @property
+    def enabled(self) -> bool:
+        return self.limits.max_entries > 0
+
+    async def create(
+        self, metadata: Mapping[str, str], items: Sequence[JsonObject] = ()
+    ) -> ConversationRecord:
+        frozen = ConversationRecord("", 0, dict(metadata), tuple(items)).copy()
+        return await ask(
+            self._mailbox, lambda reply: CreateConversation(frozen.metadata, frozen.items, reply)
+        )
+
+    async def get(self, conversation_id: str) -> ConversationRecord | None:
+        return await ask(self._mailbox, lambda reply: GetConversation(conversation_id, reply))
+
+    async def update(
+        self, conversation_id: str, metadata: Mapping[str, str]
+    ) -> ConversationRecord | None:
+        meta = dict(metadata)
+        return await ask(
+            self._mailbox, lambda reply: UpdateConversation(conversation_id, meta, reply)
+        )
+
+    async def delete(self, conversation_id: str) -> bool:
+        return await ask(self._mailbox, lambda reply: DeleteConversation(conversation_id, reply))
+
+    async def append(
+        self, conversation_id: str, items: Sequence[JsonObject]
+    ) -> ConversationRecord | None:
+        frozen = ConversationRecord("", 0, {}, tuple(items)).copy().items
+        return await ask(self._mailbox, lambda reply: AppendItems(conversation_id, frozen, reply))
+
+    async def delete_item(self, conversation_id: str, item_id: str) -> ConversationRecord | None:
+        return await ask(self._mailbox, lambda reply: DeleteItem(conversation_id, item_id, reply))
+
+    def statistics(self) -> StoreStatistics:
+        return self._stats
+
+
+async def run_conversation_store(
+    limits: StoreLimits,
+    storage: ConversationStorage | None = None,
+    *,
+    task_status: trio.TaskStatus[ConversationStoreHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    send: trio.MemorySendChannel[ConversationMessage]
+    receive: trio.MemoryReceiveChannel[ConversationMessage]
+    send, receive = open_mailbox()
+    backend = storage if storage is not None else MemoryConversationStorage(limits)
+    handle = ConversationStoreHandle(send, limits)
+
+    def found(record: ConversationRecord | None) -> ConversationRecord | None:
+        return record.copy() if record is not None else None
+
+    async with receive:
+        task_status.started(handle)
+        async for message in receive:
+            match message:
+                case CreateConversation(metadata, items, reply):
+                    record = ConversationRecord(
+                        new_id("conv"), int(time.time()), dict(metadata), items
+                    )
+                    backend.put(record)
+                    reply.send(record.copy())
+                case GetConversation(conversation_id, reply):
+                    reply.send(found(backend.get(conversation_id)))
+                case UpdateConversation(conversation_id, metadata, reply):
+                    current = backend.get(conversation_id)
+                    if current is not None:
+                        current = replace(current, metadata=dict(metadata))
+                        backend.put(current)
+                    reply.send(found(current))
+                case DeleteConversation(conversation_id, reply):
+                    reply.send(backend.delete(conversation_id))
+                case AppendItems(conversation_id, items, reply):
+                    current = backend.get(conversation_id)
+                    if current is not None:
+                        current = replace(current, items=current.items + items)
+                        backend.put(current)
+                    reply.send(found(current))
+                case DeleteItem(conversation_id, item_id, reply):
+                    current = backend.get(conversation_id)
+                    if current is not None:
+                        kept = tuple(i for i in current.items if i.get("id") != item_id)
+                        if len(kept) == len(current.items):
+                            current = None
+                        else:
+                            current = replace(current, items=kept)
+                            backend.put(current)
+                    reply.send(found(current))
+            handle._stats = backend.statistics()

@@ -1,0 +1,97 @@
+"""The response store actor: the only owner of stored responses.
+
+Invariants:
+- The records live in this one task, inside a ``ResponseStorage`` backend; every other task asks
+  by message through ``ResponseStoreHandle``. Records are immutable; their JSON is deep-copied
+  on the way in and out, so no caller can mutate what is stored.
+- A response is stored only at its terminal event (the response actor puts it then), so a
+  request refused before generation never leaves anything behind.
+- ``enabled`` is false when persistence is disabled (``--responses-store-max-entries 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from ..storage.interface import ResponseStorage, StoredResponse, StoreLimits, StoreStatistics
+from ..storage.memory import MemoryResponseStorage
+from .kit import Reply, ask, open_mailbox
+
+
+@dataclass(frozen=True, slots=True)
+class PutResponse:
+    """Sender: a response actor at its terminal event."""
+
+    record: StoredResponse
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class GetResponse:
+    """Sender: the HTTP layer and response actors (chains). Refreshes recency."""
+
+    response_id: str
+    reply: Reply[StoredResponse | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResponse:
+    """Sender: the HTTP layer (DELETE /v1/responses/{id}). Replies whether it existed."""
+
+    response_id: str
+    reply: Reply[bool]
+
+
+StoreMessage = PutResponse | GetResponse | DeleteResponse
+
+
+class ResponseStoreHandle:
+    def __init__(self, mailbox: trio.MemorySendChannel[StoreMessage], limits: StoreLimits):
+        self._mailbox = mailbox
+        self.limits = limits
+        self._stats = StoreStatistics()
+
+    @property
+    def enabled(self) -> bool:
+        return self.limits.max_entries > 0
+
+    async def put(self, record: StoredResponse) -> None:
+        frozen = record.copy()
+        await ask(self._mailbox, lambda reply: PutResponse(frozen, reply))
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        return await ask(self._mailbox, lambda reply: GetResponse(response_id, reply))
+
+    async def delete(self, response_id: str) -> bool:
+        return await ask(self._mailbox, lambda reply: DeleteResponse(response_id, reply))
+
+    def statistics(self) -> StoreStatistics:
+        return self._stats
+
+
+async def run_response_store(
+    limits: StoreLimits,
+    storage: ResponseStorage | None = None,
+    *,
+    task_status: trio.TaskStatus[ResponseStoreHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    send: trio.MemorySendChannel[StoreMessage]
+    receive: trio.MemoryReceiveChannel[StoreMessage]
+    send, receive = open_mailbox()
+    backend = storage if storage is not None else MemoryResponseStorage(limits)
+    handle = ResponseStoreHandle(send, limits)
+    async with receive:
+        task_status.started(handle)
+        async for message in receive:
+            match message:
+                case PutResponse(record, reply):
+                    backend.put(record)
+                    reply.send(None)
+                case GetResponse(response_id, reply):
+                    found = backend.get(response_id)
+                    reply.send(found.copy() if found is not None else None)
+                case DeleteResponse(response_id, reply):
+                    reply.send(backend.delete(response_id))
+            handle._stats = backend.statistics()

@@ -1,0 +1,82 @@
+"""The storage interface the store actors use, and the records they keep.
+
+Invariants:
+- A backend is used by exactly one actor task, so it needs no locking.
+- Records are immutable values; ``copy()`` returns an independent deep copy of their JSON.
+- Limits follow spec 000's Storage Flags: ``max_entries`` 0 disables persistence,
+  ``max_bytes`` 0 keeps the route but evicts at once, ``ttl_seconds`` 0 disables expiry.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    max_entries: int
+    max_bytes: int
+    ttl_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    entries: int = 0
+    bytes: int = 0
+    evictions: int = 0
+    expirations: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A finished response: its final object, the full input it was rendered from (the
+    rehydrated chain included, each item with its id) and its SSE events for replay."""
+
+    response: JsonObject
+    input_items: tuple[JsonObject, ...] = ()
+    events: tuple[JsonObject, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return str(self.response["id"])
+
+    def copy(self) -> StoredResponse:
+        return StoredResponse(
+            copy.deepcopy(self.response),
+            tuple(copy.deepcopy(list(self.input_items))),
+            tuple(copy.deepcopy(list(self.events))),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    """A conversation: its object fields and its items in order (each with its id)."""
+
+    id: str
+    created_at: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    items: tuple[JsonObject, ...] = ()
+
+    def copy(self) -> ConversationRecord:
+        return ConversationRecord(
+            self.id, self.created_at, dict(self.metadata), tuple(copy.deepcopy(list(self.items)))
+        )
+
+
+class ResponseStorage(Protocol):
+    def put(self, record: StoredResponse) -> None: ...
+    def get(self, response_id: str) -> StoredResponse | None: ...
+    def delete(self, response_id: str) -> bool: ...
+    def statistics(self) -> StoreStatistics: ...
+
+
+class ConversationStorage(Protocol):
+    def put(self, record: ConversationRecord) -> None: ...
+    def get(self, conversation_id: str) -> ConversationRecord | None: ...
+    def delete(self, conversation_id: str) -> bool: ...
+    def statistics(self) -> StoreStatistics: ...
