@@ -4,6 +4,7 @@
 root nursery
  ├─ response store actor            nursery.start (ready = mailbox open)
  ├─ conversation store actor        nursery.start (ready = mailbox open)
+ ├─ live registry actor             nursery.start (running responses' event logs)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
 ```
@@ -24,6 +25,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .actors.conversation_store import ConversationStoreHandle, run_conversation_store
+from .actors.live import LiveRegistryHandle, run_live_registry
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
 from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
@@ -54,6 +56,7 @@ class ServerHandle:
     model: ModelHandle
     store: ResponseStoreHandle
     conversations: ConversationStoreHandle
+    live: LiveRegistryHandle
     _stop: trio.Event
 
     def shutdown(self) -> None:
@@ -71,6 +74,7 @@ async def serve(
     async with trio.open_nursery() as nursery:
         store = await nursery.start(run_response_store, settings.responses_store)
         conversations = await nursery.start(run_conversation_store, settings.conversation_store)
+        live = await nursery.start(run_live_registry)
         model = await nursery.start(run_model_actor, settings.model)
 
         config = HypercornConfig()
@@ -83,6 +87,7 @@ async def serve(
                 model=model,
                 store=store,
                 conversations=conversations,
+                live=live,
                 created_at=int(time.time()),
             )
         )
@@ -105,7 +110,7 @@ async def serve(
         log.info("serving %s at %s", model.info.alias, base_url)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        task_status.started(ServerHandle(base_url, model, store, conversations, stop))
+        task_status.started(ServerHandle(base_url, model, store, conversations, live, stop))
         await stop.wait()
         log.info("shutting down")
         model.shutdown()

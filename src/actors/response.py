@@ -1,26 +1,32 @@
 """The response actor: one response, from rendered prompt to stored final object.
 
 Invariants:
-- ``open_response`` does everything that can refuse a request (render, context check, model
-  name, admission) before any event exists, so a refused request changes nothing.
+- ``prepare_prompt`` and ``open_response`` do everything that can refuse a request (model name,
+  history lookup, render, context check, admission) before any event exists, so a refused
+  request changes nothing: nothing stored, no conversation turn.
 - The actor runs in the task that drives it: for a foreground response that is its HTTP
   request's task (a hang-up cancels it; ``abandon`` in the caller's ``finally`` removes the
   sequence from the batch without awaiting, so it works from a cancelled or closed generator).
 - Events come only from the pure ``ResponseMachine``, so numbering, pairing and the single
-  terminal event hold by construction.
-- With ``store`` the final object is put in the response store *before* the terminal event is
-  handed out, so a client that reads the terminal event and then GETs finds it.
+  terminal event hold by construction. Every event is also appended to the response's
+  ``EventLog``, from which a ``GET ?stream=true`` replays and follows it live.
+- At the terminal event, in this order: the final record goes to the response store (with
+  ``store``), the turn is appended to the conversation (when there is output), then the
+  terminal events are published and the log closes. A client that reads the terminal event and
+  then GETs the response finds it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import trio
 
 from ..model.loader import ChatMessage
 from ..model.slot import SequenceOutput
 from ..protocol.errors import ApiError, invalid_request, not_found
+from ..protocol.history import input_items, messages_from_items
 from ..protocol.ids import new_id
 from ..protocol.machine import (
     Cancel,
@@ -34,6 +40,8 @@ from ..protocol.machine import (
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.request import CreateRequest
 from ..storage.interface import StoredResponse
+from .conversation_store import ConversationStoreHandle
+from .live import EventLog, LiveRegistryHandle
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -45,92 +53,30 @@ from .response_store import ResponseStoreHandle
 
 # The temperature OpenAI applies when a request gives none.
 DEFAULT_TEMPERATURE = 1.0
+STORE_DEADLINE_SECONDS = 5
 
 
-def render_messages(request: CreateRequest) -> list[ChatMessage]:
-    """``instructions`` first, as a system message, then the input messages in order."""
-    messages = []
-    if request.config.instructions:
-        messages.append(ChatMessage("system", request.config.instructions))
-    messages.extend(ChatMessage(m.role, m.text) for m in request.input)
-    return messages
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The handles a response actor talks to."""
+
+    model: ModelHandle
+    store: ResponseStoreHandle
+    conversations: ConversationStoreHandle
+    live: LiveRegistryHandle
 
 
-class ResponseRun:
-    """One running response. Drive it with ``next_events`` until it returns ``None``."""
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A request resolved against its history and rendered."""
 
-    def __init__(
-        self,
-        request: CreateRequest,
-        sequence: GenerationSequence,
-        store: ResponseStoreHandle,
-    ) -> None:
-        self._request = request
-        self._sequence = sequence
-        self._store = store
-        self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
-        self._output_tokens = 0
-        self._started = False
+    history: tuple[JsonObject, ...]  # items replayed before this request's input
+    new_items: tuple[JsonObject, ...]  # this request's input, ids assigned
+    prompt: tuple[int, ...]
 
     @property
-    def response_id(self) -> str:
-        return self._machine.response_id
-
-    @property
-    def seq_id(self) -> int:
-        return self._sequence.seq_id
-
-    def snapshot(self) -> JsonObject:
-        return self._machine.snapshot()
-
-    def _usage(self) -> Usage:
-        return Usage(input_tokens=self._sequence.prompt_tokens, output_tokens=self._output_tokens)
-
-    async def next_events(self) -> list[JsonObject] | None:
-        """The next events to publish (never empty); ``None`` after the terminal event."""
-        if not self._started:
-            self._started = True
-            return self._machine.feed(Start())
-        while not self._machine.terminal:
-            output = await self._sequence.receive()
-            events = await self._apply(output)
-            if events:
-                return events
-        return None
-
-    async def _apply(self, output: SequenceOutput) -> list[JsonObject]:
-        events: list[JsonObject] = []
-        if output.text:
-            events += self._machine.feed(TextDelta(output.text))
-        self._output_tokens += output.new_tokens
-        if output.finish is None:
-            return events
-        terminal: MachineInput
-        match output.finish:
-            case "stop" | "length":
-                terminal = Finish(output.finish, self._usage(), int(time.time()))
-            case "cancelled":
-                terminal = Cancel(self._usage())
-            case "shutdown":
-                terminal = Fail("server_error", "The server is shutting down.", self._usage())
-            case "error":
-                terminal = Fail("server_error", "The model failed while generating.", self._usage())
-        closing = self._machine.feed(terminal)
-        if self._request.config.store:
-            # Shielded: a hang-up at this instant must not leave the store half-told.
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._store.put(StoredResponse(self._machine.snapshot()))
-        return events + closing
-
-    async def run_to_end(self) -> JsonObject:
-        """Drive to the terminal event without a listener; returns the final object."""
-        while await self.next_events() is not None:
-            pass
-        return self._machine.snapshot()
-
-    def abandon(self) -> None:
-        """Called from the driver's ``finally``: free the model's work. Never blocks."""
-        self._sequence.cancel()
+    def all_items(self) -> tuple[JsonObject, ...]:
+        return self.history + self.new_items
 
 
 def check_model(request: CreateRequest, model: ModelHandle) -> None:
@@ -144,28 +90,201 @@ def check_model(request: CreateRequest, model: ModelHandle) -> None:
         )
 
 
-async def open_response(
-    request: CreateRequest, model: ModelHandle, store: ResponseStoreHandle
-) -> ResponseRun:
-    """Validate against the model, render, admit. Raises ``ApiError`` and changes nothing."""
-    check_model(request, model)
-    prompt = await model.render(render_messages(request))
+def persistence_disabled(what: str) -> ApiError:
+    return invalid_request(
+        f"{what} is not available: response persistence is disabled on this server "
+        "(--responses-store-max-entries 0).",
+        None,
+    )
+
+
+async def load_history(request: CreateRequest, services: Services) -> tuple[JsonObject, ...]:
+    """The items a ``previous_response_id`` or ``conversation`` replays (decision 9)."""
+    config = request.config
+    if config.previous_response_id is not None:
+        previous_id = config.previous_response_id
+        if not services.store.enabled:
+            raise persistence_disabled("previous_response_id")
+        record = await services.store.get(previous_id)
+        if record is None:
+            raise invalid_request(
+                f"Previous response with id '{previous_id}' not found. It may have been "
+                "created with store: false, deleted, or evicted from the store.",
+                "previous_response_id",
+                code="previous_response_not_found",
+            )
+        return record.input_items + tuple(record.response.get("output", ()))
+    if config.conversation_id is not None:
+        conversation_id = config.conversation_id
+        if not services.conversations.enabled:
+            raise invalid_request(
+                "conversation is not available: the conversation store is disabled on this "
+                "server (--conversation-store-max-entries 0).",
+                "conversation",
+            )
+        conversation = await services.conversations.get(conversation_id)
+        if conversation is None:
+            raise not_found(
+                f"Conversation with id '{conversation_id}' not found.",
+                param="conversation",
+                code="conversation_not_found",
+            )
+        return conversation.items
+    return ()
+
+
+def render_messages(
+    request: CreateRequest, history: tuple[JsonObject, ...], new_items: tuple[JsonObject, ...]
+) -> list[ChatMessage]:
+    """``instructions`` first, as a system message, then the history, then the new input."""
+    messages = []
+    if request.config.instructions:
+        messages.append(ChatMessage("system", request.config.instructions))
+    messages.extend(ChatMessage(m.role, m.text) for m in messages_from_items(history + new_items))
+    return messages
+
+
+async def prepare_prompt(request: CreateRequest, services: Services) -> PreparedPrompt:
+    """Resolve history and render; raises ``ApiError`` and changes nothing."""
+    check_model(request, services.model)
+    history = await load_history(request, services)
+    new_items = input_items(request.input)
+    prompt = await services.model.render(render_messages(request, history, new_items))
+    return PreparedPrompt(history, new_items, tuple(prompt))
+
+
+class ResponseRun:
+    """One running response. Drive it with ``next_events`` until it returns ``None``."""
+
+    def __init__(
+        self,
+        request: CreateRequest,
+        prepared: PreparedPrompt,
+        sequence: GenerationSequence,
+        services: Services,
+    ) -> None:
+        self._request = request
+        self._prepared = prepared
+        self._sequence = sequence
+        self._services = services
+        self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
+        self.log = EventLog(self._machine.response_id, self._machine.snapshot)
+        self._output_tokens = 0
+        self._started = False
+
+    @property
+    def response_id(self) -> str:
+        return self._machine.response_id
+
+    def snapshot(self) -> JsonObject:
+        return self._machine.snapshot()
+
+    def _usage(self) -> Usage:
+        return Usage(input_tokens=self._sequence.prompt_tokens, output_tokens=self._output_tokens)
+
+    async def next_events(self) -> list[JsonObject] | None:
+        """The next events to publish (never empty); ``None`` after the terminal event."""
+        if not self._started:
+            self._started = True
+            return self._publish(self._machine.feed(Start()))
+        while not self._machine.terminal:
+            output = await self._sequence.receive()
+            events = await self._apply(output)
+            if events:
+                return events
+        return None
+
+    def _publish(self, events: list[JsonObject]) -> list[JsonObject]:
+        self.log.append(events)
+        return events
+
+    async def _apply(self, output: SequenceOutput) -> list[JsonObject]:
+        events: list[JsonObject] = []
+        if output.text:
+            events += self._machine.feed(TextDelta(output.text))
+        self._output_tokens += output.new_tokens
+        if output.finish is None:
+            return self._publish(events)
+        terminal: MachineInput
+        match output.finish:
+            case "stop" | "length":
+                terminal = Finish(output.finish, self._usage(), int(time.time()))
+            case "cancelled":
+                terminal = Cancel(self._usage())
+            case "shutdown":
+                terminal = Fail("server_error", "The server is shutting down.", self._usage())
+            case "error":
+                terminal = Fail("server_error", "The model failed while generating.", self._usage())
+        self.log.append(events)
+        closing = self._machine.feed(terminal)
+        # Shielded: a hang-up at this instant must not leave the store or the conversation
+        # half-told.
+        with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            await self._finish_records(closing)
+        self._publish(closing)
+        self.log.close()
+        return events + closing
+
+    async def _finish_records(self, closing: list[JsonObject]) -> None:
+        final = self._machine.snapshot()
+        config = self._request.config
+        if config.store and self._services.store.enabled:
+            record = StoredResponse(
+                final, self._prepared.all_items, self.log.events + tuple(closing)
+            )
+            await self._services.store.put(record)
+        output = final.get("output") or []
+        if (
+            config.conversation_id is not None
+            and output
+            and final["status"]
+            in (
+                "completed",
+                "incomplete",
+            )
+        ):
+            await self._services.conversations.append(
+                config.conversation_id, self._prepared.new_items + tuple(output)
+            )
+
+    async def run_to_end(self) -> JsonObject:
+        """Drive to the terminal event without a listener; returns the final object."""
+        while await self.next_events() is not None:
+            pass
+        return self._machine.snapshot()
+
+    def abandon(self) -> None:
+        """Called from the driver's ``finally``: free the model's work. Never blocks.
+
+        A response abandoned before its end (its client hung up) is cancelled: the sequence
+        leaves the batch, live followers receive ``response.cancelled``, nothing is stored.
+        """
+        self._sequence.cancel()
+        if not self._machine.terminal:
+            self.log.append(self._machine.feed(Cancel(self._usage())))
+        self.log.close()
+
+
+async def open_response(request: CreateRequest, services: Services) -> ResponseRun:
+    """Validate, resolve history, render, admit. Raises ``ApiError`` and changes nothing."""
+    prepared = await prepare_prompt(request, services)
+    model = services.model
     window = model.info.context_window
-    room = window - len(prompt)
+    room = window - len(prepared.prompt)
     if room < 1:
         raise invalid_request(
-            f"The input is {len(prompt)} tokens, which does not fit the model's context window "
-            f"of {window} tokens.",
+            f"The input is {len(prepared.prompt)} tokens, which does not fit the model's "
+            f"context window of {window} tokens.",
             "input",
             code="context_length_exceeded",
         )
-    max_tokens = min(request.config.max_output_tokens or room, room)
     config = request.config
+    max_tokens = min(config.max_output_tokens or room, room)
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
     try:
         sequence = model.submit(
             GenerationRequest(
-                prompt=tuple(prompt),
+                prompt=prepared.prompt,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=1.0 if config.top_p is None else config.top_p,
@@ -175,4 +294,10 @@ async def open_response(
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    return ResponseRun(request, sequence, store)
+    run = ResponseRun(request, prepared, sequence, services)
+    try:
+        await services.live.track(run.log)
+    except BaseException:
+        run.abandon()
+        raise
+    return run

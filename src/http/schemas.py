@@ -55,7 +55,7 @@ class CreateResponseBody(BaseModel):
     text: Any = None
     reasoning: Any = None
     include: Any = None
-    previous_response_id: Any = None
+    previous_response_id: StrictStr | None = None
     conversation: Any = None
     context_management: Any = None
     top_logprobs: Any = None
@@ -74,8 +74,6 @@ _NOT_YET: dict[str, str] = {
     "tools": "function tools",
     "tool_choice": "tool_choice",
     "max_tool_calls": "max_tool_calls",
-    "previous_response_id": "previous_response_id",
-    "conversation": "conversation",
     "context_management": "context_management",
     "prompt": "prompt templates",
     "include": "include",
@@ -138,6 +136,12 @@ def parse_create_request(data: object) -> CreateRequest:
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
+    conversation_id = _conversation_id(body.conversation)
+    if body.previous_response_id is not None and conversation_id is not None:
+        raise invalid_request(
+            "Parameters 'previous_response_id' and 'conversation' cannot be used together.",
+            "conversation",
+        )
     messages = parse_input(body.input)
     config = ResponseConfig(
         model=body.model,
@@ -151,8 +155,25 @@ def parse_create_request(data: object) -> CreateRequest:
         safety_identifier=body.safety_identifier,
         prompt_cache_key=body.prompt_cache_key,
         parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+        previous_response_id=body.previous_response_id,
+        conversation_id=conversation_id,
     )
     return CreateRequest(config=config, input=messages, stream=bool(body.stream))
+
+
+def _conversation_id(value: object) -> str | None:
+    """``conversation`` is an id string or ``{"id": ...}``."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, dict) and set(value) == {"id"} and isinstance(value["id"], str):
+        return value["id"]
+    raise invalid_request(
+        f"Invalid value for 'conversation': expected a conversation id string or an object "
+        f'{{"id": "conv_..."}}, but got {json_type(value)}.',
+        "conversation",
+    )
 
 
 _TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict", "none", "constrained")

@@ -1,0 +1,129 @@
+"""Running responses: each one's event log, and the registry actor that finds them by id.
+
+Invariants:
+- An ``EventLog`` has exactly one writer, the response actor that owns it; any number of
+  readers (a replaying ``GET ?stream=true``) wait on it. Events are only appended, never
+  changed; ``close`` is final and wakes every reader.
+- The registry actor is the only owner of the id -> log index; others ask by message. A closed
+  log is pruned on the next message, so the registry never answers with a finished response:
+  by then the final object is in the response store (the response actor stores it before it
+  closes the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .kit import Reply, ask, open_mailbox
+
+JsonObject = dict[str, Any]
+
+
+class EventLog:
+    """The events of one running response, in order (single writer, many readers)."""
+
+    def __init__(self, response_id: str, snapshot: Callable[[], JsonObject]) -> None:
+        self.response_id = response_id
+        self._snapshot = snapshot
+        self._events: list[JsonObject] = []
+        self._closed = False
+        self._changed = trio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def events(self) -> tuple[JsonObject, ...]:
+        return tuple(self._events)
+
+    def snapshot(self) -> JsonObject:
+        """The response object as it stands now (a fresh copy)."""
+        return self._snapshot()
+
+    def append(self, events: Sequence[JsonObject]) -> None:
+        if self._closed:
+            raise RuntimeError(f"event log of {self.response_id} is closed")
+        if events:
+            self._events.extend(events)
+            self._wake()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def wait_after(self, position: int) -> list[JsonObject]:
+        """Events from ``position`` on, waiting for some; ``[]`` once closed and read out."""
+        while position >= len(self._events) and not self._closed:
+            await self._changed.wait()
+        return self._events[position:]
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """Sender: the response actor, before its first event."""
+
+    log: EventLog
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Find:
+    """Sender: the HTTP layer (GET of a response that may still be running)."""
+
+    response_id: str
+    reply: Reply[EventLog | None]
+
+
+RegistryMessage = Track | Find
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryStatistics:
+    running: int = 0
+
+
+class LiveRegistryHandle:
+    def __init__(self, mailbox: trio.MemorySendChannel[RegistryMessage]) -> None:
+        self._mailbox = mailbox
+        self._stats = RegistryStatistics()
+
+    async def track(self, log: EventLog) -> None:
+        await ask(self._mailbox, lambda reply: Track(log, reply))
+
+    async def find(self, response_id: str) -> EventLog | None:
+        return await ask(self._mailbox, lambda reply: Find(response_id, reply))
+
+    def statistics(self) -> RegistryStatistics:
+        return self._stats
+
+
+async def run_live_registry(
+    *, task_status: trio.TaskStatus[LiveRegistryHandle] = trio.TASK_STATUS_IGNORED
+) -> None:
+    send: trio.MemorySendChannel[RegistryMessage]
+    receive: trio.MemoryReceiveChannel[RegistryMessage]
+    send, receive = open_mailbox()
+    handle = LiveRegistryHandle(send)
+    logs: dict[str, EventLog] = {}
+    async with receive:
+        task_status.started(handle)
+        async for message in receive:
+            for response_id in [k for k, log in logs.items() if log.closed]:
+                del logs[response_id]
+            match message:
+                case Track(log, reply):
+                    logs[log.response_id] = log
+                    reply.send(None)
+                case Find(response_id, reply):
+                    reply.send(logs.get(response_id))
+            handle._stats = RegistryStatistics(len(logs))

@@ -1,0 +1,181 @@
+"""The ``/v1/responses`` routes: create, input_tokens, retrieve (and replay), input_items, delete.
+
+Invariants:
+- Every refusal happens before the response actor exists (``open_response`` raises), so a
+  refused create changes nothing.
+- A streaming body only iterates the response actor (or, for a replay, an event log or a
+  stored record); when the client hangs up, Quart cancels or closes the body and its
+  ``finally`` abandons the response, which removes the sequence from the batch at the next step.
+- Event positions are sequence numbers (decision 8 numbers from 0 without gaps), so
+  ``starting_after=N`` resumes at index ``N + 1`` of the stored or live events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from ..actors.live import EventLog
+from ..actors.response import Services, open_response, persistence_disabled, prepare_prompt
+from ..protocol.errors import invalid_request, not_found
+from ..protocol.objects import JsonObject
+from ..protocol.sse import encode_sse
+from .common import decode_json_body, json_response, mount, sse_response
+from .schemas import parse_create_request
+
+
+def _missing(response_id: str) -> Exception:
+    return not_found(f"No response found with id '{response_id}'.", param="response_id")
+
+
+def _query_bool(name: str) -> bool:
+    value = request.args.get(name)
+    if value is None:
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise invalid_request(f"Invalid value for '{name}': {value!r}; expected true or false.", name)
+
+
+def _query_int(name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = request.args.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low or (high is not None and number > high):
+        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise invalid_request(
+            f"Invalid value for '{name}': {value!r}; expected an integer {bounds}.", name
+        )
+    return number
+
+
+async def _read_body() -> object:
+    return decode_json_body(await request.get_data(cache=False, as_text=False))
+
+
+def register_response_routes(app: QuartTrio, services: Services) -> None:
+    store, live = services.store, services.live
+
+    @mount(app, "/responses", ["POST"])
+    async def create_response() -> Response:
+        create = parse_create_request(await _read_body())
+        run = await open_response(create, services)
+        if not create.stream:
+            try:
+                return json_response(await run.run_to_end())
+            finally:
+                run.abandon()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                while (events := await run.next_events()) is not None:
+                    yield b"".join(encode_sse(event) for event in events)
+            finally:
+                run.abandon()
+
+        return sse_response(body())
+
+    @mount(app, "/responses/input_tokens", ["POST"])
+    async def count_input_tokens() -> Response:
+        data = await _read_body()
+        if isinstance(data, dict) and "model" not in data:
+            data = {**data, "model": services.model.info.alias}
+        prepared = await prepare_prompt(parse_create_request(data), services)
+        return json_response(
+            {"object": "response.input_tokens", "input_tokens": len(prepared.prompt)}
+        )
+
+    @mount(app, "/responses/<response_id>", ["GET"])
+    async def get_response(response_id: str) -> Response:
+        if not store.enabled:
+            raise persistence_disabled("Retrieving a response")
+        stream = _query_bool("stream")
+        starting_after = _query_int("starting_after", None, 0)
+        record = await store.get(response_id)
+        log = None if record is not None else await live.find(response_id)
+        if record is None and log is None:
+            raise _missing(response_id)
+        if not stream:
+            return json_response(record.response if record is not None else _snapshot(log))
+        start = 0 if starting_after is None else starting_after + 1
+        if record is not None:
+            return sse_response(_replay(record.events, start))
+        assert log is not None
+        return sse_response(_follow(log, start))
+
+    @mount(app, "/responses/<response_id>/input_items", ["GET"])
+    async def list_input_items(response_id: str) -> Response:
+        if not store.enabled:
+            raise persistence_disabled("Listing input items")
+        limit = _query_int("limit", 20, 1, 100)
+        assert limit is not None
+        order = request.args.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise invalid_request(
+                f"Invalid value for 'order': {order!r}; expected 'asc' or 'desc'.", "order"
+            )
+        record = await store.get(response_id)
+        if record is None:
+            raise _missing(response_id)
+        return json_response(
+            page(record.input_items, limit=limit, order=order, after=request.args.get("after"))
+        )
+
+    @mount(app, "/responses/<response_id>", ["DELETE"])
+    async def delete_response(response_id: str) -> Response:
+        if not store.enabled:
+            raise persistence_disabled("Deleting a response")
+        if not await store.delete(response_id):
+            raise _missing(response_id)
+        return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+def _snapshot(log: EventLog | None) -> JsonObject:
+    assert log is not None
+    return log.snapshot()
+
+
+def page(
+    items: Sequence[JsonObject],
+    *,
+    limit: int,
+    order: Literal["asc", "desc"] | str,
+    after: str | None,
+) -> JsonObject:
+    """OpenAI's list envelope over ``items`` (oldest first), paged after the item ``after``."""
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise invalid_request(f"Invalid value for 'after': no item with id '{after}'.", "after")
+        start = ids.index(after) + 1
+    data = ordered[start : start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(ordered),
+    }
+
+
+async def _replay(events: Sequence[JsonObject], start: int) -> AsyncIterator[bytes]:
+    if events[start:]:
+        yield b"".join(encode_sse(event) for event in events[start:])
+
+
+async def _follow(log: EventLog, start: int) -> AsyncIterator[bytes]:
+    position = start
+    while events := await log.wait_after(position):
+        position += len(events)
+        yield b"".join(encode_sse(event) for event in events)
