@@ -19,7 +19,13 @@ import trio
 from .actors.model import ModelSettings
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
-from .server import ServerSettings, serve
+from .server import (
+    DEFAULT_CONVERSATION_LIMITS,
+    DEFAULT_RESPONSE_LIMITS,
+    ServerSettings,
+    serve,
+)
+from .storage.interface import StoreLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,53 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         int,
         "admitted sequences (running + waiting) before new requests get 503",
     ),
+    # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
+    Flag(
+        "--responses-store-max-entries",
+        "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
+        DEFAULT_RESPONSE_LIMITS.max_entries,
+        int,
+        "most stored responses kept (least recently used evicted first); 0 disables response "
+        "persistence",
+    ),
+    Flag(
+        "--responses-store-max-bytes",
+        "MLXCEL_RESPONSES_STORE_MAX_BYTES",
+        DEFAULT_RESPONSE_LIMITS.max_bytes,
+        int,
+        "approximate retained-byte budget of stored responses (their serialised JSON); 0 keeps "
+        "the route enabled but evicts stored responses immediately",
+    ),
+    Flag(
+        "--responses-store-ttl-secs",
+        "LLAMA_ARG_RESPONSES_STORE_TTL_SECS",
+        int(DEFAULT_RESPONSE_LIMITS.ttl_seconds),
+        int,
+        "seconds a stored response stays readable after it is stored; 0 disables TTL",
+    ),
+    Flag(
+        "--conversation-store-max-entries",
+        "LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES",
+        DEFAULT_CONVERSATION_LIMITS.max_entries,
+        int,
+        "most conversations kept (least recently used evicted first); 0 disables conversation "
+        "transcripts",
+    ),
+    Flag(
+        "--conversation-store-max-bytes",
+        "MLXCEL_CONVERSATION_STORE_MAX_BYTES",
+        DEFAULT_CONVERSATION_LIMITS.max_bytes,
+        int,
+        "approximate retained-byte budget of conversations (their serialised JSON); 0 keeps "
+        "the route enabled but evicts transcripts immediately",
+    ),
+    Flag(
+        "--conversation-store-ttl-secs",
+        "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS",
+        int(DEFAULT_CONVERSATION_LIMITS.ttl_seconds),
+        int,
+        "seconds a conversation stays readable after its last change; 0 disables TTL",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -133,6 +186,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.port < 65536:
         raise SystemExit("--port must be between 0 and 65535")
+    responses_store = _store_limits(args, "responses_store")
+    conversation_store = _store_limits(args, "conversation_store")
     return ServerSettings(
         host=args.host,
         port=args.port,
@@ -144,6 +199,24 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             prefill_batch_size=args.prompt_concurrency,
             max_sequences=args.max_sequences,
         ),
+        responses_store=responses_store,
+        conversation_store=conversation_store,
+    )
+
+
+def _store_limits(args: argparse.Namespace, prefix: str) -> StoreLimits:
+    """The ``--<prefix>-max-entries/-max-bytes/-ttl-secs`` flags; a negative one stops start-up."""
+    values: dict[str, int] = {}
+    for suffix in ("max_entries", "max_bytes", "ttl_secs"):
+        value = getattr(args, f"{prefix}_{suffix}")
+        if value < 0:
+            flag = f"--{prefix}_{suffix}".replace("_", "-")
+            raise SystemExit(f"{flag} must not be negative, got {value}")
+        values[suffix] = value
+    return StoreLimits(
+        max_entries=values["max_entries"],
+        max_bytes=values["max_bytes"],
+        ttl_seconds=values["ttl_secs"],
     )
 
 

@@ -5,6 +5,7 @@ root nursery
  ├─ response store actor            nursery.start (ready = mailbox open)
  ├─ conversation store actor        nursery.start (ready = mailbox open)
  ├─ live registry actor             nursery.start (running responses' event logs)
+ ├─ job supervisor                  nursery.start (background responses, one scope each)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
 ```
@@ -25,6 +26,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .actors.conversation_store import ConversationStoreHandle, run_conversation_store
+from .actors.jobs import JobSupervisorHandle, run_job_supervisor
 from .actors.live import LiveRegistryHandle, run_live_registry
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
 from .actors.response_store import ResponseStoreHandle, run_response_store
@@ -46,6 +48,8 @@ class ServerSettings:
     graceful_timeout: float = 10.0
     responses_store: StoreLimits = DEFAULT_RESPONSE_LIMITS
     conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
+    background_max_jobs: int = 64
+    background_ephemeral_ttl_seconds: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,7 @@ class ServerHandle:
     store: ResponseStoreHandle
     conversations: ConversationStoreHandle
     live: LiveRegistryHandle
+    jobs: JobSupervisorHandle
     _stop: trio.Event
 
     def shutdown(self) -> None:
@@ -75,6 +80,7 @@ async def serve(
         store = await nursery.start(run_response_store, settings.responses_store)
         conversations = await nursery.start(run_conversation_store, settings.conversation_store)
         live = await nursery.start(run_live_registry)
+        jobs = await nursery.start(run_job_supervisor, settings.background_max_jobs)
         model = await nursery.start(run_model_actor, settings.model)
 
         config = HypercornConfig()
@@ -88,7 +94,9 @@ async def serve(
                 store=store,
                 conversations=conversations,
                 live=live,
+                jobs=jobs,
                 created_at=int(time.time()),
+                ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
             )
         )
 
@@ -110,7 +118,7 @@ async def serve(
         log.info("serving %s at %s", model.info.alias, base_url)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        task_status.started(ServerHandle(base_url, model, store, conversations, live, stop))
+        task_status.started(ServerHandle(base_url, model, store, conversations, live, jobs, stop))
         await stop.wait()
         log.info("shutting down")
         model.shutdown()

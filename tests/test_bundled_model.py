@@ -149,3 +149,25 @@ def test_template_renders_the_qwen3_shapes(bundled: tuple[Any, Any]) -> None:
         "<|im_start|>user\nThanks.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+
+
+def test_tools_render_the_same_nested_or_flat(bundled: tuple[Any, Any]) -> None:
+    """The server may pass Responses-style flat tools; the prompt must not change."""
+    _, tokenizer = bundled
+    (prompt,) = [p for p in PROMPTS if p.name == "tool_call"]
+    assert prompt.tools is not None
+    function = prompt.tools[0]["function"]
+    variants = [
+        [{"type": "function", **function}],
+        [{"type": "function", **function, "strict": True}],
+        [{"type": "function", "function": {**function, "strict": False}}],
+    ]
+
+    def render(tools: list[dict[str, Any]]) -> str:
+        text: str = tokenizer.apply_chat_template(
+            prompt.messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        return text
+
+    for tools in variants:
+        assert render(tools) == render(prompt.tools)

@@ -2,12 +2,19 @@
 
 Invariants:
 - Conversations live in this one task, inside a ``ConversationStorage`` backend; others ask by
-  message through ``ConversationStoreHandle``. JSON is deep-copied on the way in and out.
+  message through ``ConversationStoreHandle``. JSON is deep-copied on the way in (by the handle)
+  and the backend hands out records no one else holds (the storage interface's rule).
+- Budgets are the backend's (spec 000, Storage Flags): a conversation is one entry; LRU eviction
+  until the entry and byte limits hold, TTL from the last write (create, update, append, item
+  delete), a conversation over the byte budget not kept. Every request refreshes recency; an
+  evicted or expired conversation reads as absent (None).
 - Items arrive with their ids already assigned (``msg_``, ``fc_``, ...); the actor keeps their
   order of arrival. ``append`` is atomic: all the items of one turn or none.
 - A turn is appended only when a response finishes with output (the response actor's job), so
   a refused or failed request appends nothing.
 - ``enabled`` is false when transcripts are disabled (``--conversation-store-max-entries 0``).
+- A backend error is raised in the asking task; the actor answers every request exactly once
+  and keeps running. ``statistics()`` is the backend's, as of the last message handled.
 """
 
 from __future__ import annotations
@@ -173,43 +180,46 @@ async def run_conversation_store(
     backend = storage if storage is not None else MemoryConversationStorage(limits)
     handle = ConversationStoreHandle(send, limits)
 
-    def found(record: ConversationRecord | None) -> ConversationRecord | None:
-        return record.copy() if record is not None else None
-
     async with receive:
         task_status.started(handle)
         async for message in receive:
-            match message:
-                case CreateConversation(metadata, items, reply):
-                    record = ConversationRecord(
-                        new_id("conv"), int(time.time()), dict(metadata), items
-                    )
-                    backend.put(record)
-                    reply.send(record.copy())
-                case GetConversation(conversation_id, reply):
-                    reply.send(found(backend.get(conversation_id)))
-                case UpdateConversation(conversation_id, metadata, reply):
-                    current = backend.get(conversation_id)
-                    if current is not None:
-                        current = replace(current, metadata=dict(metadata))
-                        backend.put(current)
-                    reply.send(found(current))
-                case DeleteConversation(conversation_id, reply):
-                    reply.send(backend.delete(conversation_id))
-                case AppendItems(conversation_id, items, reply):
-                    current = backend.get(conversation_id)
-                    if current is not None:
-                        current = replace(current, items=current.items + items)
-                        backend.put(current)
-                    reply.send(found(current))
-                case DeleteItem(conversation_id, item_id, reply):
-                    current = backend.get(conversation_id)
-                    if current is not None:
-                        kept = tuple(i for i in current.items if i.get("id") != item_id)
-                        if len(kept) == len(current.items):
-                            current = None
-                        else:
-                            current = replace(current, items=kept)
-                            backend.put(current)
-                    reply.send(found(current))
+            try:
+                _handle(backend, message)
+            except Exception as exc:  # the asker gets the error; the store stays up
+                message.reply.fail(exc)
             handle._stats = backend.statistics()
+
+
+def _handle(backend: ConversationStorage, message: ConversationMessage) -> None:
+    """Apply one request to the backend and answer it."""
+    match message:
+        case CreateConversation(metadata, items, reply):
+            record = ConversationRecord(new_id("conv"), int(time.time()), dict(metadata), items)
+            backend.put(record)
+            reply.send(record)
+        case GetConversation(conversation_id, reply):
+            reply.send(backend.get(conversation_id))
+        case UpdateConversation(conversation_id, metadata, reply):
+            current = backend.get(conversation_id)
+            if current is not None:
+                current = replace(current, metadata=dict(metadata))
+                backend.put(current)
+            reply.send(current)
+        case DeleteConversation(conversation_id, reply):
+            reply.send(backend.delete(conversation_id))
+        case AppendItems(conversation_id, items, reply):
+            current = backend.get(conversation_id)
+            if current is not None:
+                current = replace(current, items=current.items + items)
+                backend.put(current)
+            reply.send(current)
+        case DeleteItem(conversation_id, item_id, reply):
+            current = backend.get(conversation_id)
+            if current is not None:
+                kept = tuple(i for i in current.items if i.get("id") != item_id)
+                if len(kept) == len(current.items):
+                    current = None
+                else:
+                    current = replace(current, items=kept)
+                    backend.put(current)
+            reply.send(current)

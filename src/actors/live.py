@@ -5,9 +5,10 @@ Invariants:
   readers (a replaying ``GET ?stream=true``) wait on it. Events are only appended, never
   changed; ``close`` is final and wakes every reader.
 - The registry actor is the only owner of the id -> log index; others ask by message. A closed
-  log is pruned on the next message, so the registry never answers with a finished response:
-  by then the final object is in the response store (the response actor stores it before it
-  closes the log).
+  log is pruned on the next message (unless it is retained for a while, as a ``store: false``
+  background job's final object is), so the registry rarely answers with a finished response;
+  when it does, the log holds every event up to the terminal one. A stored response's final
+  object is in the response store before its log closes.
 """
 
 from __future__ import annotations
@@ -26,12 +27,30 @@ JsonObject = dict[str, Any]
 class EventLog:
     """The events of one running response, in order (single writer, many readers)."""
 
-    def __init__(self, response_id: str, snapshot: Callable[[], JsonObject]) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        snapshot: Callable[[], JsonObject],
+        cancel: Callable[[], None],
+    ) -> None:
         self.response_id = response_id
         self._snapshot = snapshot
+        self._cancel = cancel
         self._events: list[JsonObject] = []
         self._closed = False
         self._changed = trio.Event()
+        # A closed log stays findable until then (trio clock), e.g. a store: false job's
+        # final object (spec 000: --responses-background-ephemeral-ttl-secs).
+        self.retain_until: float | None = None
+
+    def request_cancel(self) -> None:
+        """Ask the owning response to cancel (the cancel endpoint). Never blocks."""
+        if not self._closed:
+            self._cancel()
+
+    async def wait_closed(self) -> None:
+        while not self._closed:
+            await self._changed.wait()
 
     @property
     def closed(self) -> bool:
@@ -66,6 +85,10 @@ class EventLog:
         while position >= len(self._events) and not self._closed:
             await self._changed.wait()
         return self._events[position:]
+
+
+def _expired(log: EventLog, now: float) -> bool:
+    return log.closed and (log.retain_until is None or log.retain_until <= now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +141,8 @@ async def run_live_registry(
     async with receive:
         task_status.started(handle)
         async for message in receive:
-            for response_id in [k for k, log in logs.items() if log.closed]:
+            now = trio.current_time()
+            for response_id in [k for k, log in logs.items() if _expired(log, now)]:
                 del logs[response_id]
             match message:
                 case Track(log, reply):

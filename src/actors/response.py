@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,6 +43,9 @@ from ..protocol.request import CreateRequest
 from ..storage.interface import StoredResponse
 from .conversation_store import ConversationStoreHandle
 from .live import EventLog, LiveRegistryHandle
+
+if TYPE_CHECKING:
+    from .jobs import JobSupervisorHandle
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -64,6 +68,9 @@ class Services:
     store: ResponseStoreHandle
     conversations: ConversationStoreHandle
     live: LiveRegistryHandle
+    jobs: JobSupervisorHandle
+    # How long a store: false background job's final object stays readable (spec 000).
+    ephemeral_ttl_seconds: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +113,13 @@ async def load_history(request: CreateRequest, services: Services) -> tuple[Json
         if not services.store.enabled:
             raise persistence_disabled("previous_response_id")
         record = await services.store.get(previous_id)
+        running = None if record is not None else await services.live.find(previous_id)
+        if running is not None and not running.closed:
+            status = running.snapshot()["status"]
+            raise invalid_request(
+                f"previous response '{previous_id}' has not finished (status: {status})",
+                "previous_response_id",
+            )
         if record is None:
             raise invalid_request(
                 f"Previous response with id '{previous_id}' not found. It may have been "
@@ -153,6 +167,10 @@ async def prepare_prompt(request: CreateRequest, services: Services) -> Prepared
     return PreparedPrompt(history, new_items, tuple(prompt))
 
 
+def config_background_ephemeral(request: CreateRequest) -> bool:
+    return request.config.background and not request.config.store
+
+
 class ResponseRun:
     """One running response. Drive it with ``next_events`` until it returns ``None``."""
 
@@ -168,7 +186,7 @@ class ResponseRun:
         self._sequence = sequence
         self._services = services
         self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
-        self.log = EventLog(self._machine.response_id, self._machine.snapshot)
+        self.log = EventLog(self._machine.response_id, self._machine.snapshot, self.cancel)
         self._output_tokens = 0
         self._started = False
 
@@ -184,7 +202,9 @@ class ResponseRun:
 
     async def next_events(self) -> list[JsonObject] | None:
         """The next events to publish (never empty); ``None`` after the terminal event."""
-        if not self._started:
+        if not self._started and not self._request.config.background:
+            # A foreground response is in progress from the start (OpenAI sends created and
+            # in_progress at once); a background one stays queued until the model reports work.
             self._started = True
             return self._publish(self._machine.feed(Start()))
         while not self._machine.terminal:
@@ -200,6 +220,10 @@ class ResponseRun:
 
     async def _apply(self, output: SequenceOutput) -> list[JsonObject]:
         events: list[JsonObject] = []
+        working = output.prefill_done or output.text or output.finish in ("stop", "length")
+        if not self._started and working:
+            self._started = True
+            events += self._machine.feed(Start())
         if output.text:
             events += self._machine.feed(TextDelta(output.text))
         self._output_tokens += output.new_tokens
@@ -222,6 +246,8 @@ class ResponseRun:
         with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
             await self._finish_records(closing)
         self._publish(closing)
+        if config_background_ephemeral(self._request):
+            self.log.retain_until = trio.current_time() + self._services.ephemeral_ttl_seconds
         self.log.close()
         return events + closing
 
@@ -252,6 +278,11 @@ class ResponseRun:
         while await self.next_events() is not None:
             pass
         return self._machine.snapshot()
+
+    def cancel(self) -> None:
+        """The cancel endpoint: the sequence leaves the batch at the next step, and the driver
+        then ends the response ``cancelled`` (stored, streamed). Never blocks."""
+        self._sequence.cancel()
 
     def abandon(self) -> None:
         """Called from the driver's ``finally``: free the model's work. Never blocks.

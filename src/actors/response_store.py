@@ -3,10 +3,17 @@
 Invariants:
 - The records live in this one task, inside a ``ResponseStorage`` backend; every other task asks
   by message through ``ResponseStoreHandle``. Records are immutable; their JSON is deep-copied
-  on the way in and out, so no caller can mutate what is stored.
+  on the way in (by the handle) and the backend hands out records no one else holds (the
+  storage interface's rule), so no caller can mutate what is stored.
+- Budgets are the backend's (spec 000, Storage Flags; the memory backend: LRU eviction until
+  the entry and byte limits hold, TTL from the last write, a record over the byte budget not
+  kept). A ``get`` refreshes recency; an evicted or expired response reads as absent (None).
 - A response is stored only at its terminal event (the response actor puts it then), so a
   request refused before generation never leaves anything behind.
 - ``enabled`` is false when persistence is disabled (``--responses-store-max-entries 0``).
+- A backend error (e.g. a record that is not JSON) is raised in the asking task; the actor
+  answers every request exactly once and keeps running.
+- ``statistics()`` is the backend's, as of the last message handled.
 """
 
 from __future__ import annotations
@@ -85,13 +92,15 @@ async def run_response_store(
     async with receive:
         task_status.started(handle)
         async for message in receive:
-            match message:
-                case PutResponse(record, reply):
-                    backend.put(record)
-                    reply.send(None)
-                case GetResponse(response_id, reply):
-                    found = backend.get(response_id)
-                    reply.send(found.copy() if found is not None else None)
-                case DeleteResponse(response_id, reply):
-                    reply.send(backend.delete(response_id))
+            try:
+                match message:
+                    case PutResponse(record, reply):
+                        backend.put(record)
+                        reply.send(None)
+                    case GetResponse(response_id, reply):
+                        reply.send(backend.get(response_id))
+                    case DeleteResponse(response_id, reply):
+                        reply.send(backend.delete(response_id))
+            except Exception as exc:  # the asker gets the error; the store stays up
+                message.reply.fail(exc)
             handle._stats = backend.statistics()

@@ -22,12 +22,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..actors.conversation_store import ConversationStoreHandle
+from ..actors.jobs import JobSupervisorHandle
 from ..actors.live import LiveRegistryHandle
 from ..actors.model import ModelHandle
 from ..actors.response import Services
 from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, not_found
 from .common import View, decode_json_body, error_response, json_response, mount
+from .conversations import register_conversation_routes
 from .responses import register_response_routes
 
 __all__ = ["AppContext", "create_app", "decode_json_body"]
@@ -43,14 +45,23 @@ class AppContext:
     store: ResponseStoreHandle
     conversations: ConversationStoreHandle
     live: LiveRegistryHandle
+    jobs: JobSupervisorHandle
     created_at: int
+    ephemeral_ttl_seconds: float = 600.0
 
 
 def create_app(ctx: AppContext) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
 
-    services = Services(ctx.model, ctx.store, ctx.conversations, ctx.live)
+    services = Services(
+        ctx.model,
+        ctx.store,
+        ctx.conversations,
+        ctx.live,
+        ctx.jobs,
+        ephemeral_ttl_seconds=ctx.ephemeral_ttl_seconds,
+    )
 
     def route(rule: str, methods: list[str]) -> Callable[[View], View]:
         return mount(app, rule, methods)
@@ -115,5 +126,6 @@ def create_app(ctx: AppContext) -> QuartTrio:
         return json_response(model_object())
 
     register_response_routes(app, services)
+    register_conversation_routes(app, ctx)
 
     return app

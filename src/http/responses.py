@@ -15,16 +15,31 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from ..actors.jobs import TooManyJobs
 from ..actors.live import EventLog
 from ..actors.response import Services, open_response, persistence_disabled, prepare_prompt
-from ..protocol.errors import invalid_request, not_found
+from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.objects import JsonObject
+from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import decode_json_body, json_response, mount, sse_response
 from .schemas import parse_create_request
+
+# How long the cancel endpoint waits for the response to reach its terminal event.
+CANCEL_WAIT_SECONDS = 10
+
+
+def too_many_jobs(limit: int) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limit_exceeded",
+        f"Too many active background responses ({limit}); retry after one finishes.",
+        code="rate_limit_exceeded",
+    )
 
 
 def _missing(response_id: str) -> Exception:
@@ -63,11 +78,13 @@ async def _read_body() -> object:
 
 
 def register_response_routes(app: QuartTrio, services: Services) -> None:
-    store, live = services.store, services.live
+    store, live, jobs = services.store, services.live, services.jobs
 
     @mount(app, "/responses", ["POST"])
     async def create_response() -> Response:
         create = parse_create_request(await _read_body())
+        if create.config.background:
+            return await _create_background(create)
         run = await open_response(create, services)
         if not create.stream:
             try:
@@ -83,6 +100,42 @@ def register_response_routes(app: QuartTrio, services: Services) -> None:
                 run.abandon()
 
         return sse_response(body())
+
+    async def _create_background(create: CreateRequest) -> Response:
+        if not store.enabled or store.limits.max_bytes == 0 or not jobs.enabled:
+            raise invalid_request(
+                "Background mode is disabled on this server (the response store, its byte "
+                "budget or --responses-background-max-jobs is 0).",
+                "background",
+            )
+        if jobs.statistics().active >= jobs.max_jobs:
+            raise too_many_jobs(jobs.max_jobs)
+        run = await open_response(create, services)
+        try:
+            await jobs.start(run)
+        except TooManyJobs:
+            run.abandon()
+            raise too_many_jobs(jobs.max_jobs) from None
+        return json_response(run.snapshot())
+
+    @mount(app, "/responses/<response_id>/cancel", ["POST"])
+    async def cancel_response(response_id: str) -> Response:
+        if not store.enabled:
+            raise persistence_disabled("Cancelling a response")
+        running = await live.find(response_id)
+        if running is not None and not running.closed:
+            running.request_cancel()
+            with trio.move_on_after(CANCEL_WAIT_SECONDS):
+                await running.wait_closed()
+            record = await store.get(response_id)
+            return json_response(record.response if record is not None else running.snapshot())
+        if running is not None or await store.get(response_id) is not None:
+            raise invalid_request(
+                f"Response '{response_id}' cannot be cancelled: it has already finished.",
+                "response_id",
+                code="response_not_cancellable",
+            )
+        raise _missing(response_id)
 
     @mount(app, "/responses/input_tokens", ["POST"])
     async def count_input_tokens() -> Response:
@@ -102,6 +155,7 @@ def register_response_routes(app: QuartTrio, services: Services) -> None:
         starting_after = _query_int("starting_after", None, 0)
         record = await store.get(response_id)
         log = None if record is not None else await live.find(response_id)
+        # A closed log answers for a store: false background job kept for its ephemeral TTL.
         if record is None and log is None:
             raise _missing(response_id)
         if not stream:
@@ -134,6 +188,13 @@ def register_response_routes(app: QuartTrio, services: Services) -> None:
     async def delete_response(response_id: str) -> Response:
         if not store.enabled:
             raise persistence_disabled("Deleting a response")
+        running = await live.find(response_id)
+        if running is not None and not running.closed:
+            raise invalid_request(
+                f"Response '{response_id}' has not finished; cancel it first "
+                f"(POST /v1/responses/{response_id}/cancel).",
+                "response_id",
+            )
         if not await store.delete(response_id):
             raise _missing(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})

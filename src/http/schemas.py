@@ -94,8 +94,12 @@ def _check_not_yet(body: CreateResponseBody) -> None:
         if value is None or value == [] or (key == "tool_choice" and value in ("auto", "none")):
             continue
         raise _unsupported(key, what)
-    if body.background:
-        raise _unsupported("background", "background mode")
+    if body.background and body.stream:
+        raise invalid_request(
+            "Parameters 'background' and 'stream' cannot both be true: create the background "
+            "response, then stream it with GET /v1/responses/{id}?stream=true.",
+            "stream",
+        )
     if body.truncation not in (None, "disabled"):
         raise invalid_request(
             f"Invalid value for 'truncation': {body.truncation!r}; only 'disabled' is supported.",
@@ -157,6 +161,7 @@ def parse_create_request(data: object) -> CreateRequest:
         parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
+        background=bool(body.background),
     )
     return CreateRequest(config=config, input=messages, stream=bool(body.stream))
 

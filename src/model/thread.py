@@ -111,6 +111,7 @@ class GenerationThread:
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="mlx-generation", daemon=True)
         self.statistics = ModelStatistics()
+        self._samplers: dict[tuple[float, float], Any] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -194,6 +195,7 @@ class GenerationThread:
         """Apply every pending command; block for one when idle. True means stop."""
         from mlx_lm.sample_utils import make_sampler
 
+        samplers = self._samplers
         block = not live
         while True:
             try:
@@ -203,7 +205,13 @@ class GenerationThread:
             block = False
             match command:
                 case InsertSequence(seq_id, prompt, max_tokens, temperature, top_p, slot):
-                    sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0)
+                    # One sampler object per setting: mlx-lm samples a whole batch in one call
+                    # only when its rows share the same sampler.
+                    key = (temperature, top_p)
+                    sampler = samplers.get(key)
+                    if sampler is None:
+                        sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1 else 0)
+                        samplers[key] = sampler
                     (uid,) = generator.insert(
                         [list(prompt)],
                         max_tokens=[max_tokens],

@@ -2,7 +2,11 @@
 
 Invariants:
 - A backend is used by exactly one actor task, so it needs no locking.
-- Records are immutable values; ``copy()`` returns an independent deep copy of their JSON.
+- Records are immutable values; ``copy()`` returns an independent deep copy of their JSON, and
+  ``to_json()`` / ``from_json()`` convert them to and from one plain JSON object (the form a
+  backend may serialise; ``from_json(r.to_json())`` equals ``r`` up to lists for tuples inside).
+- ``get`` returns a record that no one else holds (decoded afresh or deep-copied), so a caller
+  may mutate what it gets without changing what is stored; ``put`` takes its own copy likewise.
 - Limits follow spec 000's Storage Flags: ``max_entries`` 0 disables persistence,
   ``max_bytes`` 0 keeps the route but evicts at once, ``ttl_seconds`` 0 disables expiry.
 """
@@ -30,6 +34,8 @@ class StoreStatistics:
     bytes: int = 0
     evictions: int = 0
     expirations: int = 0
+    # Entries refused at put: larger than the byte budget, or the store keeps nothing.
+    rejections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,19 @@ class StoredResponse:
             tuple(copy.deepcopy(list(self.events))),
         )
 
+    def to_json(self) -> JsonObject:
+        """One JSON object holding the record; shares structure with it (no copy)."""
+        return {
+            "response": self.response,
+            "input_items": list(self.input_items),
+            "events": list(self.events),
+        }
+
+    @staticmethod
+    def from_json(data: JsonObject) -> StoredResponse:
+        """The record ``to_json`` gave, taking ownership of ``data``."""
+        return StoredResponse(data["response"], tuple(data["input_items"]), tuple(data["events"]))
+
 
 @dataclass(frozen=True, slots=True)
 class ConversationRecord:
@@ -65,6 +84,22 @@ class ConversationRecord:
     def copy(self) -> ConversationRecord:
         return ConversationRecord(
             self.id, self.created_at, dict(self.metadata), tuple(copy.deepcopy(list(self.items)))
+        )
+
+    def to_json(self) -> JsonObject:
+        """One JSON object holding the record; shares structure with it (no copy)."""
+        return {
+            "id": self.id,
+            "created_at": self.created_at,
+            "metadata": dict(self.metadata),
+            "items": list(self.items),
+        }
+
+    @staticmethod
+    def from_json(data: JsonObject) -> ConversationRecord:
+        """The record ``to_json`` gave, taking ownership of ``data``."""
+        return ConversationRecord(
+            str(data["id"]), int(data["created_at"]), dict(data["metadata"]), tuple(data["items"])
         )
 
 

@@ -1,46 +1,105 @@
-"""In-memory storage backends (the default, decision 11).
+"""In-memory storage backends (the default, decision 11), under spec 000's budgets.
 
-Placeholder without budgets: the budgeted LRU/TTL implementation replaces these classes.
+Each backend keeps its records in a :class:`~.budget.BudgetedMap` as serialised JSON: one
+``bytes`` blob per record, the compact UTF-8 JSON of ``record.to_json()`` (what the HTTP layer
+would send, without spaces and without ``\\u`` escapes for non-ASCII text).
+
+Invariants:
+- Byte accounting (the estimator): a record counts ``len(blob)``, the exact size of its
+  serialised JSON, computed once at ``put``. What is held in memory is that blob plus a constant
+  per-entry overhead (the key, two dict slots, the blob's header: about 200 bytes), so the
+  process's memory grows with the byte budget, not with Python's object overhead (several times
+  the JSON size for small dicts and strings).
+- ``get`` decodes a fresh record, so no caller ever holds what is stored (the interface's
+  ownership rule) and no copy is needed on the way out.
+- Time comes from ``clock`` (default ``time.monotonic``), read once per operation; tests pass a
+  fake clock to drive TTL expiry.
+- A record that is not JSON (a non-serialisable value) raises ``TypeError`` at ``put``, which
+  changes nothing.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .budget import BudgetedMap
 from .interface import ConversationRecord, StoredResponse, StoreLimits, StoreStatistics
+
+Clock = Callable[[], float]
+
+
+def encode_json(data: Any) -> bytes:
+    """Compact UTF-8 JSON: the serialised form the memory backends hold and account for."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def decode_json(blob: bytes) -> Any:
+    return json.loads(blob)
+
+
+def serialized_size(data: Any) -> int:
+    """The byte estimate the memory backends charge for ``data`` (a record's ``to_json()``)."""
+    return len(encode_json(data))
 
 
 class MemoryResponseStorage:
-    def __init__(self, limits: StoreLimits) -> None:
-        self._limits = limits
-        self._entries: dict[str, StoredResponse] = {}
+    """Stored responses in memory, least recently used evicted first, under ``limits``."""
+
+    def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
+        self._map: BudgetedMap[str, bytes] = BudgetedMap(limits)
+        self._clock = clock
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._map.limits
 
     def put(self, record: StoredResponse) -> None:
-        if self._limits.max_entries > 0:
-            self._entries[record.id] = record
+        blob = encode_json(record.to_json())
+        self._map.put(record.id, blob, len(blob), self._clock())
 
     def get(self, response_id: str) -> StoredResponse | None:
-        return self._entries.get(response_id)
+        blob = self._map.get(response_id, self._clock())
+        return None if blob is None else StoredResponse.from_json(decode_json(blob))
 
     def delete(self, response_id: str) -> bool:
-        return self._entries.pop(response_id, None) is not None
+        self._map.expire(self._clock())
+        return self._map.delete(response_id)
 
     def statistics(self) -> StoreStatistics:
-        return StoreStatistics(entries=len(self._entries))
+        self._map.expire(self._clock())
+        return self._map.statistics()
 
 
 class MemoryConversationStorage:
-    def __init__(self, limits: StoreLimits) -> None:
-        self._limits = limits
-        self._entries: dict[str, ConversationRecord] = {}
+    """Conversations in memory, least recently used evicted first, under ``limits``.
+
+    A conversation is one record: an append re-serialises it whole (O(items)), and its TTL
+    starts again at every write.
+    """
+
+    def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
+        self._map: BudgetedMap[str, bytes] = BudgetedMap(limits)
+        self._clock = clock
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._map.limits
 
     def put(self, record: ConversationRecord) -> None:
-        if self._limits.max_entries > 0:
-            self._entries[record.id] = record
+        blob = encode_json(record.to_json())
+        self._map.put(record.id, blob, len(blob), self._clock())
 
     def get(self, conversation_id: str) -> ConversationRecord | None:
-        return self._entries.get(conversation_id)
+        blob = self._map.get(conversation_id, self._clock())
+        return None if blob is None else ConversationRecord.from_json(decode_json(blob))
 
     def delete(self, conversation_id: str) -> bool:
-        return self._entries.pop(conversation_id, None) is not None
+        self._map.expire(self._clock())
+        return self._map.delete(conversation_id)
 
     def statistics(self) -> StoreStatistics:
-        return StoreStatistics(entries=len(self._entries))
+        self._map.expire(self._clock())
+        return self._map.statistics()

@@ -1,0 +1,212 @@
+"""``/v1/conversations`` and ``/v1/conversations/{id}/items`` as OpenAI defines them (decision 18).
+
+Invariants:
+- Thin: bodies are decoded strictly (decision 3) and validated by the pure
+  ``protocol.conversation_items``; state is reached only through ``ConversationStoreHandle``.
+- A refused request changes nothing: every body and query is fully validated before the first
+  message that mutates the store, and ``append`` is atomic (all the items or none).
+- With the conversation store disabled (``--conversation-store-max-entries 0``) every route
+  here is a 400 saying so, before anything else is looked at.
+- An unknown conversation, item or ``after`` cursor is a 404 whose message names the id.
+- Every route is mounted with and without the ``/v1`` prefix (decision 19).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+from quart import Response, request
+
+from ..actors.conversation_store import page_items
+from ..protocol.conversation_items import (
+    conversation_object,
+    deleted_object,
+    find_item,
+    item_list,
+    parse_create_body,
+    parse_items_body,
+    parse_update_body,
+)
+from ..protocol.errors import ApiError, invalid_request, not_found
+from ..storage.interface import ConversationRecord
+from .common import View, decode_json_body, json_response, mount
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from .app import AppContext
+
+DISABLED_MESSAGE: Final = (
+    "The conversation store is disabled on this server (--conversation-store-max-entries 0), "
+    "so /v1/conversations is unavailable."
+)
+
+# The pinned SDK's ``ResponseIncludable``; none adds anything to the items this server keeps.
+INCLUDABLE: Final = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    limit: int
+    order: Literal["asc", "desc"]
+    after: str | None
+
+
+def parse_list_query(args: Mapping[str, Sequence[str]]) -> ListQuery:
+    """``?limit=&order=&after=&include[]=`` (each key to all its values); other keys ignored.
+
+    ``limit`` 1-100 (default 20), ``order`` ``asc``/``desc`` (default ``desc``, as OpenAI).
+    """
+    limit = 20
+    if (raw_limit := _single(args, "limit")) is not None:
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
+            raise invalid_request(
+                f"Invalid value for 'limit': {raw_limit!r}; expected an integer from 1 to 100.",
+                "limit",
+            )
+        limit = int(raw_limit)
+    order: Literal["asc", "desc"] = "desc"
+    if (raw_order := _single(args, "order")) is not None:
+        if raw_order not in ("asc", "desc"):
+            raise invalid_request(
+                f"Invalid value for 'order': {raw_order!r}; supported values are 'asc', 'desc'.",
+                "order",
+            )
+        order = "asc" if raw_order == "asc" else "desc"
+    after = _single(args, "after")
+    if after == "":
+        raise invalid_request("Invalid value for 'after': must not be empty.", "after")
+    check_include(args)
+    return ListQuery(limit, order, after)
+
+
+def check_include(args: Mapping[str, Sequence[str]]) -> None:
+    """``include`` / ``include[]`` (the SDK's spelling) values must be OpenAI's."""
+    for key in ("include", "include[]"):
+        for value in args.get(key, ()):
+            if value not in INCLUDABLE:
+                raise invalid_request(
+                    f"Invalid value for 'include': {value!r}; supported values are "
+                    f"{', '.join(repr(v) for v in INCLUDABLE)}.",
+                    "include",
+                )
+
+
+def _single(args: Mapping[str, Sequence[str]], key: str) -> str | None:
+    values = args.get(key, ())
+    if len(values) > 1:
+        raise invalid_request(f"Invalid '{key}': given {len(values)} times.", key)
+    return values[0] if values else None
+
+
+def conversation_not_found(conversation_id: str) -> ApiError:
+    return not_found(
+        f"Conversation with id '{conversation_id}' not found.", param="conversation_id"
+    )
+
+
+def item_not_found(conversation_id: str, item_id: str, param: str = "item_id") -> ApiError:
+    return not_found(
+        f"Item with id '{item_id}' not found in conversation '{conversation_id}'.", param=param
+    )
+
+
+def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
+    """Mount the conversations routes on ``app``; ``ctx.conversations`` is their only state."""
+    store = ctx.conversations
+
+    def route(rule: str, methods: list[str]) -> Callable[[View], View]:
+        def register(view: View) -> View:
+            @functools.wraps(view)
+            async def guarded(**kwargs: str) -> Response:
+                if not store.enabled:
+                    raise invalid_request(DISABLED_MESSAGE, None)
+                return await view(**kwargs)
+
+            mount(app, rule, methods)(guarded)
+            return view
+
+        return register
+
+    async def body(*, empty_is_object: bool = False) -> object:
+        raw = await request.get_data(cache=False, as_text=False)
+        if empty_is_object and not raw.strip():
+            return {}
+        return decode_json_body(raw)
+
+    def query() -> dict[str, list[str]]:
+        return request.args.to_dict(flat=False)
+
+    async def existing(conversation_id: str) -> ConversationRecord:
+        record = await store.get(conversation_id)
+        if record is None:
+            raise conversation_not_found(conversation_id)
+        return record
+
+    @route("/conversations", ["POST"])
+    async def create_conversation() -> Response:
+        parsed = parse_create_body(await body(empty_is_object=True))
+        return json_response(conversation_object(await store.create(parsed.metadata, parsed.items)))
+
+    @route("/conversations/<conversation_id>", ["GET"])
+    async def get_conversation(conversation_id: str) -> Response:
+        return json_response(conversation_object(await existing(conversation_id)))
+
+    @route("/conversations/<conversation_id>", ["POST"])
+    async def update_conversation(conversation_id: str) -> Response:
+        metadata = parse_update_body(await body())
+        record = await store.update(conversation_id, metadata)
+        if record is None:
+            raise conversation_not_found(conversation_id)
+        return json_response(conversation_object(record))
+
+    @route("/conversations/<conversation_id>", ["DELETE"])
+    async def delete_conversation(conversation_id: str) -> Response:
+        if not await store.delete(conversation_id):
+            raise conversation_not_found(conversation_id)
+        return json_response(deleted_object(conversation_id))
+
+    @route("/conversations/<conversation_id>/items", ["GET"])
+    async def list_conversation_items(conversation_id: str) -> Response:
+        wanted = parse_list_query(query())
+        record = await existing(conversation_id)
+        page = page_items(record.items, limit=wanted.limit, order=wanted.order, after=wanted.after)
+        if page is None:
+            raise item_not_found(conversation_id, wanted.after or "", param="after")
+        return json_response(item_list(page.data, has_more=page.has_more))
+
+    @route("/conversations/<conversation_id>/items", ["POST"])
+    async def create_conversation_items(conversation_id: str) -> Response:
+        check_include(query())
+        items = parse_items_body(await body())
+        if await store.append(conversation_id, items) is None:
+            raise conversation_not_found(conversation_id)
+        return json_response(item_list(items, has_more=False))
+
+    @route("/conversations/<conversation_id>/items/<item_id>", ["GET"])
+    async def get_conversation_item(conversation_id: str, item_id: str) -> Response:
+        check_include(query())
+        item = find_item(await existing(conversation_id), item_id)
+        if item is None:
+            raise item_not_found(conversation_id, item_id)
+        return json_response(item)
+
+    @route("/conversations/<conversation_id>/items/<item_id>", ["DELETE"])
+    async def delete_conversation_item(conversation_id: str, item_id: str) -> Response:
+        record = await store.delete_item(conversation_id, item_id)
+        if record is None:
+            await existing(conversation_id)  # 404 naming the conversation if it is unknown
+            raise item_not_found(conversation_id, item_id)
+        return json_response(conversation_object(record))
