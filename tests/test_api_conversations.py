@@ -125,8 +125,7 @@ async def test_conversation_create_retrieve_update_delete(client: AsyncOpenAI) -
         assert (await client.conversations.retrieve(cid)).metadata == {"a": "1"}
         assert len((await list_items(client, cid))["data"]) == len(MIXED_ITEMS)  # items kept
 
-        raw = await client.conversations.with_raw_response.delete(cid)
-        deleted = json.loads(raw.text)
+        deleted = json.loads((await client.conversations.with_raw_response.delete(cid)).text)
         strict(ConversationDeletedResource, deleted, "deleted")
         assert deleted == {"id": cid, "object": "conversation.deleted", "deleted": True}
 
@@ -437,7 +436,7 @@ async def test_disabled_store_refuses_every_route(nursery: trio.Nursery) -> None
     )
     with trio.fail_after(START_DEADLINE):
         handle: ServerHandle = await nursery.start(serve, settings)
-    routes = [
+    routes: list[tuple[str, str, Any]] = [
         ("POST", "/v1/conversations", {}),
         ("GET", "/v1/conversations/conv_x", None),
         ("POST", "/v1/conversations/conv_x", {"metadata": {}}),
@@ -462,13 +461,12 @@ def _agents_session_scenario(base_url: str) -> dict[str, Any]:
     async def scenario() -> dict[str, Any]:
         async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-local") as client:
             session = OpenAIConversationsSession(openai_client=client)
-            await session.add_items(
-                [
-                    {"role": "user", "content": "What is 2+2?"},
-                    {"role": "assistant", "content": "4"},
-                    *[{"role": "user", "content": f"more {i}"} for i in range(22)],
-                ]
-            )
+            turns: list[Any] = [
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "4"},
+                *[{"role": "user", "content": f"more {i}"} for i in range(22)],
+            ]
+            await session.add_items(turns)
             everything = await session.get_items()
             last_two = await session.get_items(limit=2)
             popped = await session.pop_item()

@@ -175,9 +175,8 @@ def test_bad_message_fields_are_refused_at_their_path(
     if item.get("type", "message") != "message":
         item.clear()
         item.update({"role": "user", "content": "x"})
-    field, value = data.draw(
-        st.sampled_from([("role", "tool"), ("role", None), ("content", 7), ("content", {})])
-    )
+    bad: list[tuple[str, object]] = [("role", "tool"), ("role", None), ("content", 7)]
+    field, value = data.draw(st.sampled_from([*bad, ("content", {})]))
     item[field] = value
     with pytest.raises(ApiError) as caught:
         parse_items(raw, counting_mint(), allow_empty=True)

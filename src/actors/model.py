@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from ..model.loader import ChatMessage, LoadedModel, render_prompt
+from ..model.loader import LoadedModel, render_prompt
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.thread import (
     GenerationThread,
@@ -114,10 +114,15 @@ class ModelHandle:
         return self._thread.statistics
 
     async def render(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        chat: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX)."""
-        return await trio.to_thread.run_sync(render_prompt, self._tokenizer, messages, tools)
+        return await trio.to_thread.run_sync(
+            render_prompt, self._tokenizer, chat, tools, template_kwargs
+        )
 
     def submit(self, request: GenerationRequest) -> GenerationSequence:
         if self._closing:

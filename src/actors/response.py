@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..model.loader import ChatMessage
+from ..model.chat import ChatMessage, to_chat
 from ..model.slot import SequenceOutput
 from ..protocol.errors import ApiError, invalid_request, not_found
-from ..protocol.history import input_items, messages_from_items
+from ..protocol.history import input_items, items_from_json
 from ..protocol.ids import new_id
 from ..protocol.machine import (
     Cancel,
@@ -150,12 +150,8 @@ async def load_history(request: CreateRequest, services: Services) -> tuple[Json
 def render_messages(
     request: CreateRequest, history: tuple[JsonObject, ...], new_items: tuple[JsonObject, ...]
 ) -> list[ChatMessage]:
-    """``instructions`` first, as a system message, then the history, then the new input."""
-    messages = []
-    if request.config.instructions:
-        messages.append(ChatMessage("system", request.config.instructions))
-    messages.extend(ChatMessage(m.role, m.text) for m in messages_from_items(history + new_items))
-    return messages
+    """``instructions`` first (merged into the system message), then history, then input."""
+    return to_chat(request.config.instructions, items_from_json(history + new_items))
 
 
 async def prepare_prompt(request: CreateRequest, services: Services) -> PreparedPrompt:

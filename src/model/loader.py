@@ -16,14 +16,6 @@ DEFAULT_CONTEXT_WINDOW = 4096
 
 
 @dataclass(frozen=True, slots=True)
-class ChatMessage:
-    """One message for the chat template: roles system, user, assistant (developer is mapped)."""
-
-    role: str
-    content: str
-
-
-@dataclass(frozen=True, slots=True)
 class LoadedModel:
     model: Any
     tokenizer: Any
@@ -58,16 +50,16 @@ def load_model(path: str) -> LoadedModel:
 
 def render_prompt(
     tokenizer: Any,
-    messages: Sequence[ChatMessage],
+    chat: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the chat-templated conversation, ending with the generation prompt."""
-    chat = [
-        # Many templates know only system/user/assistant; a developer message is a system one.
-        {"role": "system" if m.role == "developer" else m.role, "content": m.content}
-        for m in messages
-    ]
     tokens = tokenizer.apply_chat_template(
-        chat, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
+        [dict(m) for m in chat],
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        tokenize=True,
+        **dict(template_kwargs or {}),
     )
     return [int(t) for t in tokens]

@@ -1,0 +1,72 @@
+"""Input items -> the chat messages a Hugging Face chat template expects (pure).
+
+Invariants:
+- ``instructions`` and every system/developer message are merged, in order, into one leading
+  system message: many templates accept a single system message, and only at the start.
+- An assistant message and the function calls that follow it form one assistant turn
+  (``content`` + ``tool_calls``); a reasoning item becomes the ``reasoning_content`` of the
+  assistant turn it precedes. So a previous ``output`` replayed as input renders as the turn
+  was generated.
+- A function call output is a ``tool`` message with its ``tool_call_id``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..protocol.items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
+
+ChatMessage = dict[str, Any]
+
+
+def _assistant(turn: list[ChatMessage]) -> ChatMessage:
+    if not turn or turn[-1]["role"] != "assistant":
+        turn.append({"role": "assistant", "content": ""})
+    return turn[-1]
+
+
+def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMessage]:
+    system: list[str] = [instructions] if instructions else []
+    chat: list[ChatMessage] = []
+    pending_reasoning: str | None = None
+    open_assistant = False  # the last chat message is an assistant turn that may grow
+    for item in items:
+        match item:
+            case InputMessage(role="system" | "developer", text=text):
+                system.append(text)
+            case InputMessage(role="assistant", text=text):
+                message: ChatMessage = {"role": "assistant", "content": text}
+                if pending_reasoning:
+                    message["reasoning_content"] = pending_reasoning
+                pending_reasoning = None
+                chat.append(message)
+                open_assistant = True
+            case InputMessage(role=role, text=text):
+                chat.append({"role": role, "content": text})
+                open_assistant = False
+            case Reasoning(text=text):
+                pending_reasoning = text or None
+                open_assistant = False
+            case FunctionCall(call_id=call_id, name=name, arguments=arguments):
+                if not open_assistant:
+                    chat.append({"role": "assistant", "content": ""})
+                    open_assistant = True
+                turn = chat[-1]
+                if pending_reasoning:
+                    turn["reasoning_content"] = pending_reasoning
+                    pending_reasoning = None
+                turn.setdefault("tool_calls", []).append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.loads(arguments)},
+                    }
+                )
+            case FunctionCallOutput(call_id=call_id, output=output):
+                chat.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                open_assistant = False
+    if system:
+        chat.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return chat

@@ -1,0 +1,268 @@
+"""Input items: the internal frozen types, strict parsing of a request's ``input`` array, and the
+JSON shapes we store and list (``input_items``, conversation items).
+
+Invariants:
+- ``parse_item`` accepts every item type a client replays (messages with or without ``type``,
+  ``function_call``, ``function_call_output``, ``reasoning``) and refuses anything else with an
+  ``ApiError`` whose ``param`` is the JSON path (``input[2].content[0].type``).
+- ``item_json`` and ``read_item`` round-trip: ``read_item(item_json(x, id)) == x``, so a stored
+  history replays exactly the items the original turn rendered; a previous ``output`` sent back
+  verbatim as input parses to the same items the response produced.
+- ``input_image`` / ``input_file`` parts are refused with a clear 400 (the model is text-only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
+
+from .errors import ApiError, invalid_request
+from .ids import new_id
+
+JsonObject = dict[str, Any]
+Role = Literal["system", "developer", "user", "assistant"]
+ROLES: Final[tuple[str, ...]] = get_args(Role)
+
+
+@dataclass(frozen=True, slots=True)
+class InputMessage:
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallOutput:
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    text: str  # the reasoning text (content, else summary); "" when only encrypted
+
+
+InputItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
+
+_MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
+_MESSAGE_KEYS: Final = frozenset({"type", "role", "content", "id", "status", "phase"})
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a value's type, for error messages."""
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list() | tuple():
+            return "an array"
+        case dict():
+            return "an object"
+    return type(value).__name__
+
+
+def _require_str(item: JsonObject, key: str, path: str) -> str:
+    value = item.get(key)
+    if value is None:
+        raise invalid_request(f"Missing required parameter: '{path}.{key}'.", f"{path}.{key}")
+    if not isinstance(value, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
+            f"{path}.{key}",
+        )
+    return value
+
+
+def parse_item(item: object, path: str) -> InputItem:
+    """One element of a request's ``input`` array, strictly."""
+    if not isinstance(item, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}': expected an object, but got {json_type(item)}.", path
+        )
+    kind = item.get("type", "message" if "role" in item else None)
+    match kind:
+        case "message":
+            return _parse_message(item, path)
+        case "function_call":
+            arguments = _require_str(item, "arguments", path)
+            _check_arguments(arguments, f"{path}.arguments")
+            return FunctionCall(
+                _require_str(item, "call_id", path), _require_str(item, "name", path), arguments
+            )
+        case "function_call_output":
+            output = item.get("output")
+            if isinstance(output, list):
+                output = _text_of_parts(output, "function_call_output", f"{path}.output")
+            elif not isinstance(output, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.output': expected a string or an array of "
+                    f"content parts, but got {json_type(output)}.",
+                    f"{path}.output",
+                )
+            return FunctionCallOutput(_require_str(item, "call_id", path), output)
+        case "reasoning":
+            return Reasoning(_reasoning_text(item, path))
+        case None:
+            raise invalid_request(f"Missing required parameter: '{path}.type'.", f"{path}.type")
+    raise invalid_request(
+        f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
+        "'function_call', 'function_call_output', 'reasoning'.",
+        f"{path}.type",
+    )
+
+
+def _check_arguments(arguments: str, path: str) -> None:
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise invalid_request(f"Invalid value for '{path}': expected a JSON object as text.", path)
+
+
+def _reasoning_text(item: JsonObject, path: str) -> str:
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is None:
+            continue  # Codex sends content: null with an encrypted_content
+        if not isinstance(parts, list):
+            raise invalid_request(
+                f"Invalid type for '{path}.{key}': expected an array, but got {json_type(parts)}.",
+                f"{path}.{key}",
+            )
+        text = _text_of_parts(parts, "reasoning", f"{path}.{key}")
+        if text:
+            return text
+    return ""
+
+
+def _parse_message(item: JsonObject, path: str) -> InputMessage:
+    role = item.get("role")
+    if role is None:
+        raise invalid_request(f"Missing required parameter: '{path}.role'.", f"{path}.role")
+    if role not in ROLES:
+        raise invalid_request(
+            f"Invalid value for '{path}.role': {role!r}; supported values are "
+            f"{', '.join(repr(r) for r in ROLES)}.",
+            f"{path}.role",
+        )
+    extra = set(item) - _MESSAGE_KEYS
+    if extra:
+        key = sorted(extra)[0]
+        raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
+    if "content" not in item:
+        raise invalid_request(f"Missing required parameter: '{path}.content'.", f"{path}.content")
+    content = item["content"]
+    if isinstance(content, str):
+        return InputMessage(role, content)
+    if not isinstance(content, list):
+        raise invalid_request(
+            f"Invalid type for '{path}.content': expected a string or an array of content "
+            f"parts, but got {json_type(content)}.",
+            f"{path}.content",
+        )
+    return InputMessage(role, _text_of_parts(content, role, f"{path}.content"))
+
+
+_ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
+    "assistant": frozenset({"output_text", "input_text", "refusal"}),
+    "reasoning": frozenset({"reasoning_text", "summary_text"}),
+    "function_call_output": frozenset({"input_text", "output_text"}),
+}
+_DEFAULT_PARTS: Final = frozenset({"input_text"})
+
+
+def _text_of_parts(parts: list[Any], owner: str, path: str) -> str:
+    allowed = _ALLOWED_PARTS.get(owner, _DEFAULT_PARTS)
+    texts: list[str] = []
+    for i, part in enumerate(parts):
+        part_path = f"{path}[{i}]"
+        if not isinstance(part, dict):
+            raise invalid_request(
+                f"Invalid type for '{part_path}': expected an object, but got {json_type(part)}.",
+                part_path,
+            )
+        kind = part.get("type")
+        if kind in _MEDIA_PARTS:
+            raise invalid_request(
+                f"Invalid value for '{part_path}.type': {kind!r} is not supported: the served "
+                "model is text-only and has no image, file or audio input.",
+                f"{part_path}.type",
+            )
+        if kind not in allowed:
+            raise invalid_request(
+                f"Invalid value for '{part_path}.type': {kind!r} is not supported in a "
+                f"{owner} item; supported: {', '.join(repr(k) for k in sorted(allowed))}.",
+                f"{part_path}.type",
+            )
+        field = "refusal" if kind == "refusal" else "text"
+        value = part.get(field)
+        if not isinstance(value, str):
+            raise invalid_request(
+                f"Invalid type for '{part_path}.{field}': expected a string, but got "
+                f"{json_type(value)}.",
+                f"{part_path}.{field}",
+            )
+        texts.append(value)
+    return "".join(texts)
+
+
+def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
+    """The stored / listed JSON shape of an input item, with its id."""
+    match item:
+        case InputMessage(role, text):
+            part_type = "output_text" if role == "assistant" else "input_text"
+            part: JsonObject = {"type": part_type, "text": text}
+            if part_type == "output_text":
+                part["annotations"] = []
+            return {
+                "id": item_id or new_id("msg"),
+                "type": "message",
+                "role": role,
+                "status": "completed",
+                "content": [part],
+            }
+        case FunctionCall(call_id, name, arguments):
+            return {
+                "id": item_id or new_id("fc"),
+                "type": "function_call",
+                "call_id": call_id,
+                "name": name,
+                "arguments": arguments,
+                "status": "completed",
+            }
+        case FunctionCallOutput(call_id, output):
+            return {
+                "id": item_id or new_id("fco"),
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": output,
+                "status": "completed",
+            }
+        case Reasoning(text):
+            return {
+                "id": item_id or new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}] if text else None,
+            }
+
+
+def read_item(item: JsonObject) -> InputItem | None:
+    """A stored or returned item back as an input item; None for types that do not render."""
+    try:
+        return parse_item(item, "item")
+    except ApiError:
+        return None
