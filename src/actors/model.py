@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,10 @@ class GenerationRequest:
     max_tokens: int
     temperature: float
     top_p: float
+    top_logprobs: int | None = None
+    seed: int | None = None
+    # Called on the generation thread to build this sequence's logits processors.
+    make_processors: Callable[[], list[Any]] | None = None
 
 
 class GenerationSequence:
@@ -136,7 +140,15 @@ class ModelHandle:
         self._admitted.add(seq_id)
         self._thread.send(
             InsertSequence(
-                seq_id, request.prompt, request.max_tokens, request.temperature, request.top_p, slot
+                seq_id,
+                request.prompt,
+                request.max_tokens,
+                request.temperature,
+                request.top_p,
+                slot,
+                request.top_logprobs,
+                request.make_processors,
+                request.seed,
             )
         )
         return GenerationSequence(self, seq_id, len(request.prompt), slot)

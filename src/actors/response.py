@@ -159,7 +159,20 @@ async def prepare_prompt(request: CreateRequest, services: Services) -> Prepared
     check_model(request, services.model)
     history = await load_history(request, services)
     new_items = input_items(request.input)
-    prompt = await services.model.render(render_messages(request, history, new_items))
+    # With tool_choice "none" the model is not told about the tools at all.
+    offered = request.tools if request.tool_choice.mode != "none" else ()
+    try:
+        prompt = await services.model.render(
+            render_messages(request, history, new_items),
+            [tool.for_template() for tool in offered] or None,
+            request.template_kwargs,
+        )
+    except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
+        raise invalid_request(
+            f"The model's chat template could not render this input: {exc}",
+            "input",
+            code="invalid_prompt",
+        ) from exc
     return PreparedPrompt(history, new_items, tuple(prompt))
 
 
@@ -315,6 +328,8 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=1.0 if config.top_p is None else config.top_p,
+                top_logprobs=request.logprobs,
+                seed=request.seed,
             )
         )
     except ModelUnavailable as exc:

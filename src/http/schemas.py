@@ -18,6 +18,7 @@ from pydantic import ValidationError as PydanticValidationError
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CreateRequest, json_type, parse_input
+from ..protocol.tools import parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
 
@@ -49,16 +50,19 @@ class CreateResponseBody(BaseModel):
     service_tier: StrictStr | None = None
     # Accepted keys whose non-default values later work will honour.
     background: StrictBool | None = None
-    tools: list[Any] | None = None
+    tools: Any = None
     tool_choice: Any = None
-    max_tool_calls: Any = None
+    max_tool_calls: Annotated[StrictInt, Field(ge=1)] | None = None
+    # Extensions (documented in docs/api.md).
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
     text: Any = None
     reasoning: Any = None
-    include: Any = None
+    include: list[StrictStr] | None = None
     previous_response_id: StrictStr | None = None
     conversation: Any = None
     context_management: Any = None
-    top_logprobs: Any = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    seed: StrictInt | None = None
     prompt: Any = None
     stream_options: Any = None
     prompt_cache_options: Any = None
@@ -69,14 +73,25 @@ class CreateResponseBody(BaseModel):
     moderation: Any = None
 
 
+# OpenAI's ResponseIncludable values; only the logprobs one changes what we send.
+INCLUDABLE = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+    }
+)
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
-    "tools": "function tools",
-    "tool_choice": "tool_choice",
-    "max_tool_calls": "max_tool_calls",
     "context_management": "context_management",
     "prompt": "prompt templates",
-    "include": "include",
     "image": "image",
     "background_options": "background_options",
     "access_programs": "access_programs",
@@ -91,7 +106,7 @@ def _unsupported(param: str, what: str) -> ApiError:
 def _check_not_yet(body: CreateResponseBody) -> None:
     for key, what in _NOT_YET.items():
         value = getattr(body, key)
-        if value is None or value == [] or (key == "tool_choice" and value in ("auto", "none")):
+        if value is None or value == []:
             continue
         raise _unsupported(key, what)
     if body.background and body.stream:
@@ -115,8 +130,17 @@ def _check_not_yet(body: CreateResponseBody) -> None:
         fmt = body.text.get("format") if isinstance(body.text, dict) else None
         if not isinstance(body.text, dict) or (fmt is not None and fmt != {"type": "text"}):
             raise _unsupported("text.format", "structured output")
-    if body.top_logprobs not in (None, 0):
-        raise _unsupported("top_logprobs", "logprobs")
+    for i, value in enumerate(body.include or ()):
+        if value not in INCLUDABLE:
+            raise invalid_request(
+                f"Invalid value for 'include[{i}]': {value!r}; supported values are "
+                f"{', '.join(repr(v) for v in sorted(INCLUDABLE))}.",
+                f"include[{i}]",
+            )
+    if body.top_p is not None and body.top_p <= 0:
+        raise invalid_request(
+            f"Invalid value for 'top_p': {body.top_p!r}; expected a number in (0, 1].", "top_p"
+        )
     if body.reasoning is not None and not isinstance(body.reasoning, dict):
         raise invalid_request(
             f"Invalid type for 'reasoning': expected an object, but got "
@@ -125,7 +149,7 @@ def _check_not_yet(body: CreateResponseBody) -> None:
         )
 
 
-def parse_create_request(data: object) -> CreateRequest:
+def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
     if not isinstance(data, dict):
         raise invalid_request(
@@ -147,6 +171,8 @@ def parse_create_request(data: object) -> CreateRequest:
             "conversation",
         )
     messages = parse_input(body.input)
+    tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
+    tool_choice = parse_tool_choice(body.tool_choice, tools)
     config = ResponseConfig(
         model=body.model,
         instructions=body.instructions,
@@ -162,8 +188,21 @@ def parse_create_request(data: object) -> CreateRequest:
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
+        tools=tuple(t.to_json() for t in tools),
+        tool_choice=tool_choice.to_json(),
+        max_tool_calls=body.max_tool_calls,
+        top_logprobs=body.top_logprobs or 0,
     )
-    return CreateRequest(config=config, input=messages, stream=bool(body.stream))
+    return CreateRequest(
+        config=config,
+        input=messages,
+        stream=bool(body.stream),
+        tools=tools,
+        tool_choice=tool_choice,
+        template_kwargs=body.chat_template_kwargs or {},
+        logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) else None,
+        seed=body.seed,
+    )
 
 
 def _conversation_id(value: object) -> str | None:

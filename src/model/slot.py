@@ -15,8 +15,9 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import trio
 
@@ -32,6 +33,8 @@ class SequenceOutput:
     prefill_done: bool
     finish: FinishReason | None
     error: str | None = None
+    # One entry per generated token when logprobs were asked for (the SDK's Logprob shape).
+    logprobs: tuple[dict[str, Any], ...] = ()
 
 
 class SequenceSlot:
@@ -42,6 +45,7 @@ class SequenceSlot:
         self._lock = threading.Lock()
         self._text: list[str] = []
         self._tokens = 0
+        self._logprobs: list[dict[str, Any]] = []
         self._prefill_done = False
         self._prefill_reported = False
         self._finish: FinishReason | None = None
@@ -61,12 +65,14 @@ class SequenceSlot:
         prefill_done: bool = False,
         finish: FinishReason | None = None,
         error: str | None = None,
+        logprobs: Sequence[dict[str, Any]] = (),
     ) -> None:
         with self._lock:
             if self._finish is not None:
                 return
             if text:
                 self._text.append(text)
+            self._logprobs.extend(logprobs)
             self._tokens += new_tokens
             self._prefill_done = self._prefill_done or prefill_done
             if finish is not None:
@@ -103,8 +109,10 @@ class SequenceSlot:
                 prefill_done=self._prefill_done,
                 finish=finish,
                 error=self._error if finish is not None else None,
+                logprobs=tuple(self._logprobs),
             )
             self._text.clear()
+            self._logprobs.clear()
             self._tokens = 0
             self._prefill_reported = self._prefill_done
             self._finish_delivered = finish is not None or self._finish_delivered

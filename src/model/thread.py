@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .loader import LoadedModel, load_model
+from .sampling import make_seeded_sampler, make_shared_sampler
 from .slot import FinishReason, SequenceSlot
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ class InsertSequence:
     temperature: float
     top_p: float
     slot: SequenceSlot
+    # Logprobs of each generated token, with this many alternatives (None: not asked).
+    top_logprobs: int | None = None
+    # Builds this sequence's logits processors on the generation thread (constrained decoding).
+    make_processors: Callable[[], list[Any]] | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,7 @@ class _Live:
     slot: SequenceSlot
     detokenizer: Any
     max_tokens: int
+    top_logprobs: int | None = None
     prefill_done: bool = False
 
 
@@ -112,6 +119,7 @@ class GenerationThread:
         self._thread = threading.Thread(target=self._main, name="mlx-generation", daemon=True)
         self.statistics = ModelStatistics()
         self._samplers: dict[tuple[float, float], Any] = {}
+        self._tokenizer: Any = None
 
     def start(self) -> None:
         self._thread.start()
@@ -158,6 +166,7 @@ class GenerationThread:
             stream=stream,
         )
         stop_sequences = make_stop_sequences(loaded.tokenizer)
+        self._tokenizer = loaded.tokenizer
         live: dict[int, _Live] = {}
         by_uid: dict[int, _Live] = {}
         counters = {"finished": 0, "cancelled": 0}
@@ -193,8 +202,6 @@ class GenerationThread:
         counters: dict[str, int],
     ) -> bool:
         """Apply every pending command; block for one when idle. True means stop."""
-        from mlx_lm.sample_utils import make_sampler
-
         samplers = self._samplers
         block = not live
         while True:
@@ -204,22 +211,34 @@ class GenerationThread:
                 return False
             block = False
             match command:
-                case InsertSequence(seq_id, prompt, max_tokens, temperature, top_p, slot):
-                    # One sampler object per setting: mlx-lm samples a whole batch in one call
-                    # only when its rows share the same sampler.
-                    key = (temperature, top_p)
-                    sampler = samplers.get(key)
-                    if sampler is None:
-                        sampler = make_sampler(temp=temperature, top_p=top_p if top_p < 1 else 0)
-                        samplers[key] = sampler
+                case InsertSequence(
+                    seq_id, prompt, max_tokens, temperature, top_p, slot, top_logprobs, make, seed
+                ):
+                    if seed is not None:
+                        sampler = make_seeded_sampler(temperature, top_p, seed)
+                    else:
+                        shared = samplers.get((temperature, top_p))
+                        if shared is None:
+                            shared = make_shared_sampler(temperature, top_p)
+                            samplers[(temperature, top_p)] = shared
+                        sampler = shared
+                    try:
+                        processors = make() if make is not None else []
+                    except Exception as exc:
+                        log.exception("could not build logits processors")
+                        slot.push(finish="error", error=repr(exc))
+                        continue
                     (uid,) = generator.insert(
                         [list(prompt)],
                         max_tokens=[max_tokens],
                         samplers=[sampler],
+                        logits_processors=[processors],
                         stop_sequences=[stop_sequences],
                     )
                     # A fresh streaming detokenizer per sequence (the property copies one).
-                    entry = _Live(seq_id, uid, slot, loaded.tokenizer.detokenizer, max_tokens)
+                    entry = _Live(
+                        seq_id, uid, slot, loaded.tokenizer.detokenizer, max_tokens, top_logprobs
+                    )
                     live[seq_id] = entry
                     by_uid[uid] = entry
                 case RemoveSequence(seq_id):
@@ -257,17 +276,49 @@ class GenerationThread:
                 # The token that completes a stop sequence is not part of the output.
                 detokenizer.finalize()
                 entry.slot.push(detokenizer.last_segment, 0, prefill_done=True, finish="stop")
-            elif finish == "length":
-                detokenizer.add_token(response.token)
-                detokenizer.finalize()
-                entry.slot.push(detokenizer.last_segment, 1, prefill_done=True, finish="length")
             else:
                 detokenizer.add_token(response.token)
-                entry.slot.push(detokenizer.last_segment, 1, prefill_done=True)
+                if finish == "length":
+                    detokenizer.finalize()
+                logprobs = (
+                    ()
+                    if entry.top_logprobs is None
+                    else (self._logprob_entry(response, entry.top_logprobs),)
+                )
+                entry.slot.push(
+                    detokenizer.last_segment,
+                    1,
+                    prefill_done=True,
+                    finish="length" if finish == "length" else None,
+                    logprobs=logprobs,
+                )
             if finish is not None:
                 del live[entry.seq_id]
                 del by_uid[entry.uid]
                 counters["finished"] += 1
+
+    def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
+        """The SDK's ``Logprob`` for one generated token, with ``top`` alternatives."""
+        import mlx.core as mx
+
+        logprobs = response.logprobs
+        alternatives: list[dict[str, Any]] = []
+        if top > 0:
+            ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+            values = logprobs[ids]
+            pairs: list[tuple[int, float]] = [
+                (int(i), float(v))  # type: ignore[arg-type]
+                for i, v in zip(ids.tolist(), values.tolist(), strict=True)  # type: ignore[arg-type]
+            ]
+            pairs.sort(key=lambda pair: -pair[1])
+            alternatives = [self._token_logprob(i, v) for i, v in pairs]
+        entry = self._token_logprob(response.token, float(logprobs[response.token].item()))
+        entry["top_logprobs"] = alternatives
+        return entry
+
+    def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self._tokenizer.decode([int(token)])
+        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
 
     def _publish(self, generator: Any, live: dict[int, _Live], counters: dict[str, int]) -> None:
         queued = len(generator._unprocessed_sequences)

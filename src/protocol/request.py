@@ -9,13 +9,23 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
 from .objects import ResponseConfig
+from .tools import FunctionTool, ToolChoice
 
 __all__ = ["CreateRequest", "InputItem", "InputMessage", "json_type", "parse_input"]
+
+
+AUTO = ToolChoice("auto")
+
+
+def _no_kwargs() -> Mapping[str, Any]:
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +33,14 @@ class CreateRequest:
     config: ResponseConfig
     input: tuple[InputItem, ...]
     stream: bool
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    # Extension (issue 3): keyword arguments for the chat template, e.g. enable_thinking.
+    template_kwargs: Mapping[str, Any] = field(default_factory=_no_kwargs)
+    # Alternatives per token when include asks for output_text logprobs; None: not asked.
+    logprobs: int | None = None
+    # Extension: a seed makes sampling reproducible.
+    seed: int | None = None
 
 
 def parse_input(raw: object) -> tuple[InputItem, ...]:

@@ -1,0 +1,182 @@
+"""Function tools and ``tool_choice``: strict parsing into frozen values (pure).
+
+Invariants:
+- Only ``function`` tools run (client-side, decision 5). A hosted tool type is a 400 naming
+  ``tools[i].type`` unless the server drops such tools (``--unsupported-tools drop``, decision
+  6); a ``namespace`` tool that only wraps function tools is flattened.
+- ``tool_choice`` is ``auto``, ``none``, ``required`` or one named function, in the flat
+  (``{"type": "function", "name": ...}``) or the nested (``{"type": "function", "function":
+  {"name": ...}}``) form; a named function must be one of ``tools``.
+- Tool names are unique; ``parameters`` is a JSON-schema object.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import invalid_request
+from .items import json_type
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    name: str
+    description: str | None
+    parameters: Mapping[str, Any]
+    strict: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """As a Response object echoes it (the SDK's ``FunctionTool``)."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+            "strict": self.strict,
+        }
+
+    def for_template(self) -> dict[str, Any]:
+        """As chat templates expect it (the Chat Completions tool shape)."""
+        function: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
+        if self.description:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: Literal["auto", "none", "required"]
+    name: str | None = None  # a named function: mode "required" restricted to it
+
+    def to_json(self) -> str | dict[str, Any]:
+        if self.name is not None:
+            return {"type": "function", "name": self.name}
+        return self.mode
+
+
+def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+    spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    assert isinstance(spec, Mapping)
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise invalid_request(
+            f"Invalid value for '{path}.name': expected a function name of 1-128 letters, "
+            f"digits, '_', '-', '.' or ':', but got {name!r}.",
+            f"{path}.name",
+        )
+    description = spec.get("description")
+    if description is not None and not isinstance(description, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.description': expected a string, but got "
+            f"{json_type(description)}.",
+            f"{path}.description",
+        )
+    parameters = spec.get("parameters")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}.parameters': expected a JSON schema object, but got "
+            f"{json_type(parameters)}.",
+            f"{path}.parameters",
+        )
+    strict = spec.get("strict", True)
+    if not isinstance(strict, bool):
+        raise invalid_request(
+            f"Invalid type for '{path}.strict': expected a boolean, but got {json_type(strict)}.",
+            f"{path}.strict",
+        )
+    return FunctionTool(name, description, parameters, strict)
+
+
+def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise invalid_request(
+            f"Invalid type for 'tools': expected an array, but got {json_type(raw)}.", "tools"
+        )
+    tools: list[FunctionTool] = []
+    for i, tool in enumerate(raw):
+        path = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid_request(
+                f"Invalid type for '{path}': expected an object, but got {json_type(tool)}.", path
+            )
+        kind = tool.get("type")
+        if kind == "function":
+            tools.append(_function_tool(tool, path))
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            inner = tool["tools"]
+            if all(isinstance(t, dict) and t.get("type") == "function" for t in inner):
+                tools.extend(_function_tool(t, f"{path}.tools[{j}]") for j, t in enumerate(inner))
+            elif drop_unsupported:
+                log.warning("dropping namespace tool %s with non-function tools", path)
+            else:
+                raise invalid_request(
+                    f"Invalid value for '{path}.tools': a namespace tool may only wrap function "
+                    "tools on this server.",
+                    f"{path}.tools",
+                )
+        elif drop_unsupported:
+            log.warning("dropping unsupported tool %s of type %r", path, kind)
+        else:
+            raise invalid_request(
+                f"Invalid value for '{path}.type': {kind!r} is not supported: this server runs "
+                "only 'function' tools (hosted tools are not available; start the server with "
+                "--unsupported-tools drop to ignore them).",
+                f"{path}.type",
+            )
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        if tool.name in seen:
+            raise invalid_request(
+                f"Invalid value for 'tools': the function name {tool.name!r} appears twice.",
+                f"tools[{i}].name",
+            )
+        seen.add(tool.name)
+    return tuple(tools)
+
+
+def parse_tool_choice(raw: object, tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    if raw is None:
+        return ToolChoice("auto")
+    if isinstance(raw, str):
+        if raw in ("auto", "none", "required"):
+            if raw == "required" and not tools:
+                raise invalid_request(
+                    "Invalid value for 'tool_choice': 'required' needs at least one tool.",
+                    "tool_choice",
+                )
+            return ToolChoice(raw)  # type: ignore[arg-type]
+        raise invalid_request(
+            f"Invalid value for 'tool_choice': {raw!r}; expected 'auto', 'none', 'required' or "
+            'a function {"type": "function", "name": ...}.',
+            "tool_choice",
+        )
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        nested = raw.get("function")
+        name = nested.get("name") if isinstance(nested, dict) else raw.get("name")
+        if not isinstance(name, str):
+            raise invalid_request(
+                "Missing required parameter: 'tool_choice.name'.", "tool_choice.name"
+            )
+        if name not in {t.name for t in tools}:
+            raise invalid_request(
+                f"Invalid value for 'tool_choice.name': {name!r} is not one of the tools.",
+                "tool_choice.name",
+            )
+        return ToolChoice("required", name)
+    raise invalid_request(
+        f"Invalid value for 'tool_choice': expected a string or a function object, but got "
+        f"{json_type(raw)}{' of type ' + repr(raw.get('type')) if isinstance(raw, dict) else ''}.",
+        "tool_choice",
+    )
