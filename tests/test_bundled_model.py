@@ -152,7 +152,7 @@ def test_template_renders_the_qwen3_shapes(bundled: tuple[Any, Any]) -> None:
 
 
 def test_tools_render_the_same_nested_or_flat(bundled: tuple[Any, Any]) -> None:
-    """The server may pass Responses-style flat tools; the prompt must not change."""
+    """Flat (Responses) or nested tools, extra keys, any key order: the same prompt."""
     _, tokenizer = bundled
     (prompt,) = [p for p in PROMPTS if p.name == "tool_call"]
     assert prompt.tools is not None
@@ -161,6 +161,7 @@ def test_tools_render_the_same_nested_or_flat(bundled: tuple[Any, Any]) -> None:
         [{"type": "function", **function}],
         [{"type": "function", **function, "strict": True}],
         [{"type": "function", "function": {**function, "strict": False}}],
+        [{"type": "function", "function": dict(reversed(function.items()))}],
     ]
 
     def render(tools: list[dict[str, Any]]) -> str:
