@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 
 import pydantic
@@ -182,18 +183,72 @@ def parse_sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def _text_parts(item: Mapping[str, Any]) -> list[tuple[int, str]]:
-    if item.get("type") != "message":
-        return []
+_PART_TYPES = {"message": ("output_text", "refusal"), "reasoning": ("reasoning_text",)}
+"""Item type -> the content part types it may hold (a function_call holds none)."""
+_TEXT_EVENTS = {
+    "response.output_text.delta": "output_text",
+    "response.output_text.done": "output_text",
+    "response.reasoning_text.delta": "reasoning_text",
+    "response.reasoning_text.done": "reasoning_text",
+}
+"""Text event type -> the part type it writes into."""
+
+
+@dataclass
+class _PartTrack:
+    """One content part as the stream told it so far."""
+
+    type: str
+    deltas: list[str] = field(default_factory=list)
+    delta_logprobs: list[Any] = field(default_factory=list)  # event-shaped, output_text only
+    done_text: str | None = None
+    done_logprobs: list[Any] | None = None
+    done_part: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _CallTrack:
+    """One function call's arguments as the stream told them so far."""
+
+    deltas: list[str] = field(default_factory=list)
+    done_arguments: str | None = None
+
+
+def _event_shape(logprobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Part-shaped logprob entries as a text event carries them (``bytes`` dropped)."""
     return [
-        (index, part["text"])
-        for index, part in enumerate(item.get("content", []))
-        if part.get("type") == "output_text"
+        {
+            "token": entry["token"],
+            "logprob": entry["logprob"],
+            "top_logprobs": [
+                {"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]
+            ],
+        }
+        for entry in logprobs
     ]
 
 
+def _check_added_item(item: Mapping[str, Any], what: str) -> None:
+    """An item is added empty and in progress; its content arrives in later events."""
+    assert item.get("status", "in_progress") == "in_progress", (
+        f"{what}: item added with status {item.get('status')!r}"
+    )
+    if item["type"] == "function_call":
+        assert item["arguments"] == "", f"{what}: call added with arguments {item['arguments']!r}"
+    elif item["type"] in _PART_TYPES:
+        assert not item.get("content"), f"{what}: item added with content {item['content']!r}"
+
+
 def assert_stream_invariants(events: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Check a whole stream (``(event line, data)`` pairs); return the final Response object."""
+    """Check a whole stream (``(event line, data)`` pairs); return the final Response object.
+
+    Beyond strict validation of every event by its own class and the framing rules of decision
+    8: items are added empty and ``in_progress`` and done once, with the same id and type; parts
+    fit their item (``output_text`` in a message, ``reasoning_text`` in a reasoning item) and text
+    events fit their part; text and argument deltas join to their ``.done``; ``output_text``
+    logprobs join too, and equal the part's (``bytes`` aside); each done item holds exactly its
+    done parts or ``.done`` arguments; the final output is the done items.
+    """
     assert events, "empty stream"
     for index, (name, data) in enumerate(events):
         assert name == data.get("type"), (
@@ -224,11 +279,10 @@ def assert_stream_invariants(events: Sequence[tuple[str, Mapping[str, Any]]]) ->
 
     added: dict[int, Mapping[str, Any]] = {}  # output_index -> item
     done: dict[int, Mapping[str, Any]] = {}
-    open_parts: dict[tuple[str, int], str] = {}  # (item_id, content_index) -> deltas so far
-    done_texts: dict[tuple[str, int], str] = {}
-    done_parts: dict[tuple[str, int], Mapping[str, Any]] = {}
+    parts: dict[tuple[str, int], _PartTrack] = {}  # (item_id, content_index) -> part
+    calls: dict[str, _CallTrack] = {}  # item_id -> function call arguments
 
-    def open_item_id(data: Mapping[str, Any], what: str) -> str:
+    def open_item(data: Mapping[str, Any], what: str) -> Mapping[str, Any]:
         index = data["output_index"]
         item = added.get(index)
         assert item is not None, f"{what}: output_index {index} was never added"
@@ -236,14 +290,31 @@ def assert_stream_invariants(events: Sequence[tuple[str, Mapping[str, Any]]]) ->
         assert item["id"] == data["item_id"], (
             f"{what}: item_id {data['item_id']!r} but output_index {index} is {item['id']!r}"
         )
-        return str(item["id"])
+        return item
+
+    def open_part(data: Mapping[str, Any], what: str) -> _PartTrack:
+        key = (open_item(data, what)["id"], data["content_index"])
+        part = parts.get(key)
+        assert part is not None, f"{what}: part {key} was never added"
+        assert part.done_part is None, f"{what}: part {key} is already done"
+        return part
+
+    def open_call(data: Mapping[str, Any], what: str) -> _CallTrack:
+        item = open_item(data, what)
+        assert item["type"] == "function_call", f"{what}: item {item['id']} is a {item['type']}"
+        call = calls[item["id"]]
+        assert call.done_arguments is None, f"{what}: arguments of {item['id']} already done"
+        return call
 
     for seq, (_, data) in enumerate(events):
         kind, what = data["type"], f"event #{seq} {data['type']}"
         if kind == "response.output_item.added":
             index = data["output_index"]
             assert index == len(added), f"{what}: output_index {index}, expected {len(added)}"
+            _check_added_item(data["item"], what)
             added[index] = data["item"]
+            if data["item"]["type"] == "function_call":
+                calls[data["item"]["id"]] = _CallTrack()
         elif kind == "response.output_item.done":
             index, item = data["output_index"], data["item"]
             assert index in added, f"{what}: output_index {index} was never added"
@@ -252,62 +323,106 @@ def assert_stream_invariants(events: Sequence[tuple[str, Mapping[str, Any]]]) ->
                 f"{what}: done item {item['id']}/{item['type']} does not match added "
                 f"{added[index]['id']}/{added[index]['type']}"
             )
-            still_open = [key for key in open_parts if key[0] == item["id"]]
-            assert not still_open, f"{what}: content parts still open: {still_open}"
-            for content_index, text in _text_parts(item):
-                key = (item["id"], content_index)
-                assert done_texts.get(key) == text, (
-                    f"{what}: part {content_index} text {text!r} != output_text.done "
-                    f"{done_texts.get(key)!r}"
-                )
+            assert item.get("status", "completed") in ("completed", "incomplete"), (
+                f"{what}: item done with status {item.get('status')!r}"
+            )
+            _check_done_item(item, added[index], parts, calls, what)
             done[index] = item
         elif kind == "response.content_part.added":
-            key = (open_item_id(data, what), data["content_index"])
-            assert key not in open_parts, f"{what}: part {key} added twice"
-            assert key not in done_parts, f"{what}: part {key} added again after done"
-            assert data["part"].get("text", "") == "", f"{what}: part added with text"
-            open_parts[key] = ""
-        elif kind == "response.output_text.delta":
-            key = (open_item_id(data, what), data["content_index"])
-            assert key in open_parts, f"{what}: part {key} not open"
-            assert key not in done_texts, f"{what}: part {key} text already done"
-            open_parts[key] += data["delta"]
-        elif kind == "response.output_text.done":
-            key = (open_item_id(data, what), data["content_index"])
-            assert key in open_parts, f"{what}: part {key} not open"
-            assert key not in done_texts, f"{what}: part {key} text already done"
-            assert data["text"] == open_parts[key], (
-                f"{what}: text {data['text']!r} != concatenated deltas {open_parts[key]!r}"
+            item = open_item(data, what)
+            key = (item["id"], data["content_index"])
+            assert key not in parts, f"{what}: part {key} added twice"
+            part_type = data["part"]["type"]
+            assert part_type in _PART_TYPES.get(item["type"], ()), (
+                f"{what}: a {part_type} part in a {item['type']} item"
             )
-            done_texts[key] = data["text"]
-        elif kind == "response.content_part.done":
-            key = (open_item_id(data, what), data["content_index"])
-            assert key in open_parts, f"{what}: part {key} not open"
-            if data["part"].get("type") == "output_text":
-                assert data["part"]["text"] == done_texts.get(key), (
-                    f"{what}: part text != output_text.done text"
+            assert data["part"].get("text", "") == "", f"{what}: part added with text"
+            parts[key] = _PartTrack(part_type)
+        elif kind in _TEXT_EVENTS:
+            part = open_part(data, what)
+            assert part.type == _TEXT_EVENTS[kind], f"{what}: writes into a {part.type} part"
+            assert part.done_text is None, f"{what}: part text already done"
+            if kind.endswith(".delta"):
+                part.deltas.append(data["delta"])
+                part.delta_logprobs.extend(data.get("logprobs", []))
+                continue
+            assert data["text"] == "".join(part.deltas), (
+                f"{what}: text {data['text']!r} != concatenated deltas {''.join(part.deltas)!r}"
+            )
+            part.done_text = data["text"]
+            if "logprobs" in data:
+                assert data["logprobs"] == part.delta_logprobs, (
+                    f"{what}: logprobs {data['logprobs']} != the deltas' {part.delta_logprobs}"
                 )
-            done_parts[key] = data["part"]
-            del open_parts[key]
+                part.done_logprobs = data["logprobs"]
+        elif kind == "response.content_part.done":
+            part = open_part(data, what)
+            assert data["part"]["type"] == part.type, (
+                f"{what}: part done as {data['part']['type']}, added as {part.type}"
+            )
+            assert data["part"].get("text") == part.done_text, (
+                f"{what}: part text {data['part'].get('text')!r} != {part.type} .done text "
+                f"{part.done_text!r}"
+            )
+            if part.type == "output_text":
+                shaped = _event_shape(data["part"].get("logprobs") or [])
+                assert shaped == part.done_logprobs, (
+                    f"{what}: part logprobs {shaped} != output_text.done {part.done_logprobs}"
+                )
+            part.done_part = data["part"]
+        elif kind == "response.function_call_arguments.delta":
+            open_call(data, what).deltas.append(data["delta"])
+        elif kind == "response.function_call_arguments.done":
+            call = open_call(data, what)
+            assert data["arguments"] == "".join(call.deltas), (
+                f"{what}: arguments {data['arguments']!r} != concatenated deltas "
+                f"{''.join(call.deltas)!r}"
+            )
+            call.done_arguments = data["arguments"]
 
     unclosed = sorted(set(added) - set(done))
     if types[-1] != "response.failed":
         # A failed stream may abandon an open item (machine.py); every other terminal closes all.
         assert not unclosed, f"output items added but never done: {unclosed}"
+    # The chain deltas -> `.done` text/arguments -> `content_part.done` part -> done item (each
+    # link checked above) -> final output makes the final text equal the streamed text.
     done_items = [dict(done[index]) for index in sorted(done)]
     assert final["output"] == done_items, (
         f"final output != output_item.done items:\n{final['output']}\n!=\n{done_items}"
     )
-    final_text = "".join(text for item in final["output"] for _, text in _text_parts(item))
-    done_ids = {item["id"] for item in done_items}
-    streamed = "".join(
-        done_texts[key] for key in sorted(done_texts, key=_part_order(added)) if key[0] in done_ids
-    )
-    assert final_text == streamed, f"final text {final_text!r} != streamed {streamed!r}"
+    if types[-1] == "response.completed":
+        unfinished = [item["id"] for item in done_items if item.get("status") == "incomplete"]
+        assert not unfinished, f"a completed response holds incomplete items: {unfinished}"
     assert_strict_response(final, "final response")
     return final
 
 
-def _part_order(added: Mapping[int, Mapping[str, Any]]) -> Any:
-    position = {item["id"]: index for index, item in added.items()}
-    return lambda key: (position[key[0]], key[1])
+def _check_done_item(
+    item: Mapping[str, Any],
+    added: Mapping[str, Any],
+    parts: Mapping[tuple[str, int], _PartTrack],
+    calls: Mapping[str, _CallTrack],
+    what: str,
+) -> None:
+    """The done item holds exactly what its part and argument events said."""
+    if item["type"] == "function_call":
+        call = calls[item["id"]]
+        assert call.done_arguments is not None, f"{what}: no function_call_arguments.done"
+        assert item["arguments"] == call.done_arguments, (
+            f"{what}: arguments {item['arguments']!r} != function_call_arguments.done "
+            f"{call.done_arguments!r}"
+        )
+        for key in ("call_id", "name"):
+            assert item[key] == added[key], f"{what}: {key} {item[key]!r} != added {added[key]!r}"
+        return
+    mine = {index: part for (item_id, index), part in parts.items() if item_id == item["id"]}
+    still_open = [index for index, part in mine.items() if part.done_part is None]
+    assert not still_open, f"{what}: content parts still open: {still_open}"
+    content = item.get("content") or []
+    assert sorted(mine) == list(range(len(content))), (
+        f"{what}: {len(content)} parts, but parts {sorted(mine)} were streamed"
+    )
+    for index, part in enumerate(content):
+        assert part == mine[index].done_part, (
+            f"{what}: part {index} {part!r} != content_part.done {mine[index].done_part!r}"
+        )

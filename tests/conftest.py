@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -46,3 +47,22 @@ async def wait_until(predicate: Callable[[], bool], poll: float = 0.001) -> None
     """Poll a condition on another thread's state (the model's batch snapshot)."""
     while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
         await trio.sleep(poll)
+
+
+def split_reasoning(expected: str) -> tuple[str | None, str]:
+    """A documented answer as the API returns it: (reasoning item text, visible text)."""
+    if expected.startswith("<think>"):
+        reasoning, _, text = expected.removeprefix("<think>").partition("</think>")
+        return reasoning.strip("\n"), text.lstrip("\n")
+    return None, expected
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """The visible text of a Response object (what the SDK's ``output_text`` joins)."""
+    return "".join(
+        part["text"]
+        for item in response["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )

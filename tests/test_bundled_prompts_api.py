@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from mlx_responses.model.bundled_model import BundledPrompt, load_bundled_prompts
 from tests.conformance import assert_strict_response
 
-from .conftest import MODEL
+from .conftest import MODEL, split_reasoning
 
 TEXT_PROMPTS = [p for p in load_bundled_prompts() if not p.tools]
 
@@ -37,8 +37,17 @@ async def test_documented_prompt_through_the_api(
     data = raw.http_response.json()
     assert_strict_response(data)
     assert data["status"] == "completed"
-    assert raw.parse().output_text == prompt.expected
+    reasoning, visible = split_reasoning(prompt.expected)
+    assert raw.parse().output_text == visible
     assert data["usage"]["output_tokens"] == prompt.expected_tokens
+    if reasoning is not None:
+        # The <think> block is a reasoning item ahead of the message, never output_text.
+        assert data["output"][0]["type"] == "reasoning"
+        assert data["output"][0]["content"] == [{"type": "reasoning_text", "text": reasoning}]
+        assert data["output"][1]["type"] == "message"
+        assert (
+            0 < data["usage"]["output_tokens_details"]["reasoning_tokens"] < prompt.expected_tokens
+        )
 
 
 def test_the_documented_set_covers_what_the_docs_promise() -> None:

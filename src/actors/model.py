@@ -21,8 +21,10 @@ from typing import Any
 
 import trio
 
+from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
 from ..model.slot import SequenceOutput, SequenceSlot
+from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
     GenerationThread,
     InsertSequence,
@@ -60,6 +62,8 @@ class ModelInfo:
     alias: str
     path: str
     context_window: int
+    tool_format: ToolFormat = "none"
+    has_thinking: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,14 @@ class ModelHandle:
     """The typed handle other actors use to reach the model actor."""
 
     def __init__(self, settings: ModelSettings, loaded: LoadedModel, thread: GenerationThread):
-        self.info = ModelInfo(settings.alias, loaded.path, loaded.context_window)
+        self.info = ModelInfo(
+            settings.alias,
+            loaded.path,
+            loaded.context_window,
+            loaded.tool_format,
+            loaded.has_thinking,
+        )
+        self.constraints = loaded.constraints
         self._settings = settings
         self._tokenizer = loaded.tokenizer
         self._thread = thread
@@ -127,6 +138,22 @@ class ModelHandle:
         return await trio.to_thread.run_sync(
             render_prompt, self._tokenizer, chat, tools, template_kwargs
         )
+
+    def opens_reasoning(self, prompt: Sequence[int]) -> bool:
+        """Whether the rendered prompt already opened a ``<think>`` block."""
+        tail = self._tokenizer.decode(list(prompt[-8:]))
+        return self.info.has_thinking and reasoning_opens_in_prompt(str(tail))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    async def compile(self, build: Callable[[Constraints], Grammar]) -> Grammar:
+        """Compile a grammar on a worker thread (llguidance, no MLX); raises ``InvalidSchema``,
+        or ``RuntimeError`` when this model's tokenizer cannot be constrained."""
+        constraints = self.constraints
+        if constraints is None:
+            raise RuntimeError("this model's tokenizer does not support constrained decoding")
+        return await trio.to_thread.run_sync(build, constraints)
 
     def submit(self, request: GenerationRequest) -> GenerationSequence:
         if self._closing:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..model.chat import ChatMessage, to_chat
+from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
 from ..model.slot import SequenceOutput
+from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.history import input_items, items_from_json
 from ..protocol.ids import new_id
@@ -36,7 +39,6 @@ from ..protocol.machine import (
     MachineInput,
     ResponseMachine,
     Start,
-    TextDelta,
 )
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.request import CreateRequest
@@ -53,6 +55,7 @@ from .model import (
     ModelOverloaded,
     ModelUnavailable,
 )
+from .output import OutputShaper
 from .response_store import ResponseStoreHandle
 
 # The temperature OpenAI applies when a request gives none.
@@ -189,6 +192,7 @@ class ResponseRun:
         prepared: PreparedPrompt,
         sequence: GenerationSequence,
         services: Services,
+        shaper: OutputShaper,
     ) -> None:
         self._request = request
         self._prepared = prepared
@@ -198,6 +202,7 @@ class ResponseRun:
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, self.cancel)
         self._output_tokens = 0
         self._started = False
+        self._shaper = shaper
 
     @property
     def response_id(self) -> str:
@@ -207,7 +212,12 @@ class ResponseRun:
         return self._machine.snapshot()
 
     def _usage(self) -> Usage:
-        return Usage(input_tokens=self._sequence.prompt_tokens, output_tokens=self._output_tokens)
+        reasoning = self._services.model.count_tokens(self._shaper.reasoning_text)
+        return Usage(
+            input_tokens=self._sequence.prompt_tokens,
+            output_tokens=self._output_tokens,
+            reasoning_tokens=min(reasoning, self._output_tokens),
+        )
 
     async def next_events(self) -> list[JsonObject] | None:
         """The next events to publish (never empty); ``None`` after the terminal event."""
@@ -233,14 +243,16 @@ class ResponseRun:
         if not self._started and working:
             self._started = True
             events += self._machine.feed(Start())
-        if output.text:
-            events += self._machine.feed(TextDelta(output.text))
+        for step in self._shaper.feed(output.text, output.logprobs):
+            events += self._machine.feed(step)
         self._output_tokens += output.new_tokens
         if output.finish is None:
             return self._publish(events)
         terminal: MachineInput
         match output.finish:
             case "stop" | "length":
+                for step in self._shaper.finish():
+                    events += self._machine.feed(step)
                 terminal = Finish(output.finish, self._usage(), int(time.time()))
             case "cancelled":
                 terminal = Cancel(self._usage())
@@ -305,6 +317,54 @@ class ResponseRun:
         self.log.close()
 
 
+def _processors(constraints: Constraints, grammar: Grammar) -> list[Any]:
+    return [make_logits_processor(constraints, grammar)]
+
+
+async def constrain(request: CreateRequest, model: ModelHandle) -> Grammar | None:
+    """The grammar a request's decoding must follow: a forced tool call (``tool_choice``
+    ``required`` or a named function) or structured output; None when unconstrained.
+    Compiled now, so an invalid schema is a 400 before anything exists."""
+    choice, fmt = request.tool_choice, request.text_format
+    tools = [tool.to_json() for tool in request.tools]
+    try:
+        if choice.mode == "required" and tools:
+            tool_format = model.info.tool_format
+            return await model.compile(
+                lambda c: c.tool_call(tools, name=choice.name, tool_format=tool_format)
+            )
+        if fmt.kind == "json_schema":
+            schema, strict = dict(fmt.schema), fmt.strict
+            return await model.compile(lambda c: c.json_schema(schema, strict=strict))
+        if fmt.kind == "json_object":
+            return await model.compile(lambda c: c.json_object())
+    except InvalidSchema as exc:
+        param = "text.format.schema" if choice.mode != "required" else "tools"
+        raise invalid_request(f"Invalid schema for '{param}': {exc}", param) from exc
+    except (NotImplementedError, RuntimeError) as exc:
+        param = "tool_choice" if choice.mode == "required" else "text.format"
+        raise invalid_request(f"Unsupported '{param}' for this model: {exc}", param) from exc
+    return None
+
+
+def output_shaper(
+    request: CreateRequest, model: ModelHandle, prompt: tuple[int, ...]
+) -> OutputShaper:
+    info = model.info
+    calls_allowed = request.tool_choice.mode != "none" and bool(request.tools)
+    limits = [n for n in (request.config.max_tool_calls,) if n is not None]
+    if not request.config.parallel_tool_calls:
+        limits.append(1)
+    parser = StreamParser(
+        tool_format=info.tool_format,
+        tools_enabled=calls_allowed,
+        reasoning=info.has_thinking,
+        starts_in_reasoning=model.opens_reasoning(prompt),
+        tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
+    )
+    return OutputShaper(parser, max_calls=min(limits) if limits else None)
+
+
 async def open_response(request: CreateRequest, services: Services) -> ResponseRun:
     """Validate, resolve history, render, admit. Raises ``ApiError`` and changes nothing."""
     prepared = await prepare_prompt(request, services)
@@ -318,9 +378,17 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
             "input",
             code="context_length_exceeded",
         )
+    grammar = await constrain(request, model)
+    constraints = model.constraints
+    make_processors = None
+    if grammar is not None and constraints is not None:
+        # Bound now, called on the generation thread: the processor holds MLX state.
+        make_processors = partial(_processors, constraints, grammar)
+
     config = request.config
     max_tokens = min(config.max_output_tokens or room, room)
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
+    shaper = output_shaper(request, model, prepared.prompt)
     try:
         sequence = model.submit(
             GenerationRequest(
@@ -330,13 +398,14 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
                 top_p=1.0 if config.top_p is None else config.top_p,
                 top_logprobs=request.logprobs,
                 seed=request.seed,
+                make_processors=make_processors,
             )
         )
     except ModelUnavailable as exc:
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    run = ResponseRun(request, prepared, sequence, services)
+    run = ResponseRun(request, prepared, sequence, services, shaper)
     try:
         await services.live.track(run.log)
     except BaseException:

@@ -2,9 +2,10 @@
 
 Invariants:
 - The records live in this one task, inside a ``ResponseStorage`` backend; every other task asks
-  by message through ``ResponseStoreHandle``. Records are immutable; their JSON is deep-copied
-  on the way in (by the handle) and the backend hands out records no one else holds (the
-  storage interface's rule), so no caller can mutate what is stored.
+  by message through ``ResponseStoreHandle``. The backend takes its own copy at ``put`` (the
+  memory backend serialises the record) and hands out records no one else holds (the storage
+  interface's rule), so no caller can mutate what is stored; ``put`` returns only once the
+  backend has its copy.
 - Budgets are the backend's (spec 000, Storage Flags; the memory backend: LRU eviction until
   the entry and byte limits hold, TTL from the last write, a record over the byte budget not
   kept). A ``get`` refreshes recency; an evicted or expired response reads as absent (None).
@@ -65,8 +66,9 @@ class ResponseStoreHandle:
         return self.limits.max_entries > 0
 
     async def put(self, record: StoredResponse) -> None:
-        frozen = record.copy()
-        await ask(self._mailbox, lambda reply: PutResponse(frozen, reply))
+        # No copy here: the backend takes its own at put (the storage interface's rule; the
+        # memory backend serialises), and the caller waits until it has.
+        await ask(self._mailbox, lambda reply: PutResponse(record, reply))
 
     async def get(self, response_id: str) -> StoredResponse | None:
         return await ask(self._mailbox, lambda reply: GetResponse(response_id, reply))

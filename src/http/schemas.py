@@ -18,6 +18,7 @@ from pydantic import ValidationError as PydanticValidationError
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CreateRequest, json_type, parse_input
+from ..protocol.text_format import parse_text_format
 from ..protocol.tools import parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
@@ -126,10 +127,6 @@ def _check_not_yet(body: CreateResponseBody) -> None:
             "the 'default' tier.",
             "service_tier",
         )
-    if body.text is not None:
-        fmt = body.text.get("format") if isinstance(body.text, dict) else None
-        if not isinstance(body.text, dict) or (fmt is not None and fmt != {"type": "text"}):
-            raise _unsupported("text.format", "structured output")
     for i, value in enumerate(body.include or ()):
         if value not in INCLUDABLE:
             raise invalid_request(
@@ -172,6 +169,7 @@ def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) 
         )
     messages = parse_input(body.input)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
+    text_format, verbosity = parse_text_format(body.text)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
     config = ResponseConfig(
         model=body.model,
@@ -192,6 +190,8 @@ def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) 
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,
+        text_format=text_format.to_json(),
+        verbosity=verbosity,  # type: ignore[arg-type]
     )
     return CreateRequest(
         config=config,
@@ -202,6 +202,7 @@ def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) 
         template_kwargs=body.chat_template_kwargs or {},
         logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) else None,
         seed=body.seed,
+        text_format=text_format,
     )
 
 

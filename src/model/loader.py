@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .constrain import Constraints
+from .stream_parse import ToolFormat, detect_tool_format
+
 DEFAULT_CONTEXT_WINDOW = 4096
 
 
@@ -21,6 +24,9 @@ class LoadedModel:
     tokenizer: Any
     path: str
     context_window: int
+    tool_format: ToolFormat = "none"
+    has_thinking: bool = False
+    constraints: Constraints | None = None
 
 
 def resolve_model_path(path_or_id: str) -> str:
@@ -45,7 +51,20 @@ def load_model(path: str) -> LoadedModel:
     from mlx_lm import load
 
     model, tokenizer = load(path)[:2]
-    return LoadedModel(model, tokenizer, path, read_context_window(path))
+    template = getattr(tokenizer, "chat_template", None) or ""
+    try:
+        constraints: Constraints | None = Constraints(tokenizer)
+    except (TypeError, ValueError):
+        constraints = None  # a slow tokenizer: no constrained decoding (documented)
+    return LoadedModel(
+        model,
+        tokenizer,
+        path,
+        read_context_window(path),
+        tool_format=detect_tool_format(template if isinstance(template, str) else ""),
+        has_thinking=bool(getattr(tokenizer, "has_thinking", False)),
+        constraints=constraints,
+    )
 
 
 def render_prompt(

@@ -6,29 +6,52 @@ each ``feed`` returns the JSON-ready events to publish, in order, numbered by ``
 Invariants (the rules come first, as in h11's ``_state.py``):
 - The legal moves are exactly the rows of ``_TRANSITIONS``. An input without a row raises
   :class:`ProtocolError` *before* anything changes: state, text, ids and the next sequence number
-  stay as they were.
+  stay as they were. Legality depends on the input's kind only, never on whether it is empty.
 - ``sequence_number`` runs 0, 1, 2, ... without gaps across all ``feed`` calls.
 - ``response.created`` is the first event; exactly one terminal event (``response.completed``,
   ``response.incomplete``, ``response.failed``, ``response.cancelled``) is the last, after which
   every input is illegal (decision 8).
+- At most one output item is open at a time: a ``reasoning`` item, a ``message`` or a
+  ``function_call`` (the state says which). Opening another kind closes the open one first, so
+  items appear in generation order, each at its own ``output_index``.
 - Every ``output_item.added`` / ``content_part.added`` that a terminal event reports as output is
   paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the item
-  id is minted once and is the same in every event and in the snapshot (decision 4).
-- The concatenated ``output_text.delta`` of a part equals its ``output_text.done`` text, and the
-  final object's ``output`` equals the items sent in ``output_item.done``, in order.
+  id (``msg_``, ``rs_``, ``fc_``) is minted once and is the same in every event and in the
+  snapshot (decision 4). A ``function_call``'s ``call_id`` likewise.
+- The concatenated ``output_text.delta`` / ``reasoning_text.delta`` of a part equal its ``.done``
+  text; the concatenated ``function_call_arguments.delta`` of a call equal its ``.done``
+  arguments (but see ``ToolCallEnd`` below); the final object's ``output`` equals the items sent
+  in ``output_item.done``, in order.
+- Logprobs: each ``output_text.delta`` carries the entries of its ``TextDelta`` in the event
+  shape (no ``bytes``); the part accumulates them in the part shape; ``output_text.done`` carries
+  all of them in the event shape. ``[]`` when none were given.
 
 Decisions where OpenAI leaves room:
-- An empty ``TextDelta`` emits nothing (and opens no message).
-- ``Finish`` without any text completes with ``output: []``: no empty message is invented.
+- An empty ``TextDelta`` / ``ReasoningDelta`` / ``ToolCallArgs`` emits nothing (and opens or
+  closes nothing). A ``TextDelta`` with logprobs but no text is malformed: logprobs belong to the
+  text they produced, so the producer carries a token that has no text yet to the next delta.
+- ``Finish`` without any output completes with ``output: []``: no empty item is invented.
 - ``Finish(reason="length")`` ends ``incomplete`` with ``incomplete_details.reason ==
-  "max_output_tokens"``; the open message is closed with item status ``incomplete``.
+  "max_output_tokens"``; the open item (reasoning, message, or a function call still streaming
+  its arguments) is closed with item status ``incomplete``; a call keeps the arguments streamed
+  so far, and gets its ``function_call_arguments.done`` with them, like text gets its ``.done``.
+- ``Finish(reason="stop")`` while a call is open is illegal: the end-of-generation parse is
+  authoritative, so the producer ends every call it began with ``ToolCallEnd`` first.
+- ``ToolCallEnd(arguments)`` is authoritative. When the streamed arguments are a prefix of it,
+  the unsent rest goes out as one more delta, so the deltas join to ``.done``. When they are not
+  (the producer streamed text the final parse disowns), ``.done`` and the item still carry the
+  authoritative arguments: a client reading the final call is right, one joining deltas is not;
+  the conformance checks flag such a stream, so producers stream only settled argument text.
+  The arguments are not parsed here: JSON validity is the parser's business.
+- ``function_call_arguments.done`` has no ``name``: the pinned SDK's event class does not define
+  one, and an undeclared key fails strict validation.
 - ``completed_at`` is set only on ``completed`` (the SDK: "only present when the status is
   completed").
-- ``Fail`` emits no ``.done`` for an open item: the partial message is abandoned and the failed
-  object's ``output`` holds only items already closed (none, with text-only output). A failed
-  response's text is not trustworthy, and a ``.done`` would present it as finished.
-- ``Cancel`` closes the open message as ``incomplete`` (``.done`` events included), then emits
-  ``response.cancelled``: the text streamed so far stays readable in the stored object.
+- ``Fail`` emits no ``.done`` for an open item of any kind: the partial item is abandoned and the
+  failed object's ``output`` holds only items already closed. A failed response's partial item
+  is not trustworthy, and a ``.done`` would present it as finished.
+- ``Cancel`` closes the open item as ``incomplete`` (``.done`` events included), then emits
+  ``response.cancelled``: what was streamed so far stays readable in the stored object.
 - ``Fail`` and ``Cancel`` are legal before ``Start`` (a queued background job can be cancelled or
   fail to start); the stream is still well formed: ``response.created`` (status ``queued``),
   then the terminal.
@@ -36,16 +59,19 @@ Decisions where OpenAI leaves room:
   ``response.queued`` with status ``queued`` (as OpenAI's background streams do), then
   ``response.in_progress``. Every non-terminal object of a background response has
   ``output: []`` and all-zero usage, so a poll never exposes partial output (spec 000).
-  A foreground non-terminal object has ``usage: null`` and the output produced so far.
+  A foreground non-terminal object has ``usage: null`` and the output produced so far, the open
+  item included with status ``in_progress``.
+- Reasoning items carry ``status`` (the SDK allows it): ``in_progress`` while open, then
+  ``completed`` or ``incomplete`` like messages.
 """
 
 from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Final, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from .ids import new_id
 from .objects import (
@@ -56,8 +82,14 @@ from .objects import (
     ResponseErrorCode,
     ResponseStatus,
     Usage,
+    event_logprob,
+    function_call_item,
+    is_part_logprob,
     message_item,
     output_text_part,
+    part_logprob,
+    reasoning_item,
+    reasoning_text_part,
     response_object,
 )
 
@@ -68,10 +100,14 @@ __all__ = [
     "Finish",
     "MachineInput",
     "ProtocolError",
+    "ReasoningDelta",
     "ResponseMachine",
     "Start",
     "State",
     "TextDelta",
+    "ToolCallArgs",
+    "ToolCallBegin",
+    "ToolCallEnd",
 ]
 
 TERMINAL_EVENT_TYPES: Final = frozenset(
@@ -93,9 +129,47 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """Visible assistant text, already detokenised."""
+    """Visible assistant text, already detokenised.
+
+    ``logprobs``: one part-shaped entry per token of ``text`` (``token``, ``logprob``, ``bytes``,
+    ``top_logprobs`` of ``{token, bytes, logprob}``), as ``ResponseOutputText.Logprob``; empty
+    when logprobs were not asked for. The machine keeps its own copy.
+    """
 
     text: str
+    logprobs: Sequence[Mapping[str, Any]] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logprobs", tuple(self.logprobs))
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Reasoning text (what the model wrote inside its thinking markers), already detokenised."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallBegin:
+    """The parser saw a function call's name; ``call_id`` is minted (``call_…``) when not given."""
+
+    name: str
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgs:
+    """A fragment of the open call's arguments (JSON text) as the parser streams them."""
+
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    """The open call is complete; ``arguments`` is the end-of-generation parse, authoritative."""
+
+    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +197,17 @@ class Cancel:
     usage: Usage | None
 
 
-MachineInput = Start | TextDelta | Finish | Fail | Cancel
+MachineInput = (
+    Start
+    | TextDelta
+    | ReasoningDelta
+    | ToolCallBegin
+    | ToolCallArgs
+    | ToolCallEnd
+    | Finish
+    | Fail
+    | Cancel
+)
 
 
 # --- The rules ---------------------------------------------------------------------------------
@@ -131,8 +215,10 @@ MachineInput = Start | TextDelta | Finish | Fail | Cancel
 
 class State(enum.Enum):
     QUEUED = "queued"
-    IN_PROGRESS = "in_progress"  # started, no message open
+    IN_PROGRESS = "in_progress"  # started, no item open
     IN_MESSAGE = "in_message"  # a message item and its output_text part are open
+    IN_REASONING = "in_reasoning"  # a reasoning item and its reasoning_text part are open
+    IN_TOOL_CALL = "in_tool_call"  # a function_call item is open, its arguments streaming
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
     FAILED = "failed"
@@ -143,6 +229,11 @@ class _Kind(enum.Enum):
     START = "Start"
     DELTA = "TextDelta"
     EMPTY_DELTA = "TextDelta('')"
+    REASONING = "ReasoningDelta"
+    EMPTY_REASONING = "ReasoningDelta('')"
+    CALL_BEGIN = "ToolCallBegin"
+    CALL_ARGS = "ToolCallArgs"
+    CALL_END = "ToolCallEnd"
     FINISH_STOP = "Finish(stop)"
     FINISH_LENGTH = "Finish(length)"
     FAIL = "Fail"
@@ -151,17 +242,21 @@ class _Kind(enum.Enum):
 
 _S = State
 _K = _Kind
-_OPEN_STATES: Final = (_S.IN_PROGRESS, _S.IN_MESSAGE)
+_BETWEEN_CALLS: Final = (_S.IN_PROGRESS, _S.IN_MESSAGE, _S.IN_REASONING)
+_OPEN_STATES: Final = (*_BETWEEN_CALLS, _S.IN_TOOL_CALL)
 
 _TRANSITIONS: Final[Mapping[tuple[State, _Kind], State]] = {
     (_S.QUEUED, _K.START): _S.IN_PROGRESS,
     (_S.QUEUED, _K.FAIL): _S.FAILED,
     (_S.QUEUED, _K.CANCEL): _S.CANCELLED,
-    (_S.IN_PROGRESS, _K.DELTA): _S.IN_MESSAGE,
-    (_S.IN_PROGRESS, _K.EMPTY_DELTA): _S.IN_PROGRESS,
-    (_S.IN_MESSAGE, _K.DELTA): _S.IN_MESSAGE,
-    (_S.IN_MESSAGE, _K.EMPTY_DELTA): _S.IN_MESSAGE,
-    **{(s, _K.FINISH_STOP): _S.COMPLETED for s in _OPEN_STATES},
+    **{(s, _K.DELTA): _S.IN_MESSAGE for s in _BETWEEN_CALLS},
+    **{(s, _K.EMPTY_DELTA): s for s in _BETWEEN_CALLS},
+    **{(s, _K.REASONING): _S.IN_REASONING for s in _BETWEEN_CALLS},
+    **{(s, _K.EMPTY_REASONING): s for s in _BETWEEN_CALLS},
+    **{(s, _K.CALL_BEGIN): _S.IN_TOOL_CALL for s in _BETWEEN_CALLS},
+    **{(s, _K.FINISH_STOP): _S.COMPLETED for s in _BETWEEN_CALLS},
+    (_S.IN_TOOL_CALL, _K.CALL_ARGS): _S.IN_TOOL_CALL,
+    (_S.IN_TOOL_CALL, _K.CALL_END): _S.IN_PROGRESS,
     **{(s, _K.FINISH_LENGTH): _S.INCOMPLETE for s in _OPEN_STATES},
     **{(s, _K.FAIL): _S.FAILED for s in _OPEN_STATES},
     **{(s, _K.CANCEL): _S.CANCELLED for s in _OPEN_STATES},
@@ -171,6 +266,8 @@ _STATUS: Final[Mapping[State, ResponseStatus]] = {
     _S.QUEUED: "queued",
     _S.IN_PROGRESS: "in_progress",
     _S.IN_MESSAGE: "in_progress",
+    _S.IN_REASONING: "in_progress",
+    _S.IN_TOOL_CALL: "in_progress",
     _S.COMPLETED: "completed",
     _S.INCOMPLETE: "incomplete",
     _S.FAILED: "failed",
@@ -192,8 +289,19 @@ def _kind(inp: MachineInput) -> _Kind:
     match inp:
         case Start():
             return _K.START
-        case TextDelta(text=text):
-            return _K.DELTA if text else _K.EMPTY_DELTA
+        case TextDelta(text=text, logprobs=logprobs) if all(map(is_part_logprob, logprobs)):
+            if text:
+                return _K.DELTA
+            if not logprobs:
+                return _K.EMPTY_DELTA
+        case ReasoningDelta(text=text):
+            return _K.REASONING if text else _K.EMPTY_REASONING
+        case ToolCallBegin(name=name, call_id=call_id) if name and call_id != "":
+            return _K.CALL_BEGIN
+        case ToolCallArgs():
+            return _K.CALL_ARGS
+        case ToolCallEnd():
+            return _K.CALL_END
         case Finish(reason="stop"):
             return _K.FINISH_STOP
         case Finish(reason="length"):
@@ -205,13 +313,64 @@ def _kind(inp: MachineInput) -> _Kind:
     raise ProtocolError(f"malformed input {inp!r}")
 
 
+@dataclass(slots=True)
+class _OpenItem:
+    """The one output item being streamed; ``chunks`` are its text or arguments so far."""
+
+    type: Literal["message", "reasoning", "function_call"]
+    id: str
+    index: int
+    chunks: list[str] = field(default_factory=list)
+    logprobs: list[JsonObject] = field(default_factory=list)  # part-shaped (messages only)
+    call_id: str = ""
+    name: str = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+    def part(self) -> JsonObject:
+        if self.type == "message":
+            return output_text_part(self.text, self.logprobs)
+        return reasoning_text_part(self.text)
+
+    def item(self, status: ItemStatus) -> JsonObject:
+        """A fresh JSON copy of the item as it stands, with ``status``."""
+        if self.type == "function_call":
+            return function_call_item(
+                self.id, call_id=self.call_id, name=self.name, arguments=self.text, status=status
+            )
+        builder = message_item if self.type == "message" else reasoning_item
+        return builder(self.id, status, [self.part()])
+
+    def where(self) -> JsonObject:
+        where: JsonObject = {"item_id": self.id, "output_index": self.index}
+        if self.type != "function_call":
+            where["content_index"] = 0
+        return where
+
+
+_DELTA_EVENT: Final = {
+    "message": "response.output_text.delta",
+    "reasoning": "response.reasoning_text.delta",
+    "function_call": "response.function_call_arguments.delta",
+}
+_ID_PREFIX: Final = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
+_ITEM_STATE: Final = {
+    "message": _S.IN_MESSAGE,
+    "reasoning": _S.IN_REASONING,
+    "function_call": _S.IN_TOOL_CALL,
+}
+
+
 # --- The machine -------------------------------------------------------------------------------
 
 
 class ResponseMachine:
     """Turns generation milestones into the OpenAI Responses event stream of one response.
 
-    ``id_factory`` mints item ids (``id_factory("msg")``); tests pass a deterministic one.
+    ``id_factory`` mints item and call ids (``id_factory("msg")``, ``"rs"``, ``"fc"``,
+    ``"call"``); tests pass a deterministic one.
     """
 
     def __init__(
@@ -229,10 +388,8 @@ class ResponseMachine:
         self._state = State.QUEUED
         self._seq = 0
         self._done_items: list[JsonObject] = []
-        self._msg_id: str | None = None
-        self._msg_index = 0
-        self._text: list[str] = []
-        self._closed_text = ""  # text of messages already closed (for output_text)
+        self._open: _OpenItem | None = None
+        self._closed_text = ""  # text of messages already closed or abandoned (for output_text)
         self._usage: Usage | None = None
         self._error: JsonObject | None = None
         self._incomplete_details: JsonObject | None = None
@@ -267,8 +424,24 @@ class ResponseMachine:
 
     @property
     def output_text(self) -> str:
-        """All assistant text produced so far (including an open or abandoned message)."""
-        return self._closed_text + "".join(self._text)
+        """All assistant message text so far (an open or abandoned message included; never
+        reasoning text)."""
+        if self._open is not None and self._open.type == "message":
+            return self._closed_text + self._open.text
+        return self._closed_text
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """Whether the output holds a ``function_call`` item, closed or still open (a call
+        abandoned by ``Fail`` is not in the output and does not count)."""
+        return self._state is State.IN_TOOL_CALL or any(
+            item["type"] == "function_call" for item in self._done_items
+        )
+
+    @property
+    def output_items(self) -> list[JsonObject]:
+        """A copy of the output items closed so far (``output_item.done`` sent), in order."""
+        return copy.deepcopy(self._done_items)
 
     def snapshot(self) -> JsonObject:
         """The Response object as of now; after the terminal event, the final object."""
@@ -287,18 +460,28 @@ class ResponseMachine:
         match inp:
             case Start():
                 events += self._opening(in_progress=True)
-            case TextDelta(text=text) if text:
-                if self._msg_id is None:
-                    events += self._open_message()
-                events.append(
-                    self._event(
-                        "response.output_text.delta", **self._where(), delta=text, logprobs=[]
-                    )
-                )
-                self._text.append(text)
+            case TextDelta(text=text, logprobs=logprobs) if text:
+                events += self._switch_to("message")
+                events += self._delta(text, [event_logprob(entry) for entry in logprobs])
+                assert self._open is not None
+                self._open.logprobs += map(part_logprob, logprobs)
+            case ReasoningDelta(text=text) if text:
+                events += self._switch_to("reasoning")
+                events += self._delta(text)
+            case ToolCallBegin(name=name, call_id=call_id):
+                events += self._close("completed")
+                events += self._open_item("function_call", name, call_id)
+            case ToolCallArgs(delta=delta) if delta:
+                events += self._delta(delta)
+            case ToolCallEnd(arguments=arguments):
+                assert self._open is not None
+                streamed = self._open.text
+                if arguments.startswith(streamed):
+                    events += self._delta(arguments[len(streamed) :])
+                self._open.chunks = [arguments]
+                events += self._close("completed")
             case Finish(reason=reason, usage=usage, completed_at=completed_at):
-                item_status: ItemStatus = "completed" if reason == "stop" else "incomplete"
-                events += self._close_message(item_status)
+                events += self._close("completed" if reason == "stop" else "incomplete")
                 self._usage = usage
                 if reason == "length":
                     self._incomplete_details = {"reason": "max_output_tokens"}
@@ -306,13 +489,14 @@ class ResponseMachine:
                     self._completed_at = completed_at
             case Fail(code=code, message=message, usage=usage):
                 events += self._opening(in_progress=False)
-                self._abandon_message()
+                self._abandon()
                 self._error = {"code": code, "message": message}
                 self._usage = usage
             case Cancel(usage=usage):
                 events += self._opening(in_progress=False)
-                events += self._close_message("incomplete")
+                events += self._close("incomplete")
                 self._usage = usage
+        assert self._open is None or _ITEM_STATE[self._open.type] is target
         self._state = target
         if target in _TERMINAL_EVENT:
             events.append(self._event(_TERMINAL_EVENT[target], response=self.snapshot()))
@@ -341,42 +525,91 @@ class ResponseMachine:
             )
         return events
 
-    def _where(self) -> JsonObject:
-        assert self._msg_id is not None
-        return {"item_id": self._msg_id, "output_index": self._msg_index, "content_index": 0}
-
-    def _open_message(self) -> list[JsonObject]:
-        self._msg_id = self._id_factory("msg")
-        self._msg_index = len(self._done_items)
-        self._text = []
-        item = message_item(self._msg_id, "in_progress", [])
-        return [
-            self._event("response.output_item.added", output_index=self._msg_index, item=item),
-            self._event("response.content_part.added", **self._where(), part=output_text_part("")),
-        ]
-
-    def _close_message(self, item_status: ItemStatus) -> list[JsonObject]:
-        if self._msg_id is None:
+    def _switch_to(self, type_: Literal["message", "reasoning"]) -> list[JsonObject]:
+        """Keep the open item if it is of ``type_``; else close it and open a new one."""
+        if self._open is not None and self._open.type == type_:
             return []
-        text = "".join(self._text)
-        where = self._where()
-        item = message_item(self._msg_id, item_status, [output_text_part(text)])
-        events = [
-            self._event("response.output_text.done", **where, text=text, logprobs=[]),
-            self._event("response.content_part.done", **where, part=output_text_part(text)),
-            self._event("response.output_item.done", output_index=self._msg_index, item=item),
+        return self._close("completed") + self._open_item(type_)
+
+    def _open_item(
+        self,
+        type_: Literal["message", "reasoning", "function_call"],
+        name: str = "",
+        call_id: str | None = None,
+    ) -> list[JsonObject]:
+        assert self._open is None
+        item_id = self._id_factory(_ID_PREFIX[type_])
+        if type_ == "function_call" and call_id is None:
+            call_id = self._id_factory("call")
+        index = len(self._done_items)
+        opened = _OpenItem(type_, item_id, index, call_id=call_id or "", name=name)
+        self._open = opened
+        added = opened.item("in_progress")
+        if type_ == "function_call":
+            return [
+                self._event("response.output_item.added", output_index=opened.index, item=added)
+            ]
+        added["content"] = []
+        return [
+            self._event("response.output_item.added", output_index=opened.index, item=added),
+            self._event("response.content_part.added", **opened.where(), part=opened.part()),
         ]
-        self._done_items.append(message_item(self._msg_id, item_status, [output_text_part(text)]))
-        self._closed_text += text
-        self._msg_id = None
-        self._text = []
+
+    def _delta(self, delta: str, logprobs: list[JsonObject] | None = None) -> list[JsonObject]:
+        """One delta event on the open item (none for an empty delta)."""
+        assert self._open is not None
+        if not delta:
+            return []
+        self._open.chunks.append(delta)
+        extra: JsonObject = {} if logprobs is None else {"logprobs": logprobs}
+        return [
+            self._event(_DELTA_EVENT[self._open.type], **self._open.where(), delta=delta, **extra)
+        ]
+
+    def _close(self, item_status: ItemStatus) -> list[JsonObject]:
+        """The ``.done`` events of the open item (none if nothing is open); it joins the output."""
+        opened = self._open
+        if opened is None:
+            return []
+        where = opened.where()
+        events: list[JsonObject] = []
+        match opened.type:
+            case "message":
+                logprobs = [event_logprob(entry) for entry in opened.logprobs]
+                events.append(
+                    self._event(
+                        "response.output_text.done", **where, text=opened.text, logprobs=logprobs
+                    )
+                )
+                self._closed_text += opened.text
+            case "reasoning":
+                events.append(
+                    self._event("response.reasoning_text.done", **where, text=opened.text)
+                )
+            case "function_call":
+                events.append(
+                    self._event(
+                        "response.function_call_arguments.done", **where, arguments=opened.text
+                    )
+                )
+        if opened.type != "function_call":
+            events.append(self._event("response.content_part.done", **where, part=opened.part()))
+        events.append(
+            self._event(
+                "response.output_item.done",
+                output_index=opened.index,
+                item=opened.item(item_status),
+            )
+        )
+        self._done_items.append(opened.item(item_status))
+        self._open = None
         return events
 
-    def _abandon_message(self) -> None:
-        # The text stays in output_text (it was streamed) but never becomes an output item.
-        self._closed_text += "".join(self._text)
-        self._msg_id = None
-        self._text = []
+    def _abandon(self) -> None:
+        # Message text stays in output_text (it was streamed) but never becomes an output item.
+        if self._open is not None and self._open.type == "message":
+            self._closed_text += self._open.text
+        self._open = None
 
     def _response(self, status: ResponseStatus) -> JsonObject:
         """A Response object with the given status and the machine's current contents."""
@@ -389,9 +622,8 @@ class ResponseMachine:
             output, usage = [], _ZERO_USAGE
         else:
             output, usage = copy.deepcopy(self._done_items), None
-            if self._msg_id is not None:
-                part = output_text_part("".join(self._text))
-                output.append(message_item(self._msg_id, "in_progress", [part]))
+            if self._open is not None:
+                output.append(self._open.item("in_progress"))
         return response_object(
             response_id=self._response_id,
             config=self._config,

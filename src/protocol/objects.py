@@ -11,10 +11,16 @@ Invariants:
   ``Response`` model has no such field, so echoing it would be an undeclared key.
 - :class:`ResponseConfig` is deeply immutable: nested JSON (tools, text format, metadata) is
   frozen into read-only mappings and tuples at construction and thawed into fresh JSON on output.
+- Logprobs come in two SDK shapes: a content part's entry (``ResponseOutputText.Logprob``:
+  ``token``, ``logprob``, ``bytes``, ``top_logprobs`` of ``{token, bytes, logprob}``, all
+  required) and a text event's entry (``ResponseTextDeltaEvent.Logprob``: ``token``,
+  ``logprob``, ``top_logprobs`` of ``{token, logprob}``, no ``bytes``). We hold the part shape
+  and derive the event shape with :func:`event_logprob`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,8 +35,14 @@ __all__ = [
     "ResponseErrorCode",
     "ResponseStatus",
     "Usage",
+    "event_logprob",
+    "function_call_item",
+    "is_part_logprob",
     "message_item",
     "output_text_part",
+    "part_logprob",
+    "reasoning_item",
+    "reasoning_text_part",
     "response_object",
 ]
 
@@ -171,9 +183,90 @@ class ResponseConfig:
             object.__setattr__(self, "tool_choice", _freeze(self.tool_choice))
 
 
-def output_text_part(text: str) -> JsonObject:
-    """An ``output_text`` content part (no annotations, no logprobs)."""
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: Sequence[Mapping[str, Any]] = ()) -> JsonObject:
+    """An ``output_text`` content part (no annotations); ``logprobs`` are part-shaped entries."""
+    return {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": [part_logprob(entry) for entry in logprobs],
+    }
+
+
+def reasoning_text_part(text: str) -> JsonObject:
+    """A ``reasoning_text`` content part (of a reasoning item, or in ``content_part`` events)."""
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, status: ItemStatus, content: Sequence[JsonObject]) -> JsonObject:
+    """A ``reasoning`` output item with raw reasoning text and no summary."""
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": list(content),
+        "status": status,
+    }
+
+
+def function_call_item(
+    item_id: str, *, call_id: str, name: str, arguments: str, status: ItemStatus
+) -> JsonObject:
+    """A ``function_call`` output item; ``arguments`` is JSON text (possibly partial)."""
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+_PART_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes", "top_logprobs"})
+_TOP_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes"})
+
+
+def _is_token_logprob(value: object, keys: frozenset[str]) -> bool:
+    if not isinstance(value, Mapping) or set(value) != keys:
+        return False
+    logprob, raw = value["logprob"], value["bytes"]
+    return (
+        isinstance(value["token"], str)
+        and isinstance(logprob, int | float)
+        and not isinstance(logprob, bool)
+        and math.isfinite(logprob)
+        and isinstance(raw, list | tuple)
+        and all(type(b) is int and 0 <= b <= 255 for b in raw)
+    )
+
+
+def is_part_logprob(value: object) -> bool:
+    """Whether ``value`` is a complete part-shaped logprob entry that JSON can carry."""
+    if not _is_token_logprob(value, _PART_LOGPROB_KEYS):
+        return False
+    assert isinstance(value, Mapping)
+    top = value["top_logprobs"]
+    return isinstance(top, list | tuple) and all(
+        _is_token_logprob(entry, _TOP_LOGPROB_KEYS) for entry in top
+    )
+
+
+def part_logprob(entry: Mapping[str, Any]) -> JsonObject:
+    """A fresh JSON copy of a part-shaped logprob entry."""
+    copied: JsonObject = _thaw(entry)
+    return copied
+
+
+def event_logprob(entry: Mapping[str, Any]) -> JsonObject:
+    """The text-event shape of a part-shaped logprob entry (``bytes`` dropped at both levels)."""
+    return {
+        "token": entry["token"],
+        "logprob": entry["logprob"],
+        "top_logprobs": [
+            {"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]
+        ],
+    }
 
 
 def message_item(item_id: str, status: ItemStatus, content: Sequence[JsonObject]) -> JsonObject:

@@ -16,6 +16,7 @@ from typing import Any
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
 from .objects import ResponseConfig
+from .text_format import TEXT, TextFormat
 from .tools import FunctionTool, ToolChoice
 
 __all__ = ["CreateRequest", "InputItem", "InputMessage", "json_type", "parse_input"]
@@ -41,6 +42,7 @@ class CreateRequest:
     logprobs: int | None = None
     # Extension: a seed makes sampling reproducible.
     seed: int | None = None
+    text_format: TextFormat = TEXT
 
 
 def parse_input(raw: object) -> tuple[InputItem, ...]:

@@ -85,9 +85,17 @@ class BudgetedMap(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._recency)
 
-    def keys(self) -> Iterator[K]:
-        """The keys held, least recently used first (expired ones not yet removed included)."""
-        return iter(list(self._recency))
+    def keys(self, now: float | None = None) -> Iterator[K]:
+        """The keys held, least recently used first, without touching recency or expiring.
+
+        Without ``now``, expired entries not yet removed are included; with it, only the keys
+        still readable at ``now``.
+        """
+        ttl = self._limits.ttl_seconds
+        if now is None or ttl <= 0:
+            return iter(list(self._recency))
+        now = max(now, self._now)
+        return iter([k for k, e in self._recency.items() if e.written_at + ttl > now])
 
     def nbytes(self, key: K) -> int | None:
         """The byte size recorded for ``key``, without touching its recency."""

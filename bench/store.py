@@ -1,0 +1,296 @@
+"""Response store throughput and memory: 10,000 stored responses against a small and a big budget.
+
+Run::
+
+    .venv/bin/python bench/store.py [--count 10000] [--gets 2000]
+        [--small-bytes 8388608] [--big-bytes 2147483648]
+
+For each byte budget, a fresh child process (so one run's heap cannot flatter the other's):
+
+1. starts the server in-process (``serve``: real Hypercorn, real store actors, the bundled model;
+   ``--responses-store-max-entries`` = ``--count``, so only the byte budget binds);
+2. warms the HTTP path with GETs of an unknown id, then reads the resident memory (``VmRSS`` of
+   ``/proc/self/status``) after a garbage collection;
+3. fills the store through the response store's handle (creating 10,000 responses through the
+   model would take far longer than storing them): each record is what a real response stores,
+   built by the real ``ResponseMachine``: the final object (~3 KB, ~1,500 characters of text), its
+   input items (a ~1 KB user message with an instruction turn) and its full SSE event log for
+   replay (one ``output_text.delta`` per ~4-character token);
+4. reads the resident memory again, then times ``--gets`` sequential ``GET /v1/responses/{id}``
+   of held responses through one keep-alive HTTP client (httpx2) and reports p50/p99.
+
+Printed figures: put rate (time inside ``store.put`` only, not building the records), GET p50/p99 and rate, the bytes the store holds (its estimate, the
+serialised JSON size), the bytes offered, and the RSS growth; ratios: RSS growth over the budget,
+over the bytes held, and the big budget's growth over the small one's. Results are also written
+to ``bench/results/store-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import httpx2 as httpx
+import trio
+
+from mlx_responses.actors.model import ModelSettings
+from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.protocol.ids import new_id
+from mlx_responses.protocol.machine import Finish, ResponseMachine, Start, TextDelta
+from mlx_responses.protocol.objects import ResponseConfig, Usage
+from mlx_responses.server import ServerHandle, ServerSettings, serve
+from mlx_responses.storage.interface import StoredResponse, StoreLimits
+from mlx_responses.storage.memory import serialized_size
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+MIB = 1 << 20
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there been one all we their has would when if so no will "
+    "lighthouse harbour storm keeper lantern signal tide beacon island evening morning sailors"
+).split()
+
+
+@dataclass(slots=True)
+class Run:
+    budget_bytes: int
+    count: int
+    gets: int
+    entries: int
+    held_bytes: int
+    offered_bytes: int
+    evictions: int
+    put_seconds: float
+    rss_before: int
+    rss_after_fill: int
+    rss_after_gets: int
+    get_p50_ms: float
+    get_p99_ms: float
+    get_seconds: float
+    get_cpu_seconds: float
+    get_errors: int
+    mean_get_body_bytes: float
+
+    @property
+    def rss_growth(self) -> int:
+        return self.rss_after_fill - self.rss_before
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def make_record(rng: random.Random, created_at: int) -> StoredResponse:
+    """One stored response as the response actor stores it: final object, input, events."""
+    config = ResponseConfig(
+        model=BUNDLED_ALIAS,
+        instructions="You are a helpful assistant who answers briefly and precisely.",
+        max_output_tokens=512,
+        temperature=0.7,
+        metadata={"session": f"s{rng.randrange(10**6)}", "user": "bench"},
+    )
+    machine = ResponseMachine(new_id("resp"), config, created_at)
+    events = machine.feed(Start())
+    text = " ".join(rng.choice(WORDS) for _ in range(300))[:1500]
+    for start in range(0, len(text), 4):  # a token is ~4 characters of English
+        events += machine.feed(TextDelta(text[start : start + 4]))
+    events += machine.feed(Finish("stop", Usage(400, len(text) // 4), created_at + 3))
+    question = " ".join(rng.choice(WORDS) for _ in range(200))[:1000]
+    items = (
+        {
+            "id": new_id("msg"),
+            "type": "message",
+            "role": "system",
+            "content": [{"type": "input_text", "text": config.instructions}],
+        },
+        {
+            "id": new_id("msg"),
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": question}],
+        },
+    )
+    return StoredResponse(machine.snapshot(), items, tuple(events))
+
+
+async def measure(budget: int, count: int, gets: int) -> Run:
+    model = ModelSettings(model_path=str(BUNDLED_MODEL_PATH), alias=BUNDLED_ALIAS)
+    settings = replace(
+        ServerSettings(host="127.0.0.1", port=0, model=model, graceful_timeout=5),
+        responses_store=StoreLimits(max_entries=count, max_bytes=budget, ttl_seconds=3600),
+    )
+    rng = random.Random(1234)
+    async with trio.open_nursery() as nursery:
+        server: ServerHandle = await nursery.start(serve, settings)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+            for _ in range(50):  # warm the HTTP path before the baseline
+                await http.get("/v1/responses/resp_unknown")
+            gc.collect()
+            rss_before = rss_bytes()
+
+            ids: list[str] = []
+            offered = 0
+            put_seconds = 0.0
+            created_at = int(time.time())
+            for _ in range(count):
+                record = make_record(rng, created_at)
+                offered += serialized_size(record.to_json())
+                t0 = time.perf_counter()
+                await server.store.put(record)
+                put_seconds += time.perf_counter() - t0
+                ids.append(record.id)
+            del record
+            gc.collect()
+            rss_after_fill = rss_bytes()
+            stats = server.store.statistics()
+
+            # Nothing is put while reading, so the held responses are the last ones stored.
+            held = ids[len(ids) - stats.entries :]
+            latencies: list[float] = []
+            body_bytes = 0
+            errors = 0
+            started = time.perf_counter()
+            cpu_started = time.process_time()
+            for _ in range(gets):
+                response_id = rng.choice(held)
+                t0 = time.perf_counter()
+                reply = await http.get(f"/v1/responses/{response_id}")
+                latencies.append(time.perf_counter() - t0)
+                body_bytes += len(reply.content)
+                errors += reply.status_code != 200
+            get_seconds = time.perf_counter() - started
+            get_cpu_seconds = time.process_time() - cpu_started
+            gc.collect()
+            rss_after_gets = rss_bytes()
+        server.shutdown()
+
+    quantiles = statistics.quantiles(latencies, n=100)
+    return Run(
+        budget_bytes=budget,
+        count=count,
+        gets=gets,
+        entries=stats.entries,
+        held_bytes=stats.bytes,
+        offered_bytes=offered,
+        evictions=stats.evictions,
+        put_seconds=put_seconds,
+        rss_before=rss_before,
+        rss_after_fill=rss_after_fill,
+        rss_after_gets=rss_after_gets,
+        get_p50_ms=quantiles[49] * 1000,
+        get_p99_ms=quantiles[98] * 1000,
+        get_seconds=get_seconds,
+        get_cpu_seconds=get_cpu_seconds,
+        get_errors=errors,
+        mean_get_body_bytes=body_bytes / max(1, gets),
+    )
+
+
+def run_child(budget: int, count: int, gets: int) -> Run:
+    """One measurement in a fresh interpreter, so earlier runs leave no heap behind."""
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(budget),
+        "--count",
+        str(count),
+        "--gets",
+        str(gets),
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"child for budget {budget} failed:\n{out.stderr[-4000:]}")
+    return Run(**json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def mib(n: float) -> str:
+    return f"{n / MIB:8.1f} MiB"
+
+
+def report(runs: list[Run]) -> None:
+    print(f"{'':28}" + "".join(f"{f'budget {r.budget_bytes / MIB:g} MiB':>18}" for r in runs))
+
+    def row(label: str, cells: list[str]) -> None:
+        print(f"{label:28}" + "".join(f"{c:>18}" for c in cells))
+
+    row("responses stored (put)", [f"{r.count}" for r in runs])
+    row("bytes offered (JSON)", [mib(r.offered_bytes) for r in runs])
+    row("mean record (JSON)", [f"{r.offered_bytes / r.count / 1024:.1f} KiB" for r in runs])
+    row("put rate (store handle)", [f"{r.count / r.put_seconds:,.0f} /s" for r in runs])
+    row("entries held", [f"{r.entries}" for r in runs])
+    row("bytes held (estimate)", [mib(r.held_bytes) for r in runs])
+    row("evictions", [f"{r.evictions}" for r in runs])
+    row("RSS before fill", [mib(r.rss_before) for r in runs])
+    row("RSS after fill", [mib(r.rss_after_fill) for r in runs])
+    row("RSS after GETs", [mib(r.rss_after_gets) for r in runs])
+    row("RSS growth (fill)", [mib(r.rss_growth) for r in runs])
+    row("GET p50", [f"{r.get_p50_ms:.2f} ms" for r in runs])
+    row("GET p99", [f"{r.get_p99_ms:.2f} ms" for r in runs])
+    row("GET rate (sequential)", [f"{r.gets / r.get_seconds:,.0f} /s" for r in runs])
+    row("CPU per GET (both ends)", [f"{r.get_cpu_seconds / r.gets * 1000:.2f} ms" for r in runs])
+    row("GET body (final object)", [f"{r.mean_get_body_bytes / 1024:.1f} KiB" for r in runs])
+    row("GET errors", [f"{r.get_errors}" for r in runs])
+    print()
+    print("ratios")
+    row("RSS growth / budget", [f"{r.rss_growth / r.budget_bytes:.3f}" for r in runs])
+    row("RSS growth / bytes held", [f"{r.rss_growth / max(1, r.held_bytes):.2f}" for r in runs])
+    row("bytes held / budget", [f"{r.held_bytes / r.budget_bytes:.3f}" for r in runs])
+    budgets = sorted({r.budget_bytes for r in runs})
+    if len(budgets) == 2:
+        small, big = (
+            statistics.median(r.rss_growth for r in runs if r.budget_bytes == b) for b in budgets
+        )
+        held_small, held_big = (
+            statistics.median(r.held_bytes for r in runs if r.budget_bytes == b) for b in budgets
+        )
+        print(
+            f"big/small RSS growth (medians): {big / max(1, small):.1f}x; "
+            f"big/small bytes held: {held_big / max(1, held_small):.1f}x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--gets", type=int, default=2_000)
+    parser.add_argument("--small-bytes", type=int, default=8 * MIB)
+    parser.add_argument("--big-bytes", type=int, default=2048 * MIB)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per budget, the order flipping each time"
+    )
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        run = trio.run(measure, args.child, args.count, args.gets)
+        print(json.dumps(asdict(run)))
+        return
+
+    runs: list[Run] = []
+    for repeat in range(args.repeats):
+        # The machine may be shared: alternate the order so that load hits both budgets alike.
+        order = (args.small_bytes, args.big_bytes)
+        for budget in order if repeat % 2 == 0 else order[::-1]:
+            runs.append(run_child(budget, args.count, args.gets))
+    runs.sort(key=lambda r: r.budget_bytes)
+    report(runs)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"store-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"argv": sys.argv[1:], "runs": [asdict(r) for r in runs]}, indent=2))
+    print(f"\nwritten to {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

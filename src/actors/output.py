@@ -1,0 +1,68 @@
+"""Parsed model output -> event-machine inputs, applying the request's tool-call limits (pure).
+
+Invariants:
+- Everything the parser reports reaches the machine in order, except tool calls beyond the
+  request's limit (``parallel_tool_calls: false`` allows one, ``max_tool_calls`` caps the
+  total), which are dropped whole: no begin, no arguments, no end.
+- Logprobs belong to visible text: the logprobs of one batch of tokens go on the first text
+  delta of that batch; a batch that produced no visible text (reasoning, a tool call, text
+  still held back by the parser) contributes none.
+- ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..model.stream_parse import (
+    ParsedEvent,
+    ReasoningChunk,
+    StreamParser,
+    TextChunk,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from ..protocol import machine as m
+
+
+class OutputShaper:
+    def __init__(self, parser: StreamParser, *, max_calls: int | None) -> None:
+        self._parser = parser
+        self._max_calls = max_calls
+        self._reasoning: list[str] = []
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
+
+    def feed(self, text: str, logprobs: Sequence[dict[str, Any]] = ()) -> list[m.MachineInput]:
+        return self._shape(self._parser.feed(text) if text else [], logprobs)
+
+    def finish(self) -> list[m.MachineInput]:
+        return self._shape(self._parser.finish(), ())
+
+    def _accepted(self, index: int) -> bool:
+        return self._max_calls is None or index < self._max_calls
+
+    def _shape(
+        self, events: list[ParsedEvent], logprobs: Sequence[dict[str, Any]]
+    ) -> list[m.MachineInput]:
+        inputs: list[m.MachineInput] = []
+        pending = list(logprobs)
+        for event in events:
+            match event:
+                case TextChunk(text=text) if text:
+                    inputs.append(m.TextDelta(text, logprobs=pending))
+                    pending = []
+                case ReasoningChunk(text=text) if text:
+                    self._reasoning.append(text)
+                    inputs.append(m.ReasoningDelta(text))
+                case ToolCallStart(index=index, name=name) if self._accepted(index):
+                    inputs.append(m.ToolCallBegin(name))
+                case ToolCallArgs(index=index, delta=delta) if self._accepted(index) and delta:
+                    inputs.append(m.ToolCallArgs(delta))
+                case ToolCallEnd(index=index, arguments=arguments) if self._accepted(index):
+                    inputs.append(m.ToolCallEnd(arguments))
+        return inputs

@@ -1,0 +1,308 @@
+"""Generated text -> visible text, reasoning and tool calls, incrementally.
+
+``StreamParser.feed`` takes the generated text in whatever pieces the detokenizer produces;
+``finish`` ends it. The tool-call formats themselves live in ``tool_formats``.
+
+Invariants:
+- Chunking never matters: the events for any split of the same text, after merging adjacent
+  chunks of one kind (``coalesce``), equal those for the whole text fed at once. Each
+  character is decided from the text before it only; text is held back only while it could
+  still be the start of a marker (``<think>``, ``</think>``, ``<tool_call>``, ``<function=``,
+  ``[TOOL_CALLS]``, ``<|python_tag|>``, a Llama 3 call's opening brace) or a call's body, and
+  whitespace only while it could turn out to sit between text and a tool call.
+- With ``reasoning``, text inside ``<think>...</think>`` is only ever ``ReasoningChunk``, the
+  tags are never shown, a stray ``</think>`` is dropped, and the whitespace around the
+  reasoning (the ``\\n`` after ``<think>``, before ``</think>``, the ``\\n\\n`` after it) is
+  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``. Without
+  ``reasoning`` the tags are ordinary text.
+- Tool calls are parsed only with ``tools_enabled``; otherwise every marker is text. Calls get
+  indices 0, 1, 2... in order; each is ``ToolCallStart`` (as soon as the name is known), then
+  ``ToolCallArgs`` fragments, then ``ToolCallEnd``, whose ``arguments`` equals the join of the
+  fragments (the end-of-generation parse only ever appends the unsent rest).
+- JSON formats stream the arguments object raw, as generated; its final text is that raw text.
+  Fallbacks: text that looked like a call but is not one (no name before it went wrong, or cut
+  short before the name) is shown as text, its marker included; a started call whose JSON
+  breaks or is cut short ends with what was generated (``arguments`` may then not parse, as
+  with a real API on ``max_output_tokens``); arguments given as a string holding a JSON object
+  become that object; missing arguments become ``{}``.
+- Whitespace between visible text and a tool call, and after a call, is dropped, so a message
+  is never only whitespace.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .tool_format_base import (
+    ParsedEvent,
+    ReasoningChunk,
+    Step,
+    TextChunk,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    partial_suffix,
+)
+from .tool_formats import (
+    FUNCTION_OPEN,
+    MISTRAL_TOOL_CALLS,
+    PYTHON_TAG,
+    TOOL_CALL_OPEN,
+    FunctionRegion,
+    Llama3Region,
+    MistralRegion,
+    TagRegion,
+    ToolRegion,
+    ToolSchemas,
+)
+
+__all__ = [
+    "ParsedEvent",
+    "ReasoningChunk",
+    "StreamParser",
+    "TextChunk",
+    "ToolCallArgs",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "ToolFormat",
+    "ToolSchemas",
+    "coalesce",
+    "detect_tool_format",
+    "reasoning_opens_in_prompt",
+]
+
+ToolFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+_TOOL_MARKERS: dict[ToolFormat, tuple[str, ...]] = {
+    "hermes": (TOOL_CALL_OPEN,),
+    "qwen3_coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
+    "mistral": (MISTRAL_TOOL_CALLS,),
+    "llama3_json": (),
+    "none": (),
+}
+
+
+def detect_tool_format(chat_template: str) -> ToolFormat:
+    """The tool-call format a chat template teaches its model (mlx-lm's checks, narrowed to
+    the formats parsed here; other formats, GLM's ``<arg_key>`` say, give ``none``)."""
+    t = chat_template
+    if "<arg_key>" in t:
+        return "none"
+    if "<function=" in t and "<parameter=" in t:
+        return "qwen3_coder"
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
+    if "<tool_call>" in t:
+        return "hermes"
+    if "<|python_tag|>" in t or ("<|start_header_id|>" in t and "ipython" in t):
+        return "llama3_json"
+    return "none"
+
+
+def reasoning_opens_in_prompt(rendered_prompt_text: str) -> bool:
+    """True when the generation prompt ends inside ``<think>`` (Qwen3-2507 thinking, DeepSeek
+    R1...): the output then begins with reasoning and carries no opening tag."""
+    return rendered_prompt_text.rstrip().endswith(THINK_OPEN)
+
+
+def coalesce(events: list[ParsedEvent]) -> list[ParsedEvent]:
+    """Merge adjacent text chunks, adjacent reasoning chunks, and adjacent argument fragments
+    of one call; a consumer may coalesce a burst of events this way before sending them."""
+    merged: list[ParsedEvent] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+            merged[-1] = TextChunk(last.text + event.text)
+        elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
+            merged[-1] = ReasoningChunk(last.text + event.text)
+        elif (
+            isinstance(event, ToolCallArgs)
+            and isinstance(last, ToolCallArgs)
+            and event.index == last.index
+        ):
+            merged[-1] = ToolCallArgs(event.index, last.delta + event.delta)
+        else:
+            merged.append(event)
+    return merged
+
+
+class StreamParser:
+    """Splits one generation's text into events; one parser per generation."""
+
+    def __init__(
+        self,
+        *,
+        tool_format: ToolFormat,
+        tools_enabled: bool,
+        reasoning: bool,
+        starts_in_reasoning: bool = False,
+        tool_schemas: ToolSchemas | None = None,
+    ) -> None:
+        """``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
+        types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``."""
+        self._format: ToolFormat = tool_format if tools_enabled else "none"
+        self._schemas = tool_schemas
+        self._tool_markers = _TOOL_MARKERS[self._format]
+        think = (THINK_OPEN, THINK_CLOSE) if reasoning else ()
+        self._markers = think + self._tool_markers
+        self._buf = ""
+        self._in_reasoning = reasoning and starts_in_reasoning
+        self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
+        self._region: ToolRegion | None = None
+        self._skip_ws = False  # after </think> or a tool call
+        self._llama_start = self._format == "llama3_json"  # nothing visible yet
+        self._calls = 0
+        self._finished = False
+
+    @property
+    def tool_calls(self) -> int:
+        """How many calls have started so far."""
+        return self._calls
+
+    def feed(self, text: str) -> list[ParsedEvent]:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self._buf += text
+        return self._run(final=False)
+
+    def finish(self) -> list[ParsedEvent]:
+        """End of generation: flush what was held back and end any open call."""
+        if self._finished:
+            return []
+        self._finished = True
+        out = self._run(final=True)
+        assert not self._buf, "everything is flushed at finish()"
+        assert self._region is None
+        return out
+
+    def _new_index(self) -> int:
+        self._calls += 1
+        return self._calls - 1
+
+    def _run(self, *, final: bool) -> list[ParsedEvent]:
+        out: list[ParsedEvent] = []
+        while True:
+            if self._region is not None:
+                progressed = self._scan_region(final, out)
+            elif self._in_reasoning:
+                progressed = self._scan_reasoning(final, out)
+            else:
+                progressed = self._scan_content(final, out)
+            if not progressed:
+                return out
+
+    def _scan_reasoning(self, final: bool, out: list[ParsedEvent]) -> bool:
+        buf = self._buf
+        if self._reasoning_lead:
+            buf = buf.lstrip()
+            self._buf = buf
+            if not buf:
+                return False
+            self._reasoning_lead = False
+        i = buf.find(THINK_CLOSE)
+        if i >= 0:
+            self._reasoning_text(out, buf[:i].rstrip())
+            self._buf = buf[i + len(THINK_CLOSE) :]
+            self._in_reasoning = False
+            self._skip_ws = True
+            return True
+        if final:
+            self._reasoning_text(out, buf.rstrip())
+            self._buf = ""
+            return False
+        # Hold a possible "</think>" and the whitespace before it (dropped if it closes).
+        end = len(buf[: len(buf) - partial_suffix(buf, 0, (THINK_CLOSE,))].rstrip())
+        self._reasoning_text(out, buf[:end])
+        self._buf = buf[end:]
+        return False
+
+    def _scan_content(self, final: bool, out: list[ParsedEvent]) -> bool:
+        buf = self._buf
+        if self._skip_ws:
+            buf = buf.lstrip()
+            self._buf = buf
+            if not buf:
+                return False
+            self._skip_ws = False
+        if self._llama_start:
+            entered = self._start_llama(final)
+            if entered is not None:
+                return entered
+        i, marker = -1, ""
+        for m in self._markers:
+            j = buf.find(m)
+            if j >= 0 and (i < 0 or j < i):
+                i, marker = j, m
+        if i < 0:
+            end = len(buf)
+            if not final:
+                end -= partial_suffix(buf, 0, self._markers)
+                if self._tool_markers:  # trailing whitespace may precede a call
+                    end = len(buf[:end].rstrip())
+            self._text(out, buf[:end])
+            self._buf = buf[end:]
+            return False
+        before, self._buf = buf[:i], buf[i + len(marker) :]
+        if marker == THINK_OPEN:
+            self._text(out, before)
+            self._in_reasoning = self._reasoning_lead = True
+        elif marker == THINK_CLOSE:
+            self._text(out, before)
+            self._skip_ws = True
+        else:
+            text = before.rstrip()
+            self._text(out, text)
+            self._region = self._open_region(marker, before[len(text) :] + marker)
+        return True
+
+    def _start_llama(self, final: bool) -> bool | None:
+        """Before anything visible: enter a Llama 3 JSON region if the output begins with
+        ``{`` or the python tag (True), hold what may still become the tag (False), or
+        read on as ordinary output (None)."""
+        buf = self._buf
+        body = buf.lstrip()
+        ws = buf[: len(buf) - len(body)]
+        for opener in (PYTHON_TAG, "{"):
+            if body.startswith(opener):
+                shown = opener if opener == PYTHON_TAG else ""
+                self._llama_start = False
+                self._buf = body[len(shown) :]
+                self._region = Llama3Region(ws + shown, self._new_index, self._schemas)
+                return True
+        if not final and (not body or PYTHON_TAG.startswith(body)):
+            return False
+        return None
+
+    def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
+        if marker == TOOL_CALL_OPEN:
+            return TagRegion(shown_if_reverted, self._new_index, self._schemas)
+        if marker == FUNCTION_OPEN:
+            return FunctionRegion(shown_if_reverted, self._new_index, self._schemas)
+        return MistralRegion(shown_if_reverted, self._new_index, self._schemas)
+
+    def _scan_region(self, final: bool, out: list[ParsedEvent]) -> bool:
+        assert self._region is not None
+        step: Step = self._region.step(self._buf, final)
+        out.extend(step.events)
+        rest = self._buf[step.consumed :]
+        if not step.done:
+            assert not final, "a region must end at finish()"
+            self._buf = rest
+            return False
+        self._region = None
+        self._text(out, step.revert)
+        self._buf = step.pushback + rest
+        self._skip_ws = not step.revert and not step.pushback
+        return True
+
+    def _text(self, out: list[ParsedEvent], text: str) -> None:
+        if text:
+            self._llama_start = False
+            out.append(TextChunk(text))
+
+    def _reasoning_text(self, out: list[ParsedEvent], text: str) -> None:
+        if text:
+            out.append(ReasoningChunk(text))
