@@ -26,9 +26,11 @@ Invariants:
 
 The bitmask llguidance computes (one bit per token, in uint32 words) is unpacked with numpy
 (``unpackbits``, little bit order: bit ``i`` of the mask is token ``i``) into a boolean array and
-applied with ``mx.where``; the Metal-only kernel in ``llguidance.mlx`` is not used. Before the mask
-is computed the processor starts evaluating the logits (``mx.async_eval``), so the model's forward
-pass and the mask computation overlap.
+applied with ``mx.where``; the Metal-only kernel in ``llguidance.mlx`` is not used (numpy's unpack
+measured faster on CPU than MLX shifts: ``bench/constrained.py``). Where the mask is costly (a
+vocabulary of 32k tokens or more) or the model runs on a GPU, the processor first starts evaluating
+the logits (``mx.async_eval``) so that the forward pass and the mask computation overlap; with a
+small vocabulary on CPU that extra launch costs more than it hides.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CACHE_SIZE = 128
+# From this vocabulary size up, overlap the forward pass with the mask computation.
+_OVERLAP_MIN_VOCAB = 32_768
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class Grammar:
     source: str
     warnings: tuple[str, ...] = ()
     _prototype: LLMatcher = field(repr=False, compare=False, kw_only=True)
-    _tokenizer_id: int = field(repr=False, compare=False, kw_only=True)
+    _tokenizer: LLTokenizer = field(repr=False, compare=False, kw_only=True)
 
     def new_matcher(self) -> LLMatcher:
         """A fresh matcher in the start state (a deep copy of the never-advanced prototype)."""
@@ -92,8 +96,8 @@ class Constraints:
     non-MLX thread.
 
     ``tokenizer`` is mlx-lm's ``TokenizerWrapper`` (or a Hugging Face fast tokenizer, then the EOS
-    set is its ``eos_token_id``). Building the llguidance tokenizer takes ~0.1 s at a 4k
-    vocabulary and ~1 s at 150k.
+    set is its ``eos_token_id``). Building the llguidance tokenizer takes ~10 ms at the bundled
+    model's 588 tokens and ~2-3 s at 150k (2-core machine): build it once, at model load.
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -172,12 +176,12 @@ class Constraints:
         prototype = LLMatcher(self._ll, source, log_level=0)
         if prototype.is_error():
             raise InvalidSchema(prototype.get_error().split("\n", 1)[0])
-        return Grammar(kind, source, warnings, _prototype=prototype, _tokenizer_id=id(self._ll))
+        return Grammar(kind, source, warnings, _prototype=prototype, _tokenizer=self._ll)
 
 
 def make_logits_processor(constraints: Constraints, grammar: Grammar) -> Callable[[Any, Any], Any]:
     """A fresh processor for one sequence; create and call it on the MLX generation thread."""
-    if grammar._tokenizer_id != id(constraints.ll_tokenizer):
+    if grammar._tokenizer is not constraints.ll_tokenizer:
         raise ValueError("the grammar was compiled by another Constraints (another tokenizer)")
     return _Processor(constraints, grammar.new_matcher())
 
@@ -193,6 +197,7 @@ class _Processor:
         "_failed",
         "_matcher",
         "_mx",
+        "_overlap",
         "_prompt_len",
         "_unfed",
         "_vocab",
@@ -203,6 +208,10 @@ class _Processor:
         import mlx.core as mx  # only here: the grammar side of this module needs no MLX
 
         self._mx = mx
+        self._overlap = (
+            constraints.vocab_size >= _OVERLAP_MIN_VOCAB
+            or mx.default_device().type != mx.DeviceType.cpu
+        )
         self._matcher = matcher
         self._vocab = constraints.vocab_size
         # One bit per token, rounded up to whole uint32 words; llguidance writes it in place.
@@ -217,8 +226,9 @@ class _Processor:
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         mx = self._mx
-        # Start the forward pass now: it runs while llguidance computes the mask below.
-        mx.async_eval(logits)
+        if self._overlap:
+            # Start the forward pass now: it runs while llguidance computes the mask below.
+            mx.async_eval(logits)
         if tokens.ndim > 1:
             tokens = tokens.reshape(-1)
         n = int(tokens.shape[0])

@@ -7,7 +7,7 @@ would send, without spaces and without ``\\u`` escapes for non-ASCII text).
 Invariants:
 - Byte accounting (the estimator): a record counts ``len(blob)``, the exact size of its
   serialised JSON, computed once at ``put``. What is held in memory is that blob plus a constant
-  per-entry overhead (the key, two dict slots, the blob's header: about 200 bytes), so the
+  per-entry overhead (the key, two dict slots, the blob's header: about 250 bytes), so the
   process's memory grows with the byte budget, not with Python's object overhead (several times
   the JSON size for small dicts and strings).
 - ``get`` decodes a fresh record, so no caller ever holds what is stored (the interface's
