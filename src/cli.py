@@ -131,6 +131,29 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds a conversation stays readable after its last change; 0 disables TTL",
     ),
     Flag(
+        "--responses-background-max-jobs",
+        "MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS",
+        64,
+        int,
+        "most active background: true responses at once (more get 429); 0 disables background mode",
+    ),
+    Flag(
+        "--responses-background-ephemeral-ttl-secs",
+        "MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS",
+        600,
+        int,
+        "seconds the final object of a background job created with store: false stays "
+        "readable; at least 1",
+    ),
+    Flag(
+        "--unsupported-tools",
+        "MLX_RESPONSES_UNSUPPORTED_TOOLS",
+        "reject",
+        str,
+        "what to do with hosted tool types (web_search, ...): 'reject' answers 400, 'drop' "
+        "ignores them with a logged warning (for clients such as Codex that always send some)",
+    ),
+    Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
         "info",
@@ -188,6 +211,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--port must be between 0 and 65535")
     responses_store = _store_limits(args, "responses_store")
     conversation_store = _store_limits(args, "conversation_store")
+    if args.responses_background_max_jobs < 0:
+        raise SystemExit("--responses-background-max-jobs must not be negative")
+    if args.responses_background_ephemeral_ttl_secs < 1:
+        raise SystemExit("--responses-background-ephemeral-ttl-secs must be at least 1")
+    if args.unsupported_tools not in ("reject", "drop"):
+        raise SystemExit("--unsupported-tools must be 'reject' or 'drop'")
     return ServerSettings(
         host=args.host,
         port=args.port,
@@ -201,6 +230,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         responses_store=responses_store,
         conversation_store=conversation_store,
+        background_max_jobs=args.responses_background_max_jobs,
+        background_ephemeral_ttl_seconds=float(args.responses_background_ephemeral_ttl_secs),
+        drop_unsupported_tools=args.unsupported_tools == "drop",
     )
 
 

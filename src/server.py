@@ -50,6 +50,7 @@ class ServerSettings:
     conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
     background_max_jobs: int = 64
     background_ephemeral_ttl_seconds: float = 600.0
+    drop_unsupported_tools: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ async def serve(
                 jobs=jobs,
                 created_at=int(time.time()),
                 ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
+                drop_unsupported_tools=settings.drop_unsupported_tools,
             )
         )
 

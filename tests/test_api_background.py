@@ -196,3 +196,14 @@ async def test_cancel_endpoint_ends_a_foreground_stream_with_cancelled(
     assert stored["status"] == "cancelled"
     assert "background" not in stored
     assert server.model.statistics().sequences_cancelled == 1
+
+
+async def test_zero_max_jobs_disables_background_mode(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, background_max_jobs=0)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            refused = await http.post("/v1/responses", json={**COUNT, "background": True})
+            foreground = await http.post("/v1/responses", json={**COUNT, "max_output_tokens": 2})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "background"
+    assert foreground.status_code == 200

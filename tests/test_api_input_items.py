@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx2 as httpx
@@ -9,9 +10,9 @@ import pytest
 import trio
 
 from mlx_responses.model.bundled_model import load_bundled_prompts
-from mlx_responses.server import ServerHandle
+from mlx_responses.server import ServerHandle, serve
 
-from .conftest import MODEL
+from .conftest import MODEL, START_DEADLINE, server_settings
 
 DEADLINE = 60
 
@@ -192,3 +193,27 @@ async def test_tool_choice_forms_are_echoed(server: ServerHandle) -> None:
     assert flat.json()["tools"][0]["name"] == "get_weather"
     assert unknown.status_code == 400
     assert unknown.json()["error"]["param"] == "tool_choice.name"
+
+
+async def test_unsupported_tools_drop_ignores_hosted_tools(nursery: trio.Nursery) -> None:
+    settings = dataclasses.replace(server_settings(), drop_unsupported_tools=True)
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            reply = await post(
+                http,
+                input="Reply with: hello",
+                tools=[{"type": "web_search"}, WEATHER_TOOL, {"type": "local_shell"}],
+            )
+    assert reply.status_code == 200, reply.text
+    assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]
+
+
+async def test_namespace_tools_are_flattened(server: ServerHandle) -> None:
+    namespace = {"type": "namespace", "name": "weather", "tools": [WEATHER_TOOL]}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            reply = await post(http, input="Reply with: hello", tools=[namespace])
+    assert reply.status_code == 200, reply.text
+    assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]

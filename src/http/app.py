@@ -48,6 +48,7 @@ class AppContext:
     jobs: JobSupervisorHandle
     created_at: int
     ephemeral_ttl_seconds: float = 600.0
+    drop_unsupported_tools: bool = False
 
 
 def create_app(ctx: AppContext) -> QuartTrio:
@@ -125,7 +126,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
             )
         return json_response(model_object())
 
-    register_response_routes(app, services)
+    register_response_routes(app, services, drop_unsupported_tools=ctx.drop_unsupported_tools)
     register_conversation_routes(app, ctx)
 
     return app

@@ -77,12 +77,16 @@ async def _read_body() -> object:
     return decode_json_body(await request.get_data(cache=False, as_text=False))
 
 
-def register_response_routes(app: QuartTrio, services: Services) -> None:
+def register_response_routes(
+    app: QuartTrio, services: Services, *, drop_unsupported_tools: bool = False
+) -> None:
     store, live, jobs = services.store, services.live, services.jobs
 
     @mount(app, "/responses", ["POST"])
     async def create_response() -> Response:
-        create = parse_create_request(await _read_body())
+        create = parse_create_request(
+            await _read_body(), drop_unsupported_tools=drop_unsupported_tools
+        )
         if create.config.background:
             return await _create_background(create)
         run = await open_response(create, services)
@@ -142,7 +146,8 @@ def register_response_routes(app: QuartTrio, services: Services) -> None:
         data = await _read_body()
         if isinstance(data, dict) and "model" not in data:
             data = {**data, "model": services.model.info.alias}
-        prepared = await prepare_prompt(parse_create_request(data), services)
+        request_ = parse_create_request(data, drop_unsupported_tools=drop_unsupported_tools)
+        prepared = await prepare_prompt(request_, services)
         return json_response(
             {"object": "response.input_tokens", "input_tokens": len(prepared.prompt)}
         )
