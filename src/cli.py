@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from .actors.model import ModelSettings
+from .http.auth import load_api_keys
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
 from .server import (
@@ -154,6 +155,21 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "ignores them with a logged warning (for clients such as Codex that always send some)",
     ),
     Flag(
+        "--api-keys-file",
+        "MLX_RESPONSES_API_KEYS_FILE",
+        None,
+        str,
+        "file of API keys, one per line ('KEY [TENANT-NAME]', '#' comments); each key is a "
+        "tenant; with any key configured every route but /health needs 'Authorization: Bearer'",
+    ),
+    Flag(
+        "--max-request-bytes",
+        "MLX_RESPONSES_MAX_REQUEST_BYTES",
+        32 * 1024 * 1024,
+        int,
+        "largest request body accepted; a larger one is 413",
+    ),
+    Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
         "info",
@@ -194,7 +210,20 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
             default=default,
             help=f"{flag.help} [env: {flag.env}]",
         )
+    env_keys = [k.strip() for k in env.get(API_KEY_ENV, "").split(",") if k.strip()]
+    serve_parser.add_argument(
+        "--api-key",
+        dest="api_key",
+        action="append",
+        default=None,
+        help="an API key clients must send as 'Authorization: Bearer KEY' (repeatable; each "
+        f"key is its own tenant) [env: {API_KEY_ENV}, comma-separated]",
+    )
+    serve_parser.set_defaults(env_api_keys=env_keys)
     return parser
+
+
+API_KEY_ENV = "MLX_RESPONSES_API_KEY"
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -215,6 +244,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--responses-background-max-jobs must not be negative")
     if args.responses_background_ephemeral_ttl_secs < 1:
         raise SystemExit("--responses-background-ephemeral-ttl-secs must be at least 1")
+    if args.max_request_bytes < 1:
+        raise SystemExit("--max-request-bytes must be at least 1")
+    try:
+        api_keys = load_api_keys(args.api_key or args.env_api_keys, args.api_keys_file)
+    except OSError as exc:
+        raise SystemExit(f"--api-keys-file: {exc}") from None
     if args.unsupported_tools not in ("reject", "drop"):
         raise SystemExit("--unsupported-tools must be 'reject' or 'drop'")
     return ServerSettings(
@@ -233,6 +268,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         background_max_jobs=args.responses_background_max_jobs,
         background_ephemeral_ttl_seconds=float(args.responses_background_ephemeral_ttl_secs),
         drop_unsupported_tools=args.unsupported_tools == "drop",
+        api_keys=api_keys,
+        max_request_bytes=args.max_request_bytes,
     )
 
 

@@ -31,6 +31,7 @@ from .actors.live import LiveRegistryHandle, run_live_registry
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
 from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
+from .http.auth import OPEN, ApiKeys
 from .storage.interface import StoreLimits
 
 # Spec 000, Storage Flags.
@@ -51,6 +52,8 @@ class ServerSettings:
     background_max_jobs: int = 64
     background_ephemeral_ttl_seconds: float = 600.0
     drop_unsupported_tools: bool = False
+    api_keys: ApiKeys = OPEN
+    max_request_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ async def serve(
                 created_at=int(time.time()),
                 ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
                 drop_unsupported_tools=settings.drop_unsupported_tools,
+                api_keys=settings.api_keys,
+                max_request_bytes=settings.max_request_bytes,
             )
         )
 

@@ -516,6 +516,23 @@ def test_processor_tells_prompt_from_generated_tokens(
     assert allowed(processor(mx.array([*prompt, *generated, eos]), logits)) == {eos}
 
 
+def test_processor_rolls_back_when_tokens_shrink(
+    bundled: tuple[Any, Any], constraints: Constraints
+) -> None:
+    tokenizer = bundled[1]
+    logits = mx.zeros((1, 588))
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+    processor = make_logits_processor(constraints, constraints.json_schema(schema))
+    prompt = prompt_ids(bundled, HELLO)
+    processor(mx.array(prompt), logits)
+    head = tokenizer.encode('{"a": ', add_special_tokens=False)
+    at_value = allowed(processor(mx.array(prompt + head), logits))
+    done = prompt + head + tokenizer.encode("true}", add_special_tokens=False)
+    assert allowed(processor(mx.array(done), logits)) == set(tokenizer.eos_token_ids)
+    # As mlx-lm's speculative loop does: drop rejected tokens, then go on from the shorter list.
+    assert allowed(processor(mx.array(prompt + head), logits)) == at_value
+
+
 def test_token_outside_the_grammar_ends_the_turn(
     bundled: tuple[Any, Any], constraints: Constraints, caplog: pytest.LogCaptureFixture
 ) -> None:

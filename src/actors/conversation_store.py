@@ -33,6 +33,7 @@ from ..storage.interface import (
     JsonObject,
     StoreLimits,
     StoreStatistics,
+    scoped,
 )
 from ..storage.memory import MemoryConversationStorage
 from .kit import Reply, ask, open_mailbox
@@ -45,6 +46,7 @@ class CreateConversation:
     metadata: Mapping[str, str]
     items: tuple[JsonObject, ...]
     reply: Reply[ConversationRecord]
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,36 +135,44 @@ class ConversationStoreHandle:
     def enabled(self) -> bool:
         return self.limits.max_entries > 0
 
+    # Every method takes the tenant (``owner``, decision 12): ids are scoped to it, so another
+    # tenant's conversation is simply absent.
+
     async def create(
-        self, metadata: Mapping[str, str], items: Sequence[JsonObject] = ()
+        self, metadata: Mapping[str, str], items: Sequence[JsonObject] = (), owner: str = ""
     ) -> ConversationRecord:
         frozen = ConversationRecord("", 0, dict(metadata), tuple(items)).copy()
         return await ask(
-            self._mailbox, lambda reply: CreateConversation(frozen.metadata, frozen.items, reply)
+            self._mailbox,
+            lambda reply: CreateConversation(frozen.metadata, frozen.items, reply, owner),
         )
 
-    async def get(self, conversation_id: str) -> ConversationRecord | None:
-        return await ask(self._mailbox, lambda reply: GetConversation(conversation_id, reply))
+    async def get(self, conversation_id: str, owner: str = "") -> ConversationRecord | None:
+        key = scoped(owner, conversation_id)
+        return await ask(self._mailbox, lambda reply: GetConversation(key, reply))
 
     async def update(
-        self, conversation_id: str, metadata: Mapping[str, str]
+        self, conversation_id: str, metadata: Mapping[str, str], owner: str = ""
     ) -> ConversationRecord | None:
-        meta = dict(metadata)
-        return await ask(
-            self._mailbox, lambda reply: UpdateConversation(conversation_id, meta, reply)
-        )
+        meta, key = dict(metadata), scoped(owner, conversation_id)
+        return await ask(self._mailbox, lambda reply: UpdateConversation(key, meta, reply))
 
-    async def delete(self, conversation_id: str) -> bool:
-        return await ask(self._mailbox, lambda reply: DeleteConversation(conversation_id, reply))
+    async def delete(self, conversation_id: str, owner: str = "") -> bool:
+        key = scoped(owner, conversation_id)
+        return await ask(self._mailbox, lambda reply: DeleteConversation(key, reply))
 
     async def append(
-        self, conversation_id: str, items: Sequence[JsonObject]
+        self, conversation_id: str, items: Sequence[JsonObject], owner: str = ""
     ) -> ConversationRecord | None:
         frozen = ConversationRecord("", 0, {}, tuple(items)).copy().items
-        return await ask(self._mailbox, lambda reply: AppendItems(conversation_id, frozen, reply))
+        key = scoped(owner, conversation_id)
+        return await ask(self._mailbox, lambda reply: AppendItems(key, frozen, reply))
 
-    async def delete_item(self, conversation_id: str, item_id: str) -> ConversationRecord | None:
-        return await ask(self._mailbox, lambda reply: DeleteItem(conversation_id, item_id, reply))
+    async def delete_item(
+        self, conversation_id: str, item_id: str, owner: str = ""
+    ) -> ConversationRecord | None:
+        key = scoped(owner, conversation_id)
+        return await ask(self._mailbox, lambda reply: DeleteItem(key, item_id, reply))
 
     def statistics(self) -> StoreStatistics:
         return self._stats
@@ -193,8 +203,10 @@ async def run_conversation_store(
 def _handle(backend: ConversationStorage, message: ConversationMessage) -> None:
     """Apply one request to the backend and answer it."""
     match message:
-        case CreateConversation(metadata, items, reply):
-            record = ConversationRecord(new_id("conv"), int(time.time()), dict(metadata), items)
+        case CreateConversation(metadata, items, reply, owner):
+            record = ConversationRecord(
+                new_id("conv"), int(time.time()), dict(metadata), items, owner
+            )
             backend.put(record)
             reply.send(record)
         case GetConversation(conversation_id, reply):

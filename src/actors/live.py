@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from ..storage.interface import scoped
 from .kit import Reply, ask, open_mailbox
 
 JsonObject = dict[str, Any]
@@ -32,8 +33,11 @@ class EventLog:
         response_id: str,
         snapshot: Callable[[], JsonObject],
         cancel: Callable[[], None],
+        owner: str = "",
     ) -> None:
         self.response_id = response_id
+        self.owner = owner
+        self.key = scoped(owner, response_id)
         self._snapshot = snapshot
         self._cancel = cancel
         self._events: list[JsonObject] = []
@@ -123,8 +127,10 @@ class LiveRegistryHandle:
     async def track(self, log: EventLog) -> None:
         await ask(self._mailbox, lambda reply: Track(log, reply))
 
-    async def find(self, response_id: str) -> EventLog | None:
-        return await ask(self._mailbox, lambda reply: Find(response_id, reply))
+    async def find(self, response_id: str, owner: str = "") -> EventLog | None:
+        """``owner``'s running response ``response_id`` (another tenant's is absent)."""
+        key = scoped(owner, response_id)
+        return await ask(self._mailbox, lambda reply: Find(key, reply))
 
     def statistics(self) -> RegistryStatistics:
         return self._stats
@@ -146,7 +152,7 @@ async def run_live_registry(
                 del logs[response_id]
             match message:
                 case Track(log, reply):
-                    logs[log.response_id] = log
+                    logs[log.key] = log
                     reply.send(None)
                 case Find(response_id, reply):
                     reply.send(logs.get(response_id))

@@ -115,8 +115,10 @@ async def load_history(request: CreateRequest, services: Services) -> tuple[Json
         previous_id = config.previous_response_id
         if not services.store.enabled:
             raise persistence_disabled("previous_response_id")
-        record = await services.store.get(previous_id)
-        running = None if record is not None else await services.live.find(previous_id)
+        record = await services.store.get(previous_id, request.owner)
+        running = (
+            None if record is not None else await services.live.find(previous_id, request.owner)
+        )
         if running is not None and not running.closed:
             status = running.snapshot()["status"]
             raise invalid_request(
@@ -139,7 +141,7 @@ async def load_history(request: CreateRequest, services: Services) -> tuple[Json
                 "server (--conversation-store-max-entries 0).",
                 "conversation",
             )
-        conversation = await services.conversations.get(conversation_id)
+        conversation = await services.conversations.get(conversation_id, request.owner)
         if conversation is None:
             raise not_found(
                 f"Conversation with id '{conversation_id}' not found.",
@@ -199,7 +201,9 @@ class ResponseRun:
         self._sequence = sequence
         self._services = services
         self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
-        self.log = EventLog(self._machine.response_id, self._machine.snapshot, self.cancel)
+        self.log = EventLog(
+            self._machine.response_id, self._machine.snapshot, self.cancel, request.owner
+        )
         self._output_tokens = 0
         self._started = False
         self._shaper = shaper
@@ -277,7 +281,10 @@ class ResponseRun:
         config = self._request.config
         if config.store and self._services.store.enabled:
             record = StoredResponse(
-                final, self._prepared.all_items, self.log.events + tuple(closing)
+                final,
+                self._prepared.all_items,
+                self.log.events + tuple(closing),
+                self._request.owner,
             )
             await self._services.store.put(record)
         output = final.get("output") or []
@@ -291,7 +298,9 @@ class ResponseRun:
             )
         ):
             await self._services.conversations.append(
-                config.conversation_id, self._prepared.new_items + tuple(output)
+                config.conversation_id,
+                self._prepared.new_items + tuple(output),
+                self._request.owner,
             )
 
     async def run_to_end(self) -> JsonObject:

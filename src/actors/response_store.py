@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import trio
 
-from ..storage.interface import ResponseStorage, StoredResponse, StoreLimits, StoreStatistics
+from ..storage.interface import (
+    ResponseStorage,
+    StoredResponse,
+    StoreLimits,
+    StoreStatistics,
+    scoped,
+)
 from ..storage.memory import MemoryResponseStorage
 from .kit import Reply, ask, open_mailbox
 
@@ -70,11 +76,14 @@ class ResponseStoreHandle:
         # memory backend serialises), and the caller waits until it has.
         await ask(self._mailbox, lambda reply: PutResponse(record, reply))
 
-    async def get(self, response_id: str) -> StoredResponse | None:
-        return await ask(self._mailbox, lambda reply: GetResponse(response_id, reply))
+    async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        """The record of ``owner``'s response ``response_id`` (another tenant's is absent)."""
+        key = scoped(owner, response_id)
+        return await ask(self._mailbox, lambda reply: GetResponse(key, reply))
 
-    async def delete(self, response_id: str) -> bool:
-        return await ask(self._mailbox, lambda reply: DeleteResponse(response_id, reply))
+    async def delete(self, response_id: str, owner: str = "") -> bool:
+        key = scoped(owner, response_id)
+        return await ask(self._mailbox, lambda reply: DeleteResponse(key, reply))
 
     def statistics(self) -> StoreStatistics:
         return self._stats

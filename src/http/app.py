@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -28,6 +28,7 @@ from ..actors.model import ModelHandle
 from ..actors.response import Services
 from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, not_found
+from .auth import OPEN, ApiKeys, presented_key
 from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
 from .responses import register_response_routes
@@ -49,11 +50,35 @@ class AppContext:
     created_at: int
     ephemeral_ttl_seconds: float = 600.0
     drop_unsupported_tools: bool = False
+    api_keys: ApiKeys = OPEN
+    max_request_bytes: int = 32 * 1024 * 1024
 
 
 def create_app(ctx: AppContext) -> QuartTrio:
     app = QuartTrio("mlx_responses")
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    # A larger body is 413 before it is read (Quart's RequestEntityTooLarge).
+    app.config["MAX_CONTENT_LENGTH"] = ctx.max_request_bytes
+
+    @app.before_request
+    async def authenticate() -> Response | None:
+        g.tenant = ""
+        if not ctx.api_keys.enabled or request.path == "/health":
+            return None
+        presented = presented_key(
+            request.headers.get("Authorization"), request.headers.get("x-api-key")
+        )
+        tenant = ctx.api_keys.tenant_of(presented)
+        if tenant is None:
+            return error_response(
+                ApiError(
+                    401,
+                    "authentication_error",
+                    "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                )
+            )
+        g.tenant = tenant
+        return None
 
     services = Services(
         ctx.model,
@@ -125,6 +150,16 @@ def create_app(ctx: AppContext) -> QuartTrio:
                 f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
             )
         return json_response(model_object())
+
+    @route("/chat/completions", ["POST"])
+    async def chat_completions() -> Response:
+        # Spec 001 / decision 15: this server speaks the Responses API only.
+        raise ApiError(
+            404,
+            "invalid_request_error",
+            "The Chat Completions API is retired on this server; use POST /v1/responses.",
+            code="chat_completions_retired",
+        )
 
     register_response_routes(app, services, drop_unsupported_tools=ctx.drop_unsupported_tools)
     register_conversation_routes(app, ctx)

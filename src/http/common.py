@@ -6,7 +6,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from quart import Response
+from quart import Response, g
 from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
@@ -73,3 +73,8 @@ def sse_response(body: Any) -> Response:
     response.headers["X-Accel-Buffering"] = "no"
     response.timeout = None  # an event stream lasts as long as generation does
     return response
+
+
+def tenant() -> str:
+    """The tenant of the current request (set by the app's authentication hook)."""
+    return str(getattr(g, "tenant", ""))

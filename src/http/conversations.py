@@ -32,7 +32,7 @@ from ..protocol.conversation_items import (
 )
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..storage.interface import ConversationRecord
-from .common import View, decode_json_body, json_response, mount
+from .common import View, decode_json_body, json_response, mount, tenant
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -150,7 +150,7 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
         return request.args.to_dict(flat=False)
 
     async def existing(conversation_id: str) -> ConversationRecord:
-        record = await store.get(conversation_id)
+        record = await store.get(conversation_id, tenant())
         if record is None:
             raise conversation_not_found(conversation_id)
         return record
@@ -158,7 +158,9 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
     @route("/conversations", ["POST"])
     async def create_conversation() -> Response:
         parsed = parse_create_body(await body(empty_is_object=True))
-        return json_response(conversation_object(await store.create(parsed.metadata, parsed.items)))
+        return json_response(
+            conversation_object(await store.create(parsed.metadata, parsed.items, tenant()))
+        )
 
     @route("/conversations/<conversation_id>", ["GET"])
     async def get_conversation(conversation_id: str) -> Response:
@@ -167,14 +169,14 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
     @route("/conversations/<conversation_id>", ["POST"])
     async def update_conversation(conversation_id: str) -> Response:
         metadata = parse_update_body(await body())
-        record = await store.update(conversation_id, metadata)
+        record = await store.update(conversation_id, metadata, tenant())
         if record is None:
             raise conversation_not_found(conversation_id)
         return json_response(conversation_object(record))
 
     @route("/conversations/<conversation_id>", ["DELETE"])
     async def delete_conversation(conversation_id: str) -> Response:
-        if not await store.delete(conversation_id):
+        if not await store.delete(conversation_id, tenant()):
             raise conversation_not_found(conversation_id)
         return json_response(deleted_object(conversation_id))
 
@@ -191,7 +193,7 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
     async def create_conversation_items(conversation_id: str) -> Response:
         check_include(query())
         items = parse_items_body(await body())
-        if await store.append(conversation_id, items) is None:
+        if await store.append(conversation_id, items, tenant()) is None:
             raise conversation_not_found(conversation_id)
         return json_response(item_list(items, has_more=False))
 
@@ -205,7 +207,7 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
 
     @route("/conversations/<conversation_id>/items/<item_id>", ["DELETE"])
     async def delete_conversation_item(conversation_id: str, item_id: str) -> Response:
-        record = await store.delete_item(conversation_id, item_id)
+        record = await store.delete_item(conversation_id, item_id, tenant())
         if record is None:
             await existing(conversation_id)  # 404 naming the conversation if it is unknown
             raise item_not_found(conversation_id, item_id)

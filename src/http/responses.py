@@ -26,7 +26,7 @@ from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
-from .common import decode_json_body, json_response, mount, sse_response
+from .common import decode_json_body, json_response, mount, sse_response, tenant
 from .schemas import parse_create_request
 
 # How long the cancel endpoint waits for the response to reach its terminal event.
@@ -85,7 +85,7 @@ def register_response_routes(
     @mount(app, "/responses", ["POST"])
     async def create_response() -> Response:
         create = parse_create_request(
-            await _read_body(), drop_unsupported_tools=drop_unsupported_tools
+            await _read_body(), drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
         )
         if create.config.background:
             return await _create_background(create)
@@ -126,14 +126,14 @@ def register_response_routes(
     async def cancel_response(response_id: str) -> Response:
         if not store.enabled:
             raise persistence_disabled("Cancelling a response")
-        running = await live.find(response_id)
+        running = await live.find(response_id, tenant())
         if running is not None and not running.closed:
             running.request_cancel()
             with trio.move_on_after(CANCEL_WAIT_SECONDS):
                 await running.wait_closed()
-            record = await store.get(response_id)
+            record = await store.get(response_id, tenant())
             return json_response(record.response if record is not None else running.snapshot())
-        if running is not None or await store.get(response_id) is not None:
+        if running is not None or await store.get(response_id, tenant()) is not None:
             raise invalid_request(
                 f"Response '{response_id}' cannot be cancelled: it has already finished.",
                 "response_id",
@@ -146,7 +146,9 @@ def register_response_routes(
         data = await _read_body()
         if isinstance(data, dict) and "model" not in data:
             data = {**data, "model": services.model.info.alias}
-        request_ = parse_create_request(data, drop_unsupported_tools=drop_unsupported_tools)
+        request_ = parse_create_request(
+            data, drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
+        )
         prepared = await prepare_prompt(request_, services)
         return json_response(
             {"object": "response.input_tokens", "input_tokens": len(prepared.prompt)}
@@ -158,8 +160,8 @@ def register_response_routes(
             raise persistence_disabled("Retrieving a response")
         stream = _query_bool("stream")
         starting_after = _query_int("starting_after", None, 0)
-        record = await store.get(response_id)
-        log = None if record is not None else await live.find(response_id)
+        record = await store.get(response_id, tenant())
+        log = None if record is not None else await live.find(response_id, tenant())
         # A closed log answers for a store: false background job kept for its ephemeral TTL.
         if record is None and log is None:
             raise _missing(response_id)
@@ -182,7 +184,7 @@ def register_response_routes(
             raise invalid_request(
                 f"Invalid value for 'order': {order!r}; expected 'asc' or 'desc'.", "order"
             )
-        record = await store.get(response_id)
+        record = await store.get(response_id, tenant())
         if record is None:
             raise _missing(response_id)
         return json_response(
@@ -193,14 +195,14 @@ def register_response_routes(
     async def delete_response(response_id: str) -> Response:
         if not store.enabled:
             raise persistence_disabled("Deleting a response")
-        running = await live.find(response_id)
+        running = await live.find(response_id, tenant())
         if running is not None and not running.closed:
             raise invalid_request(
                 f"Response '{response_id}' has not finished; cancel it first "
                 f"(POST /v1/responses/{response_id}/cancel).",
                 "response_id",
             )
-        if not await store.delete(response_id):
+        if not await store.delete(response_id, tenant()):
             raise _missing(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 

@@ -146,7 +146,9 @@ def _check_not_yet(body: CreateResponseBody) -> None:
         )
 
 
-def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) -> CreateRequest:
+def parse_create_request(
+    data: object, *, drop_unsupported_tools: bool = False, owner: str = ""
+) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
     if not isinstance(data, dict):
         raise invalid_request(
@@ -203,6 +205,7 @@ def parse_create_request(data: object, *, drop_unsupported_tools: bool = False) 
         logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) else None,
         seed=body.seed,
         text_format=text_format,
+        owner=owner,
     )
 
 

@@ -43,6 +43,8 @@ class CreateRequest:
     # Extension: a seed makes sampling reproducible.
     seed: int | None = None
     text_format: TextFormat = TEXT
+    # The tenant (decision 12): set by the HTTP edge from the API key; "" when the server is open.
+    owner: str = ""
 
 
 def parse_input(raw: object) -> tuple[InputItem, ...]:

@@ -21,6 +21,12 @@ from typing import Any, Protocol
 JsonObject = dict[str, Any]
 
 
+def scoped(owner: str, object_id: str) -> str:
+    """The storage key of an object of tenant ``owner`` (decision 12): another tenant's key for
+    the same id never matches, so its objects are simply absent (404), never forbidden."""
+    return f"{owner}/{object_id}" if owner else object_id
+
+
 @dataclass(frozen=True, slots=True)
 class StoreLimits:
     max_entries: int
@@ -46,16 +52,22 @@ class StoredResponse:
     response: JsonObject
     input_items: tuple[JsonObject, ...] = ()
     events: tuple[JsonObject, ...] = ()
+    owner: str = ""
 
     @property
     def id(self) -> str:
         return str(self.response["id"])
+
+    @property
+    def key(self) -> str:
+        return scoped(self.owner, self.id)
 
     def copy(self) -> StoredResponse:
         return StoredResponse(
             copy.deepcopy(self.response),
             tuple(copy.deepcopy(list(self.input_items))),
             tuple(copy.deepcopy(list(self.events))),
+            self.owner,
         )
 
     def to_json(self) -> JsonObject:
@@ -64,12 +76,18 @@ class StoredResponse:
             "response": self.response,
             "input_items": list(self.input_items),
             "events": list(self.events),
+            "owner": self.owner,
         }
 
     @staticmethod
     def from_json(data: JsonObject) -> StoredResponse:
         """The record ``to_json`` gave, taking ownership of ``data``."""
-        return StoredResponse(data["response"], tuple(data["input_items"]), tuple(data["events"]))
+        return StoredResponse(
+            data["response"],
+            tuple(data["input_items"]),
+            tuple(data["events"]),
+            str(data.get("owner", "")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +98,19 @@ class ConversationRecord:
     created_at: int
     metadata: Mapping[str, str] = field(default_factory=dict)
     items: tuple[JsonObject, ...] = ()
+    owner: str = ""
+
+    @property
+    def key(self) -> str:
+        return scoped(self.owner, self.id)
 
     def copy(self) -> ConversationRecord:
         return ConversationRecord(
-            self.id, self.created_at, dict(self.metadata), tuple(copy.deepcopy(list(self.items)))
+            self.id,
+            self.created_at,
+            dict(self.metadata),
+            tuple(copy.deepcopy(list(self.items))),
+            self.owner,
         )
 
     def to_json(self) -> JsonObject:
@@ -93,13 +120,18 @@ class ConversationRecord:
             "created_at": self.created_at,
             "metadata": dict(self.metadata),
             "items": list(self.items),
+            "owner": self.owner,
         }
 
     @staticmethod
     def from_json(data: JsonObject) -> ConversationRecord:
         """The record ``to_json`` gave, taking ownership of ``data``."""
         return ConversationRecord(
-            str(data["id"]), int(data["created_at"]), dict(data["metadata"]), tuple(data["items"])
+            str(data["id"]),
+            int(data["created_at"]),
+            dict(data["metadata"]),
+            tuple(data["items"]),
+            str(data.get("owner", "")),
         )
 
 

@@ -58,7 +58,7 @@ class MemoryResponseStorage:
 
     def put(self, record: StoredResponse) -> None:
         blob = encode_json(record.to_json())
-        self._map.put(record.id, blob, len(blob), self._clock())
+        self._map.put(record.key, blob, len(blob), self._clock())
 
     def get(self, response_id: str) -> StoredResponse | None:
         blob = self._map.get(response_id, self._clock())
@@ -90,7 +90,7 @@ class MemoryConversationStorage:
 
     def put(self, record: ConversationRecord) -> None:
         blob = encode_json(record.to_json())
-        self._map.put(record.id, blob, len(blob), self._clock())
+        self._map.put(record.key, blob, len(blob), self._clock())
 
     def get(self, conversation_id: str) -> ConversationRecord | None:
         blob = self._map.get(conversation_id, self._clock())
