@@ -26,6 +26,7 @@ from .server import (
     ServerSettings,
     serve,
 )
+from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
 
 
@@ -169,6 +170,30 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         int,
         "largest request body accepted; a larger one is 413",
     ),
+    # Decision 13: the Files API's in-memory store (docs/files.md).
+    Flag(
+        "--files-max-bytes",
+        "MLX_RESPONSES_FILES_MAX_BYTES",
+        DEFAULT_FILE_LIMITS.max_bytes,
+        int,
+        "byte budget of uploaded files (their data plus a little metadata), least recently used "
+        "evicted first; 0 refuses every upload",
+    ),
+    Flag(
+        "--files-max-file-bytes",
+        "MLX_RESPONSES_FILES_MAX_FILE_BYTES",
+        DEFAULT_FILE_LIMITS.max_file_bytes,
+        int,
+        "largest file POST /v1/files accepts; a larger one is 413 (uploads are also bounded by "
+        "--max-request-bytes)",
+    ),
+    Flag(
+        "--files-ttl-secs",
+        "MLX_RESPONSES_FILES_TTL_SECS",
+        int(DEFAULT_FILE_LIMITS.ttl_seconds),
+        int,
+        "seconds an uploaded file stays readable after its upload; 0 disables TTL",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -244,6 +269,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--responses-background-max-jobs must not be negative")
     if args.responses_background_ephemeral_ttl_secs < 1:
         raise SystemExit("--responses-background-ephemeral-ttl-secs must be at least 1")
+    for name in ("files_max_bytes", "files_max_file_bytes", "files_ttl_secs"):
+        if (value := getattr(args, name)) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
     if args.max_request_bytes < 1:
         raise SystemExit("--max-request-bytes must be at least 1")
     try:
@@ -270,6 +298,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         drop_unsupported_tools=args.unsupported_tools == "drop",
         api_keys=api_keys,
         max_request_bytes=args.max_request_bytes,
+        files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
     )
 
 

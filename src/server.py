@@ -4,6 +4,7 @@
 root nursery
  ├─ response store actor            nursery.start (ready = mailbox open)
  ├─ conversation store actor        nursery.start (ready = mailbox open)
+ ├─ file store actor                nursery.start (ready = mailbox open)
  ├─ live registry actor             nursery.start (running responses' event logs)
  ├─ job supervisor                  nursery.start (background responses, one scope each)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
@@ -26,12 +27,14 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .actors.conversation_store import ConversationStoreHandle, run_conversation_store
+from .actors.file_store import FileStoreHandle, run_file_store
 from .actors.jobs import JobSupervisorHandle, run_job_supervisor
 from .actors.live import LiveRegistryHandle, run_live_registry
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
 from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
 from .http.auth import OPEN, ApiKeys
+from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
 
 # Spec 000, Storage Flags.
@@ -49,6 +52,7 @@ class ServerSettings:
     graceful_timeout: float = 10.0
     responses_store: StoreLimits = DEFAULT_RESPONSE_LIMITS
     conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
+    files: FileLimits = DEFAULT_FILE_LIMITS
     background_max_jobs: int = 64
     background_ephemeral_ttl_seconds: float = 600.0
     drop_unsupported_tools: bool = False
@@ -66,6 +70,7 @@ class ServerHandle:
     conversations: ConversationStoreHandle
     live: LiveRegistryHandle
     jobs: JobSupervisorHandle
+    files: FileStoreHandle
     _stop: trio.Event
 
     def shutdown(self) -> None:
@@ -83,8 +88,13 @@ async def serve(
     async with trio.open_nursery() as nursery:
         store = await nursery.start(run_response_store, settings.responses_store)
         conversations = await nursery.start(run_conversation_store, settings.conversation_store)
+        files = await nursery.start(run_file_store, settings.files)
         live = await nursery.start(run_live_registry)
-        jobs = await nursery.start(run_job_supervisor, settings.background_max_jobs)
+        jobs = await nursery.start(
+            run_job_supervisor,
+            settings.background_max_jobs,
+            settings.responses_store.max_bytes,
+        )
         model = await nursery.start(run_model_actor, settings.model)
 
         config = HypercornConfig()
@@ -99,6 +109,7 @@ async def serve(
                 conversations=conversations,
                 live=live,
                 jobs=jobs,
+                files=files,
                 created_at=int(time.time()),
                 ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
                 drop_unsupported_tools=settings.drop_unsupported_tools,
@@ -125,7 +136,9 @@ async def serve(
         log.info("serving %s at %s", model.info.alias, base_url)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        task_status.started(ServerHandle(base_url, model, store, conversations, live, jobs, stop))
+        task_status.started(
+            ServerHandle(base_url, model, store, conversations, live, jobs, files, stop)
+        )
         await stop.wait()
         log.info("shutting down")
         model.shutdown()

@@ -9,6 +9,7 @@ import httpx2 as httpx
 import trio
 
 from mlx_responses.server import ServerHandle, serve
+from mlx_responses.storage.interface import StoreLimits
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
@@ -207,3 +208,57 @@ async def test_zero_max_jobs_disables_background_mode(nursery: trio.Nursery) -> 
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "background"
     assert foreground.status_code == 200
+
+
+async def test_a_worker_crash_fails_running_jobs_and_the_server_keeps_serving(
+    server: ServerHandle,
+) -> None:
+    model = server.model
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            job = (await http.post("/v1/responses", json={**COUNT, "background": True})).json()
+            await wait_until(lambda: model.statistics().tokens_generated > 5)
+            model.crash_for_test()
+            polls = await poll_until_terminal(http, job["id"])
+            after = await http.post("/v1/responses", json={**COUNT, "input": "Reply with: hello"})
+    failed = polls[-1]
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "server_error"
+    assert failed["output"] == []
+    assert after.status_code == 200
+    assert after.json()["output"][0]["content"][0]["text"] == "hello"
+    assert model.restarts == 1
+    assert model.statistics().active == 0
+
+
+async def test_active_jobs_bytes_are_bounded_by_the_store_budget(nursery: trio.Nursery) -> None:
+    budget = StoreLimits(max_entries=100, max_bytes=150_000, ttl_seconds=3600)
+    server = await start_server(nursery, responses_store=budget)
+    job = {**COUNT, "background": True, "max_output_tokens": 1000}  # ~66 kB estimated each
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            first = await http.post("/v1/responses", json=job)
+            second = await http.post("/v1/responses", json=job)
+            third = await http.post("/v1/responses", json=job)
+            for reply in (first, second):
+                await http.post(f"/v1/responses/{reply.json()['id']}/cancel")
+    assert first.status_code == second.status_code == 200
+    assert third.status_code == 429
+    assert "byte budget" in third.json()["error"]["message"]
+
+
+async def test_a_final_object_over_the_budget_leaves_a_failed_answer(nursery: trio.Nursery) -> None:
+    # Admitted (~28 kB estimated for 400 tokens) but the finished record is ~80 kB.
+    budget = StoreLimits(max_entries=100, max_bytes=40_000, ttl_seconds=3600)
+    server = await start_server(nursery, responses_store=budget)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            created = await http.post(
+                "/v1/responses", json={**COUNT, "background": True, "max_output_tokens": 400}
+            )
+            polls = await poll_until_terminal(http, created.json()["id"])
+    final = polls[-1]
+    assert_strict_response(final)
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "server_error"
+    assert final["output"] == []

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class TooManyJobs(RuntimeError):
-    """``max_jobs`` background jobs are already active."""
+    """``max_jobs`` background jobs are already active, or the active jobs' estimated bytes
+    would pass the response store's byte budget (spec 000)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +47,12 @@ class JobStatistics:
 
 
 class JobSupervisorHandle:
-    def __init__(self, mailbox: trio.MemorySendChannel[JobMessage], max_jobs: int) -> None:
+    def __init__(
+        self, mailbox: trio.MemorySendChannel[JobMessage], max_jobs: int, max_bytes: int
+    ) -> None:
         self._mailbox = mailbox
         self.max_jobs = max_jobs
+        self.max_bytes = max_bytes
         self._stats = JobStatistics()
 
     @property
@@ -72,16 +76,17 @@ async def _drive(run: ResponseRun) -> None:
 
 async def run_job_supervisor(
     max_jobs: int,
+    max_bytes: int = 1 << 62,
     *,
     task_status: trio.TaskStatus[JobSupervisorHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     send: trio.MemorySendChannel[JobMessage]
     receive: trio.MemoryReceiveChannel[JobMessage]
     send, receive = open_mailbox()
-    handle = JobSupervisorHandle(send, max_jobs)
+    handle = JobSupervisorHandle(send, max_jobs, max_bytes)
     # The job tasks are this actor's own children (its nursery), so ``active`` stays inside
     # the actor: only the supervisor loop and its jobs touch it, all on one Trio thread.
-    active: set[str] = set()
+    active: dict[str, int] = {}  # response id -> its estimated bytes
     counts = {"started": 0, "finished": 0}
 
     def publish() -> None:
@@ -93,7 +98,7 @@ async def run_job_supervisor(
         except Exception:
             log.exception("background job %s crashed", run.response_id)
         finally:
-            active.discard(run.response_id)
+            active.pop(run.response_id, None)
             counts["finished"] += 1
             publish()
 
@@ -105,7 +110,15 @@ async def run_job_supervisor(
                     if len(active) >= max_jobs:
                         reply.fail(TooManyJobs(f"{max_jobs} background jobs are already active"))
                         continue
-                    active.add(run.response_id)
+                    if sum(active.values()) + run.estimated_bytes > max_bytes:
+                        reply.fail(
+                            TooManyJobs(
+                                "the active background jobs would pass the response store's "
+                                f"byte budget ({max_bytes} bytes)"
+                            )
+                        )
+                        continue
+                    active[run.response_id] = run.estimated_bytes
                     counts["started"] += 1
                     publish()
                     jobs.start_soon(job, run)

@@ -26,6 +26,7 @@ from ..model.loader import LoadedModel, render_prompt
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
+    CrashForTest,
     GenerationThread,
     InsertSequence,
     ModelStatistics,
@@ -124,6 +125,7 @@ class ModelHandle:
         self._admitted: set[int] = set()
         self._closing = False
         self._trio_token = trio.lowlevel.current_trio_token()
+        self.restarts = 0
 
     def statistics(self) -> ModelStatistics:
         return self._thread.statistics
@@ -194,6 +196,10 @@ class ModelHandle:
             self._closing = True
             self._thread.send(StopGeneration())
 
+    def crash_for_test(self) -> None:
+        """Test hook: make the generation thread die at its next step."""
+        self._thread.send(CrashForTest())
+
     async def wait_idle(self) -> None:
         """Wait until the batch holds no sequence (used by tests and the benchmark)."""
         # Polled: the snapshot is published by the generation thread, not by a Trio task.
@@ -201,61 +207,79 @@ class ModelHandle:
             await trio.sleep(0.001)
 
 
+class _Worker:
+    """One generation thread and the Trio events that report its load and its exit."""
+
+    def __init__(self, settings: ModelSettings, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self.loaded = trio.Event()
+        self.exited = trio.Event()
+        self.result: LoadedModel | BaseException | None = None
+        self.error: BaseException | None = None
+        self.thread = GenerationThread(
+            ThreadSettings(
+                settings.model_path,
+                prefill_step_size=settings.prefill_step_size,
+                completion_batch_size=settings.completion_batch_size,
+                prefill_batch_size=settings.prefill_batch_size,
+            ),
+            on_loaded=self._on_loaded,
+            on_exit=self._on_exit,
+        )
+        self.thread.start()
+
+    def _on_loaded(self, loaded: LoadedModel | None, error: BaseException | None) -> None:
+        self.result = loaded if loaded is not None else error or RuntimeError("load failed")
+        self._token.run_sync_soon(self.loaded.set)
+
+    def _on_exit(self, error: BaseException | None) -> None:
+        self.error = error
+        try:
+            self._token.run_sync_soon(self.exited.set)
+        except trio.RunFinishedError:
+            pass
+
+    async def wait_loaded(self, path: str) -> LoadedModel:
+        await self.loaded.wait()
+        if not isinstance(self.result, LoadedModel):
+            raise RuntimeError(f"could not load model {path!r}: {self.result}") from self.result
+        return self.result
+
+
 async def run_model_actor(
     settings: ModelSettings,
     *,
     task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model on its own thread, report ready with a handle, supervise until cancelled."""
+    """Load the model on its own thread, report ready with a handle, supervise until cancelled.
+
+    If the generation thread dies while the server lives, its sequences have already ended
+    with ``error`` (their responses fail with ``server_error``); a new thread is started and
+    loads the model again, and the handle sends to it from then on: the server keeps serving.
+    """
     token = trio.lowlevel.current_trio_token()
-    loaded_box: list[LoadedModel | BaseException] = []
-    loaded_event = trio.Event()
-    exit_box: list[BaseException | None] = []
-    exited = trio.Event()
-
-    def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
-        loaded_box.append(loaded if loaded is not None else error or RuntimeError("load failed"))
-        token.run_sync_soon(loaded_event.set)
-
-    def on_exit(error: BaseException | None) -> None:
-        exit_box.append(error)
-        try:
-            token.run_sync_soon(exited.set)
-        except trio.RunFinishedError:
-            pass
-
-    thread = GenerationThread(
-        ThreadSettings(
-            settings.model_path,
-            prefill_step_size=settings.prefill_step_size,
-            completion_batch_size=settings.completion_batch_size,
-            prefill_batch_size=settings.prefill_batch_size,
-        ),
-        on_loaded=on_loaded,
-        on_exit=on_exit,
-    )
-    thread.start()
+    worker = _Worker(settings, token)
     handle: ModelHandle | None = None
     try:
-        await loaded_event.wait()
-        loaded = loaded_box[0]
-        if isinstance(loaded, BaseException):
-            raise RuntimeError(
-                f"could not load model {settings.model_path!r}: {loaded}"
-            ) from loaded
-        handle = ModelHandle(settings, loaded, thread)
+        loaded = await worker.wait_loaded(settings.model_path)
+        handle = ModelHandle(settings, loaded, worker.thread)
         log.info("model %s loaded from %s", settings.alias, loaded.path)
         task_status.started(handle)
-        await exited.wait()
-        error = exit_box[0] if exit_box else None
-        if handle._closing and error is None:
-            return
-        raise RuntimeError("the generation thread stopped unexpectedly") from error
+        while True:
+            await worker.exited.wait()
+            if handle._closing and worker.error is None:
+                return
+            log.error("the generation thread died (%r); restarting it", worker.error)
+            worker = _Worker(settings, token)
+            # Commands sent from now on queue in the new thread's inbox until it has loaded.
+            handle._thread = worker.thread
+            handle.restarts += 1
+            await worker.wait_loaded(settings.model_path)
     finally:
         with trio.CancelScope(shield=True):
             if handle is not None:
                 handle.shutdown()
             else:
-                thread.send(StopGeneration())
+                worker.thread.send(StopGeneration())
             with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                await exited.wait()
+                await worker.exited.wait()

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +62,8 @@ from .response_store import ResponseStoreHandle
 # The temperature OpenAI applies when a request gives none.
 DEFAULT_TEMPERATURE = 1.0
 STORE_DEADLINE_SECONDS = 5
+# The store bytes a background job is assumed to need per token of its output budget.
+BYTES_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,7 @@ class ResponseRun:
         sequence: GenerationSequence,
         services: Services,
         shaper: OutputShaper,
+        max_tokens: int = 0,
     ) -> None:
         self._request = request
         self._prepared = prepared
@@ -207,6 +211,7 @@ class ResponseRun:
         self._output_tokens = 0
         self._started = False
         self._shaper = shaper
+        self._estimate = 2048 + len(json.dumps(prepared.all_items)) + BYTES_PER_TOKEN * max_tokens
 
     @property
     def response_id(self) -> str:
@@ -287,6 +292,13 @@ class ResponseRun:
                 self._request.owner,
             )
             await self._services.store.put(record)
+            if (
+                config.background
+                and await self._services.store.get(record.id, record.owner) is None
+            ):
+                # Spec 000: a job whose final object alone exceeds the byte budget still
+                # leaves an answer for its pollers.
+                await self._services.store.put(self._too_large(final, record.owner))
         output = final.get("output") or []
         if (
             config.conversation_id is not None
@@ -302,6 +314,36 @@ class ResponseRun:
                 self._prepared.new_items + tuple(output),
                 self._request.owner,
             )
+
+    def _too_large(self, final: JsonObject, owner: str) -> StoredResponse:
+        failed = {
+            **final,
+            "status": "failed",
+            "output": [],
+            "completed_at": None,
+            "incomplete_details": None,
+            "error": {
+                "code": "server_error",
+                "message": "The response finished but its final object is larger than the "
+                "response store's byte budget (--responses-store-max-bytes).",
+            },
+        }
+        events = (
+            {
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {**failed, "error": None, "status": "queued"},
+            },
+            {"type": "response.failed", "sequence_number": 1, "response": failed},
+        )
+        return StoredResponse(failed, self._prepared.all_items, events, owner)
+
+    @property
+    def estimated_bytes(self) -> int:
+        """What this response will roughly hold in the store: its input, and up to
+        ``max_tokens`` tokens of output in its object and its events (approximate: a token's
+        delta event alone is ~200 bytes, but most responses stop well before max_tokens)."""
+        return self._estimate
 
     async def run_to_end(self) -> JsonObject:
         """Drive to the terminal event without a listener; returns the final object."""
@@ -414,7 +456,7 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    run = ResponseRun(request, prepared, sequence, services, shaper)
+    run = ResponseRun(request, prepared, sequence, services, shaper, max_tokens)
     try:
         await services.live.track(run.log)
     except BaseException:

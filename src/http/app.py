@@ -22,6 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..actors.conversation_store import ConversationStoreHandle
+from ..actors.file_store import FileStoreHandle
 from ..actors.jobs import JobSupervisorHandle
 from ..actors.live import LiveRegistryHandle
 from ..actors.model import ModelHandle
@@ -31,6 +32,7 @@ from ..protocol.errors import ApiError, not_found
 from .auth import OPEN, ApiKeys, presented_key
 from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
+from .files import register_file_routes
 from .responses import register_response_routes
 
 __all__ = ["AppContext", "create_app", "decode_json_body"]
@@ -47,6 +49,7 @@ class AppContext:
     conversations: ConversationStoreHandle
     live: LiveRegistryHandle
     jobs: JobSupervisorHandle
+    files: FileStoreHandle
     created_at: int
     ephemeral_ttl_seconds: float = 600.0
     drop_unsupported_tools: bool = False
@@ -163,5 +166,6 @@ def create_app(ctx: AppContext) -> QuartTrio:
 
     register_response_routes(app, services, drop_unsupported_tools=ctx.drop_unsupported_tools)
     register_conversation_routes(app, ctx)
+    register_file_routes(app, ctx.files)
 
     return app

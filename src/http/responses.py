@@ -33,11 +33,11 @@ from .schemas import parse_create_request
 CANCEL_WAIT_SECONDS = 10
 
 
-def too_many_jobs(limit: int) -> ApiError:
+def too_many_jobs(why: str) -> ApiError:
     return ApiError(
         429,
         "rate_limit_exceeded",
-        f"Too many active background responses ({limit}); retry after one finishes.",
+        f"Too many active background responses: {why}; retry after one finishes.",
         code="rate_limit_exceeded",
     )
 
@@ -113,13 +113,13 @@ def register_response_routes(
                 "background",
             )
         if jobs.statistics().active >= jobs.max_jobs:
-            raise too_many_jobs(jobs.max_jobs)
+            raise too_many_jobs(f"{jobs.max_jobs} background jobs are already active")
         run = await open_response(create, services)
         try:
             await jobs.start(run)
-        except TooManyJobs:
+        except TooManyJobs as exc:
             run.abandon()
-            raise too_many_jobs(jobs.max_jobs) from None
+            raise too_many_jobs(str(exc)) from None
         return json_response(run.snapshot())
 
     @mount(app, "/responses/<response_id>/cancel", ["POST"])

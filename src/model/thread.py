@@ -63,7 +63,12 @@ class StopGeneration:
     """Sender: the model actor at shutdown. Finish every sequence with ``shutdown`` and exit."""
 
 
-Command = InsertSequence | RemoveSequence | StopGeneration
+@dataclass(frozen=True, slots=True)
+class CrashForTest:
+    """Sender: tests only (ModelHandle.crash_for_test). The thread dies as on an MLX error."""
+
+
+Command = InsertSequence | RemoveSequence | StopGeneration | CrashForTest
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +255,8 @@ class GenerationThread:
                         removed.slot.push(finish="cancelled")
                 case StopGeneration():
                     return True
+                case CrashForTest():
+                    raise RuntimeError("generation thread crash injected by a test")
 
     def _step(
         self,
