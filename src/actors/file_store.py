@@ -117,8 +117,8 @@ class FileStoreHandle:
 async def run_file_store(
     limits: FileLimits,
     storage: FileStorage | None = None,
-    *,
     wall_clock: Callable[[], float] = time.time,
+    *,
     task_status: trio.TaskStatus[FileStoreHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     send: trio.MemorySendChannel[FileMessage]

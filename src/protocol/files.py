@@ -30,13 +30,14 @@ import io
 import mimetypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
-
-from pypdf import PdfReader
+from typing import TYPE_CHECKING, Final, Literal
 
 from ..storage.files import StoredFile
 from ..storage.interface import JsonObject
 from .errors import ApiError, invalid_request, not_found
+
+if TYPE_CHECKING:
+    from pypdf import PdfReader
 
 __all__ = [
     "DEFAULT_PURPOSE",
@@ -407,6 +408,9 @@ def _decode(data: bytes, charset: str | None, name: str, media: str, param: str 
 
 
 def _pdf_text(data: bytes, name: str, param: str | None) -> str:
+    # Imported on first use: pypdf costs ~150 ms at start-up and only PDFs need it.
+    from pypdf import PdfReader
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not _decrypts_without_password(reader):
