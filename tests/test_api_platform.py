@@ -16,7 +16,7 @@ from openai.types.responses import response_create_params
 from mlx_responses.http.auth import load_api_keys
 from mlx_responses.server import ServerHandle, serve
 
-from .conftest import MODEL, START_DEADLINE, server_settings
+from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
 
 DEADLINE = 60
 ALICE, BOB = "sk-alice", "sk-bob"
@@ -47,6 +47,8 @@ async def test_keys_are_required_except_on_health(nursery: trio.Nursery) -> None
             health = await http.get("/health")
             ok = await http.post("/v1/responses", json=HELLO, headers=as_(ALICE))
             anthropic_style = await http.get("/v1/models", headers={"x-api-key": BOB})
+            # The batch snapshot is published by the generation thread after its step.
+            await wait_until(lambda: server.model.statistics().sequences_finished >= 1)
     for refused in (missing, wrong, models):
         assert refused.status_code == 401
         assert refused.json()["error"]["type"] == "authentication_error"

@@ -33,6 +33,7 @@ from .auth import OPEN, ApiKeys, presented_key
 from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
 from .files import register_file_routes
+from .messages import register_messages_routes
 from .responses import register_response_routes
 
 __all__ = ["AppContext", "create_app", "decode_json_body"]
@@ -166,6 +167,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
 
     register_response_routes(app, services, drop_unsupported_tools=ctx.drop_unsupported_tools)
     register_conversation_routes(app, ctx)
+    register_messages_routes(app, services)
     register_file_routes(app, ctx.files)
 
     return app

@@ -18,10 +18,15 @@ Invariants:
 - Tool pairing is Anthropic's: every ``tool_use`` id is unique and answered by a
   ``tool_result`` at the start of the very next (user) message; every ``tool_result`` answers a
   ``tool_use`` of the message before it.
-- What the server cannot honour is a 400, never silently dropped: image and non-text document
-  sources (the model is text-only), server tools, containers, deferred tools, a final
-  assistant turn (prefill: the chat template always opens a new assistant turn), and ``top_k``
-  with a temperature other than 0 (under greedy decoding ``top_k`` changes nothing).
+- What the server cannot honour and would change the answer is a 400, never silently
+  dropped: image and non-text document sources (the model is text-only), server tools,
+  containers, deferred tools, a final assistant turn (prefill: the chat template always opens
+  a new assistant turn), and ``top_k`` with a temperature other than 0 (under greedy decoding
+  ``top_k`` changes nothing). Hints with no effect on one local model (``cache_control``,
+  ``output_config.effort``, ``speed``, ``service_tier``, ...) are type-checked and ignored.
+
+Longer than most modules on purpose: it is Anthropic's whole request grammar, kept in one place
+so every path rule reads together. The answer side is ``anthropic_stream.py``.
 """
 
 from __future__ import annotations
@@ -49,59 +54,30 @@ __all__ = [
 
 JsonObject = dict[str, Any]
 
-# The SDK's MessageCountTokensParams keys; create adds generation settings to them.
-COUNT_TOKENS_KEYS: Final = frozenset(
-    {
-        "model",
-        "messages",
-        "system",
-        "tools",
-        "tool_choice",
-        "thinking",
-        "cache_control",
-        "output_config",
-        "speed",
-        "user_profile_id",
-        "workspace_id",
-    }
+
+def _keyset(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+# The SDK's MessageCountTokensParams keys; create adds generation settings, and the sampling
+# settings the SDK no longer types but the API (and decision 14's issue) still accepts.
+COUNT_TOKENS_KEYS: Final = _keyset(
+    "model messages system tools tool_choice thinking cache_control output_config speed "
+    "user_profile_id workspace_id"
 )
-CREATE_KEYS: Final = COUNT_TOKENS_KEYS | {
-    "max_tokens",
-    "stream",
-    "stop_sequences",
-    "metadata",
-    "container",
-    "diagnostics",
-    "inference_geo",
-    "service_tier",
-    # Sampling settings the SDK no longer types but the API (and the issue) still accepts.
-    "temperature",
-    "top_p",
-    "top_k",
-}
+CREATE_KEYS: Final = COUNT_TOKENS_KEYS | _keyset(
+    "max_tokens stream stop_sequences metadata container diagnostics inference_geo service_tier "
+    "temperature top_p top_k"
+)
 
 _TOOL_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_TEXT_KEYS: Final = frozenset({"type", "text", "cache_control", "citations"})
-_TOOL_USE_KEYS: Final = frozenset(
-    {"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}
-)
-_TOOL_RESULT_KEYS: Final = frozenset(
-    {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}
-)
-_DOCUMENT_KEYS: Final = frozenset({"type", "source", "cache_control", "citations", "context", "title"})
-_TOOL_KEYS: Final = frozenset(
-    {
-        "type",
-        "name",
-        "description",
-        "input_schema",
-        "strict",
-        "cache_control",
-        "defer_loading",
-        "eager_input_streaming",
-        "input_examples",
-        "allowed_callers",
-    }
+_TEXT_KEYS: Final = _keyset("type text cache_control citations")
+_TOOL_USE_KEYS: Final = _keyset("type id name input cache_control caller toolset_name")
+_TOOL_RESULT_KEYS: Final = _keyset("type tool_use_id content is_error cache_control toolset_name")
+_DOCUMENT_KEYS: Final = _keyset("type source cache_control citations context title")
+_TOOL_KEYS: Final = _keyset(
+    "type name description input_schema strict cache_control defer_loading "
+    "eager_input_streaming input_examples allowed_callers"
 )
 _USER_BLOCKS: Final = ("text", "document", "tool_result")
 _ASSISTANT_BLOCKS: Final = ("text", "thinking", "redacted_thinking", "tool_use")
@@ -160,7 +136,7 @@ def _required(obj: Mapping[str, Any], key: str, path: str) -> Any:
 
 
 def _number(value: object, path: str, low: float, high: float) -> float:
-    number = _typed(value, path, (int, float), "a number")
+    number: float = _typed(value, path, (int, float), "a number")
     if not low <= number <= high:
         raise _bad(path, f"expected a number between {low:g} and {high:g}, but got {number!r}.")
     return float(number)
@@ -278,13 +254,14 @@ def _user_turn(role: str, blocks: list[Any], path: str) -> _Turn:
             if pieces:
                 raise _bad(
                     block_path,
-                    "tool_result blocks must come first in the message content, before any "
-                    "text.",
+                    "tool_result blocks must come first in the message content, before any text.",
                 )
             _keys(block, _TOOL_RESULT_KEYS, block_path)
             call_id = _str(_required(block, "tool_use_id", block_path), f"{block_path}.tool_use_id")
             output = _tool_result_text(block.get("content") or "", f"{block_path}.content")
-            is_error = _typed(block.get("is_error", False), f"{block_path}.is_error", bool, "a boolean")
+            is_error = _typed(
+                block.get("is_error", False), f"{block_path}.is_error", bool, "a boolean"
+            )
             if is_error:
                 # The chat template has no error flag: the model reads it in the output.
                 output = f"Error: {output}"
@@ -344,7 +321,9 @@ def _assistant_turn(blocks: list[Any], path: str) -> _Turn:
 def _turn(raw: object, path: str) -> _Turn:
     message = _obj(raw, path)
     _keys(message, frozenset({"role", "content"}), path)
-    role = _choice(_required(message, "role", path), f"{path}.role", ("user", "assistant", "system"))
+    role = _choice(
+        _required(message, "role", path), f"{path}.role", ("user", "assistant", "system")
+    )
     content = _required(message, "content", path)
     if isinstance(content, str):
         if not content:
@@ -450,7 +429,9 @@ def _tool(raw: object, path: str) -> FunctionTool:
         raise _bad(f"{path}.input_schema.type", "the input schema must have type 'object'.")
     strict = _typed(tool.get("strict", False), f"{path}.strict", bool, "a boolean")
     if tool.get("defer_loading"):
-        raise _bad(f"{path}.defer_loading", "deferred tools need tool search, which is not available.")
+        raise _bad(
+            f"{path}.defer_loading", "deferred tools need tool search, which is not available."
+        )
     return FunctionTool(name, description, schema, strict)
 
 
@@ -524,7 +505,10 @@ def _thinking(raw: object) -> _Thinking:
     budget = None
     if kind == "enabled":
         budget = _typed(
-            _required(config, "budget_tokens", "thinking"), "thinking.budget_tokens", int, "an integer"
+            _required(config, "budget_tokens", "thinking"),
+            "thinking.budget_tokens",
+            int,
+            "an integer",
         )
         if budget < 1024:
             raise _bad("thinking.budget_tokens", f"must be at least 1024, but got {budget}.")
@@ -540,7 +524,9 @@ def _text_format(raw: object) -> TextFormat:
     _keys(config, frozenset({"effort", "format"}), "output_config")
     # effort is a hint for the model's own deliberation; a local model has one setting.
     _choice(
-        config.get("effort"), "output_config.effort", ("low", "medium", "high", "xhigh", "max", None)
+        config.get("effort"),
+        "output_config.effort",
+        ("low", "medium", "high", "xhigh", "max", None),
     )
     fmt = config.get("format")
     if fmt is None:
@@ -555,7 +541,9 @@ def _text_format(raw: object) -> TextFormat:
 def _ignored_settings(body: Mapping[str, Any]) -> None:
     """Settings with no effect here, type-checked so a typo is still a 400."""
     checks: dict[str, Callable[[object], object]] = {
-        "cache_control": lambda v: _keys(_obj(v, "cache_control"), frozenset({"type", "ttl"}), "cache_control"),
+        "cache_control": lambda v: _keys(
+            _obj(v, "cache_control"), frozenset({"type", "ttl"}), "cache_control"
+        ),
         "inference_geo": lambda v: _str(v, "inference_geo"),
         "service_tier": lambda v: _choice(v, "service_tier", ("auto", "standard_only")),
         "speed": lambda v: _choice(v, "speed", ("standard", "fast")),

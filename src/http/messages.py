@@ -1,0 +1,195 @@
+"""The ``/v1/messages`` routes: Anthropic's Messages encoding on the same actors (decision 14).
+
+Invariants:
+- One pipeline: the body is decoded into the same ``CreateRequest`` the Responses route builds
+  (``protocol/anthropic.py``), run by ``open_response`` on the same response and model actors,
+  and only the events are re-encoded (``protocol/anthropic_stream.py``).
+- Every refusal is Anthropic's envelope ``{"type": "error", "error": {"type", "message"}}`` with
+  Anthropic's status (503 overload -> 529 ``overloaded_error``): errors raised in these views
+  are rendered here; errors the app answers before or around them (a bad API key, an unknown
+  sub-route, a body over the size limit, an unexpected 500) are re-rendered by an
+  ``after_request`` hook for these paths only. A refused request changes nothing.
+- Lifetimes as on the Responses route: the response lives in its HTTP request; a hang-up
+  cancels or closes the body, whose ``finally`` abandons the response, so the sequence leaves
+  the batch at the next step. A stop sequence does the same as soon as it is seen.
+- A stream has exactly one terminal (``message_stop`` or ``error``); while the model is busy
+  elsewhere (a long prefill), a ``ping`` goes out every ``PING_INTERVAL_SECONDS``.
+- ``x-api-key`` authenticates like a bearer token (the app's hook maps it to the same tenant);
+  ``anthropic-version`` and ``anthropic-beta`` are accepted and not interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..actors.response import ResponseRun, Services, open_response, prepare_prompt
+from ..protocol.anthropic import (
+    MessagesRequest,
+    parse_count_tokens_request,
+    parse_messages_request,
+)
+from ..protocol.anthropic_stream import PING, MessageEncoder, error_body, error_for_status
+from ..protocol.errors import ApiError
+from ..protocol.ids import new_id
+from ..protocol.objects import JsonObject, Usage
+from ..protocol.sse import encode_sse
+from .common import decode_json_body, json_response, mount, sse_response, tenant
+
+__all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
+
+# Keep-alive while no event is ready; Anthropic's clients and proxies expect one now and then.
+PING_INTERVAL_SECONDS = 10.0
+
+
+def anthropic_error(status: int, message: str) -> Response:
+    status, kind = error_for_status(status)
+    return json_response(error_body(kind, message), status)
+
+
+def _is_messages_path(path: str) -> bool:
+    return any(
+        path == root or path.startswith(f"{root}/") for root in ("/messages", "/v1/messages")
+    )
+
+
+_View = Callable[[], Awaitable[Response]]
+
+
+def _anthropic_errors(view: _View) -> _View:
+    @wraps(view)
+    async def guarded() -> Response:
+        try:
+            return await view()
+        except ApiError as error:
+            return anthropic_error(error.status, error.message)
+        except HTTPException as error:  # e.g. the body is over the size limit
+            status = error.code or 500
+            return anthropic_error(status, error.description or error.name)
+
+    return guarded
+
+
+# ResponseRun has no public accessors for these yet; they are what its own usage reports.
+def _prompt_tokens(run: ResponseRun) -> int:
+    return run._sequence.prompt_tokens
+
+
+def _usage_so_far(run: ResponseRun) -> Usage:
+    return run._usage()
+
+
+def _translate(
+    run: ResponseRun, encoder: MessageEncoder, events: list[JsonObject]
+) -> list[JsonObject]:
+    """Our events -> Anthropic's; a matched stop sequence abandons the run at once."""
+    out: list[JsonObject] = []
+    for event in events:
+        out += encoder.feed(event)
+        if encoder.stopped_at is not None and not encoder.finished:
+            usage = _usage_so_far(run)
+            run.abandon()
+            out += encoder.stop_on_sequence(usage)
+            break
+    return out
+
+
+def _encode(events: list[JsonObject]) -> bytes:
+    return b"".join(encode_sse(event) for event in events)
+
+
+def register_messages_routes(app: QuartTrio, services: Services) -> None:
+    @app.after_request
+    async def anthropic_envelope(response: Response) -> Response:
+        """Errors answered outside these views, re-rendered in Anthropic's envelope."""
+        if (
+            not _is_messages_path(request.path)
+            or response.status_code < 400
+            or response.mimetype != "application/json"
+        ):
+            return response
+        try:
+            data = json.loads(await response.get_data(as_text=True))
+        except ValueError:
+            data = {}
+        if isinstance(data, dict) and data.get("type") == "error":
+            return response  # already Anthropic's
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        return anthropic_error(response.status_code, message or "The request failed.")
+
+    def encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder:
+        return MessageEncoder(
+            message_id=new_id("msg"),
+            model=request_.model,
+            input_tokens=input_tokens,
+            max_tokens=request_.max_tokens,
+            stop_sequences=request_.stop_sequences,
+            omit_thinking=request_.omit_thinking,
+        )
+
+    async def read_body() -> object:
+        return decode_json_body(await request.get_data(cache=False, as_text=False))
+
+    @mount(app, "/messages", ["POST"])
+    @_anthropic_errors
+    async def create_message() -> Response:
+        request_ = parse_messages_request(await read_body(), owner=tenant())
+        if request_.max_tokens == 0:
+            return await empty_message(request_)
+        run = await open_response(request_.create, services)
+        encoder = encoder_for(request_, _prompt_tokens(run))
+        if not request_.create.stream:
+            try:
+                while not encoder.finished and (events := await run.next_events()) is not None:
+                    _translate(run, encoder, events)
+            finally:
+                run.abandon()
+            if encoder.error is not None:
+                return anthropic_error(500, encoder.error[1])
+            return json_response(encoder.message())
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield _encode(encoder.start())
+                while not encoder.finished:
+                    events: list[JsonObject] | None = None
+                    with trio.move_on_after(PING_INTERVAL_SECONDS) as waited:
+                        events = await run.next_events()
+                    if waited.cancelled_caught:
+                        yield encode_sse(PING)
+                        continue
+                    if events is None:
+                        break
+                    if out := _translate(run, encoder, events):
+                        yield _encode(out)
+            finally:
+                run.abandon()
+
+        return sse_response(body())
+
+    async def empty_message(request_: MessagesRequest) -> Response:
+        """``max_tokens`` 0: the prompt is validated and counted, nothing is generated."""
+        prepared = await prepare_prompt(request_.create, services)
+        encoder = encoder_for(request_, len(prepared.prompt))
+        events = encoder.finish_empty(Usage(len(prepared.prompt), 0))
+        if request_.create.stream:
+            return sse_response(_once(_encode(events)))
+        return json_response(encoder.message())
+
+    @mount(app, "/messages/count_tokens", ["POST"])
+    @_anthropic_errors
+    async def count_message_tokens() -> Response:
+        request_ = parse_count_tokens_request(await read_body(), owner=tenant())
+        prepared = await prepare_prompt(request_.create, services)
+        return json_response({"input_tokens": len(prepared.prompt)})
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
