@@ -79,6 +79,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "most prompts prefilled together in one batch step",
     ),
     Flag(
+        "--ctx-size",
+        "MLX_RESPONSES_CTX_SIZE",
+        None,
+        int,
+        "context window in tokens (prompt + output) that requests must fit and automatic "
+        "compaction plans with (default: the model's own, from its config.json)",
+    ),
+    Flag(
         "--max-sequences",
         "MLX_RESPONSES_MAX_SEQUENCES",
         256,
@@ -261,6 +269,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise SystemExit("--ctx-size must be at least 1")
     if not 0 <= args.port < 65536:
         raise SystemExit("--port must be between 0 and 65535")
     responses_store = _store_limits(args, "responses_store")
@@ -290,6 +300,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             completion_batch_size=args.decode_concurrency,
             prefill_batch_size=args.prompt_concurrency,
             max_sequences=args.max_sequences,
+            context_size=args.ctx_size,
         ),
         responses_store=responses_store,
         conversation_store=conversation_store,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 
 import pydantic
-from openai.types.responses import Response
+from openai.types.responses import CompactedResponse, Response, ResponseItemList
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 
 from mlx_responses.protocol.sse import SseDecoder
@@ -26,6 +26,7 @@ __all__ = [
     "TERMINAL_EVENT_TYPES",
     "assert_no_unknown_keys",
     "assert_stream_invariants",
+    "assert_strict_compaction",
     "assert_strict_event",
     "assert_strict_response",
     "parse_sse",
@@ -394,7 +395,60 @@ def assert_stream_invariants(events: Sequence[tuple[str, Mapping[str, Any]]]) ->
         unfinished = [item["id"] for item in done_items if item.get("status") == "incomplete"]
         assert not unfinished, f"a completed response holds incomplete items: {unfinished}"
     assert_strict_response(final, "final response")
+    _check_compaction_events(events, final)
     return final
+
+
+def _check_compaction_events(
+    events: Sequence[tuple[str, Mapping[str, Any]]], final: Mapping[str, Any]
+) -> None:
+    """Spec 000, Compaction: ``mlx.compaction.started`` then ``.completed`` right after
+    ``response.in_progress``, then the compaction item added and done at output_index 0."""
+    types = [data["type"] for _, data in events]
+    if "mlx.compaction.started" not in types and "mlx.compaction.completed" not in types:
+        assert not [i for i in final["output"] if i["type"] == "compaction"], (
+            "a streamed response holds a compaction item but sent no compaction events"
+        )
+        return
+    at = types.index("mlx.compaction.started")
+    assert types.count("mlx.compaction.started") == types.count("mlx.compaction.completed") == 1
+    assert types[at - 1] == "response.in_progress", f"compaction events after {types[at - 1]}"
+    assert types[at + 1 : at + 4] == [
+        "mlx.compaction.completed",
+        "response.output_item.added",
+        "response.output_item.done",
+    ], f"after mlx.compaction.started: {types[at + 1 : at + 4]}"
+    started, completed = events[at][1], events[at + 1][1]
+    added, done = events[at + 2][1], events[at + 3][1]
+    assert started["response_id"] == completed["response_id"] == final["id"]
+    assert started["input_tokens"] == completed["input_tokens_before"]
+    assert completed["input_tokens_after"] < completed["input_tokens_before"]
+    assert added["output_index"] == done["output_index"] == 0
+    assert added["item"]["type"] == "compaction"
+    assert added["item"] == done["item"] == final["output"][0]
+
+
+def assert_strict_compaction(data: Mapping[str, Any], what: str = "compaction") -> None:
+    """A ``response.compaction`` object (``POST /v1/responses/compact``), strictly. The SDK's
+    ``CompactedResponse`` has no ``model`` (spec 000 adds it) and types ``output`` as output
+    items, though it holds the kept input messages too: each item is checked as a
+    ``ResponseItem`` instead (what ``input_items`` lists)."""
+    assert set(data) == {"id", "object", "created_at", "model", "output", "usage"}, sorted(data)
+    assert isinstance(data["model"], str), f"{what}.model is {data['model']!r}"
+    assert type(data["created_at"]) is int, f"{what}.created_at is not an int"
+    shell = {key: value for key, value in data.items() if key != "model"}
+    _strict(CompactedResponse, {**shell, "output": []}, what)
+    listing = {
+        "object": "list",
+        "data": list(data["output"]),
+        "first_id": "",
+        "last_id": "",
+        "has_more": False,
+    }
+    _strict(ResponseItemList, listing, f"{what}.output")
+    types = [item["type"] for item in data["output"]]
+    assert types.count("compaction") == 1, types
+    assert types[-1] == "compaction", types
 
 
 def _check_done_item(

@@ -228,13 +228,14 @@ async def test_a_worker_crash_fails_running_jobs_and_the_server_keeps_serving(
     assert after.status_code == 200
     assert after.json()["output"][0]["content"][0]["text"] == "hello"
     assert model.restarts == 1
-    assert model.statistics().active == 0
+    with trio.fail_after(DEADLINE):
+        await model.wait_idle()
 
 
 async def test_active_jobs_bytes_are_bounded_by_the_store_budget(nursery: trio.Nursery) -> None:
-    budget = StoreLimits(max_entries=100, max_bytes=150_000, ttl_seconds=3600)
+    budget = StoreLimits(max_entries=100, max_bytes=40_000, ttl_seconds=3600)
     server = await start_server(nursery, responses_store=budget)
-    job = {**COUNT, "background": True, "max_output_tokens": 1000}  # ~66 kB estimated each
+    job = {**COUNT, "background": True, "max_output_tokens": 1000}  # ~18 kB estimated each
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             first = await http.post("/v1/responses", json=job)
@@ -248,8 +249,9 @@ async def test_active_jobs_bytes_are_bounded_by_the_store_budget(nursery: trio.N
 
 
 async def test_a_final_object_over_the_budget_leaves_a_failed_answer(nursery: trio.Nursery) -> None:
-    # Admitted (~28 kB estimated for 400 tokens) but the finished record is ~80 kB.
-    budget = StoreLimits(max_entries=100, max_bytes=40_000, ttl_seconds=3600)
+    # Admitted (~9 kB estimated for 400 tokens) but the finished record (331 tokens, their
+    # delta events included) is well over 20 kB.
+    budget = StoreLimits(max_entries=100, max_bytes=20_000, ttl_seconds=3600)
     server = await start_server(nursery, responses_store=budget)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
@@ -262,3 +264,27 @@ async def test_a_final_object_over_the_budget_leaves_a_failed_answer(nursery: tr
     assert final["status"] == "failed"
     assert final["error"]["code"] == "server_error"
     assert final["output"] == []
+
+
+async def test_sixty_four_active_jobs_then_the_sixty_fifth_is_429(server: ServerHandle) -> None:
+    job = {**COUNT, "background": True, "max_output_tokens": 2000}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            ids = []
+            for _ in range(64):
+                reply = await http.post("/v1/responses", json=job)
+                assert reply.status_code == 200, reply.text
+                ids.append(reply.json()["id"])
+            # The default limit (--responses-background-max-jobs 64) is reached while they run.
+            assert server.jobs.statistics().active == 64
+            refused = await http.post("/v1/responses", json=job)
+            await http.post(f"/v1/responses/{ids[0]}/cancel")
+            await wait_until(lambda: server.jobs.statistics().active < 64)
+            admitted = await http.post("/v1/responses", json=job)
+            ids.append(admitted.json()["id"])
+            for response_id in ids:
+                await http.post(f"/v1/responses/{response_id}/cancel")
+            await server.model.wait_idle()
+    assert refused.status_code == 429
+    assert admitted.status_code == 200
+    assert server.model.statistics().active == 0

@@ -56,6 +56,9 @@ class ModelSettings:
     completion_batch_size: int = 32
     prefill_batch_size: int = 8
     max_sequences: int = 256
+    # --ctx-size: the context window the server enforces and compaction plans with; None: the
+    # model's own (its config's max_position_embeddings or the like).
+    context_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ class ModelHandle:
         self.info = ModelInfo(
             settings.alias,
             loaded.path,
-            loaded.context_window,
+            settings.context_size or loaded.context_window,
             loaded.tool_format,
             loaded.has_thinking,
         )

@@ -14,12 +14,18 @@ Invariants:
   ``store``), the turn is appended to the conversation (when there is output), then the
   terminal events are published and the log closes. A client that reads the terminal event and
   then GETs the response finds it.
+- Automatic compaction (``context_management``, issue 6) happens before admission: for a
+  foreground response inside ``open_response`` (a refusal is an HTTP error), for a background
+  one inside its job (``ResponseRun`` is created unadmitted and admits itself on its first
+  ``next_events``; a refusal ends it ``failed`` with ``invalid_prompt``, the cancel endpoint
+  stops the compaction and ends it ``cancelled``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -35,13 +41,14 @@ from ..protocol.history import input_items, items_from_json
 from ..protocol.ids import new_id
 from ..protocol.machine import (
     Cancel,
+    Compacted,
     Fail,
     Finish,
     MachineInput,
     ResponseMachine,
     Start,
 )
-from ..protocol.objects import JsonObject, Usage
+from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
 from ..storage.interface import StoredResponse
 from .conversation_store import ConversationStoreHandle
@@ -63,7 +70,7 @@ from .response_store import ResponseStoreHandle
 DEFAULT_TEMPERATURE = 1.0
 STORE_DEADLINE_SECONDS = 5
 # The store bytes a background job is assumed to need per token of its output budget.
-BYTES_PER_TOKEN = 64
+BYTES_PER_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,16 @@ class PreparedPrompt:
     @property
     def all_items(self) -> tuple[JsonObject, ...]:
         return self.history + self.new_items
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A response's prompt admitted to the batch: what it generates from."""
+
+    prepared: PreparedPrompt
+    sequence: GenerationSequence
+    shaper: OutputShaper
+    compaction: Compacted | None = None  # the history was compacted first
 
 
 def check_model(request: CreateRequest, model: ModelHandle) -> None:
@@ -162,16 +179,15 @@ def render_messages(
     return to_chat(request.config.instructions, items_from_json(history + new_items))
 
 
-async def prepare_prompt(request: CreateRequest, services: Services) -> PreparedPrompt:
-    """Resolve history and render; raises ``ApiError`` and changes nothing."""
-    check_model(request, services.model)
-    history = await load_history(request, services)
-    new_items = input_items(request.input)
+async def render_items(
+    request: CreateRequest, services: Services, items: tuple[JsonObject, ...]
+) -> tuple[int, ...]:
+    """The token ids of ``items`` rendered as ``request`` renders (instructions, tools)."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     try:
         prompt = await services.model.render(
-            render_messages(request, history, new_items),
+            render_messages(request, items, ()),
             [tool.for_template() for tool in offered] or None,
             request.template_kwargs,
         )
@@ -181,7 +197,16 @@ async def prepare_prompt(request: CreateRequest, services: Services) -> Prepared
             "input",
             code="invalid_prompt",
         ) from exc
-    return PreparedPrompt(history, new_items, tuple(prompt))
+    return tuple(prompt)
+
+
+async def prepare_prompt(request: CreateRequest, services: Services) -> PreparedPrompt:
+    """Resolve history and render; raises ``ApiError`` and changes nothing."""
+    check_model(request, services.model)
+    history = await load_history(request, services)
+    new_items = input_items(request.input)
+    prompt = await render_items(request, services, history + new_items)
+    return PreparedPrompt(history, new_items, prompt)
 
 
 def config_background_ephemeral(request: CreateRequest) -> bool:
@@ -195,14 +220,20 @@ class ResponseRun:
         self,
         request: CreateRequest,
         prepared: PreparedPrompt,
-        sequence: GenerationSequence,
         services: Services,
-        shaper: OutputShaper,
         max_tokens: int = 0,
+        *,
+        admission: Admission | None = None,
+        admit: Callable[[], Awaitable[Admission]] | None = None,
     ) -> None:
+        """Give ``admission`` (admitted already), or ``admit``: run by the first
+        ``next_events``, in the driver's task (a background job's compaction)."""
+        assert (admission is None) != (admit is None)
         self._request = request
         self._prepared = prepared
-        self._sequence = sequence
+        self._admission = admission
+        self._admit = admit
+        self._admitting = trio.CancelScope()  # cancelled by the cancel endpoint while admitting
         self._services = services
         self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
         self.log = EventLog(
@@ -210,8 +241,22 @@ class ResponseRun:
         )
         self._output_tokens = 0
         self._started = False
-        self._shaper = shaper
         self._estimate = 2048 + len(json.dumps(prepared.all_items)) + BYTES_PER_TOKEN * max_tokens
+
+    @property
+    def _sequence(self) -> GenerationSequence:
+        assert self._admission is not None, "the response is not admitted yet"
+        return self._admission.sequence
+
+    @property
+    def _shaper(self) -> OutputShaper:
+        assert self._admission is not None, "the response is not admitted yet"
+        return self._admission.shaper
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The tokens of the prompt generation runs on (0 until admitted)."""
+        return 0 if self._admission is None else self._admission.sequence.prompt_tokens
 
     @property
     def response_id(self) -> str:
@@ -221,6 +266,8 @@ class ResponseRun:
         return self._machine.snapshot()
 
     def _usage(self) -> Usage:
+        if self._admission is None:
+            return Usage(0, 0)
         reasoning = self._services.model.count_tokens(self._shaper.reasoning_text)
         return Usage(
             input_tokens=self._sequence.prompt_tokens,
@@ -228,19 +275,45 @@ class ResponseRun:
             reasoning_tokens=min(reasoning, self._output_tokens),
         )
 
+    def _start(self) -> Start:
+        return Start(self._admission.compaction if self._admission is not None else None)
+
     async def next_events(self) -> list[JsonObject] | None:
         """The next events to publish (never empty); ``None`` after the terminal event."""
+        if self._admission is None and not self._machine.terminal:
+            refused = await self._admit_now()
+            if refused is not None:
+                return refused
         if not self._started and not self._request.config.background:
             # A foreground response is in progress from the start (OpenAI sends created and
             # in_progress at once); a background one stays queued until the model reports work.
             self._started = True
-            return self._publish(self._machine.feed(Start()))
+            return self._publish(self._machine.feed(self._start()))
         while not self._machine.terminal:
             output = await self._sequence.receive()
             events = await self._apply(output)
             if events:
                 return events
         return None
+
+    async def _admit_now(self) -> list[JsonObject] | None:
+        """Run the deferred admission; the terminal events when it was refused or cancelled."""
+        assert self._admit is not None
+        ending: MachineInput | None = None
+        with self._admitting:
+            try:
+                self._admission = await self._admit()
+            except ApiError as error:
+                # Spec 000: a refused compaction or render ends the job invalid_prompt.
+                code: ResponseErrorCode = (
+                    "invalid_prompt" if error.status == 400 else "server_error"
+                )
+                ending = Fail(code, error.message, None)
+        if self._admitting.cancelled_caught:
+            ending = Cancel(None)
+        if ending is None:
+            return None
+        return await self._end(ending, [])
 
     def _publish(self, events: list[JsonObject]) -> list[JsonObject]:
         self.log.append(events)
@@ -251,7 +324,7 @@ class ResponseRun:
         working = output.prefill_done or output.text or output.finish in ("stop", "length")
         if not self._started and working:
             self._started = True
-            events += self._machine.feed(Start())
+            events += self._machine.feed(self._start())
         for step in self._shaper.feed(output.text, output.logprobs):
             events += self._machine.feed(step)
         self._output_tokens += output.new_tokens
@@ -269,6 +342,10 @@ class ResponseRun:
                 terminal = Fail("server_error", "The server is shutting down.", self._usage())
             case "error":
                 terminal = Fail("server_error", "The model failed while generating.", self._usage())
+        return await self._end(terminal, events)
+
+    async def _end(self, terminal: MachineInput, events: list[JsonObject]) -> list[JsonObject]:
+        """Publish ``events``, then the terminal ones after the records are written."""
         self.log.append(events)
         closing = self._machine.feed(terminal)
         # Shielded: a hang-up at this instant must not leave the store or the conversation
@@ -352,9 +429,13 @@ class ResponseRun:
         return self._machine.snapshot()
 
     def cancel(self) -> None:
-        """The cancel endpoint: the sequence leaves the batch at the next step, and the driver
-        then ends the response ``cancelled`` (stored, streamed). Never blocks."""
-        self._sequence.cancel()
+        """The cancel endpoint: the sequence leaves the batch at the next step (or a deferred
+        admission stops), and the driver then ends the response ``cancelled`` (stored,
+        streamed). Never blocks."""
+        if self._admission is None:
+            self._admitting.cancel()
+        else:
+            self._admission.sequence.cancel()
 
     def abandon(self) -> None:
         """Called from the driver's ``finally``: free the model's work. Never blocks.
@@ -362,7 +443,7 @@ class ResponseRun:
         A response abandoned before its end (its client hung up) is cancelled: the sequence
         leaves the batch, live followers receive ``response.cancelled``, nothing is stored.
         """
-        self._sequence.cancel()
+        self.cancel()
         if not self._machine.terminal:
             self.log.append(self._machine.feed(Cancel(self._usage())))
         self.log.close()
@@ -416,20 +497,28 @@ def output_shaper(
     return OutputShaper(parser, max_calls=min(limits) if limits else None)
 
 
-async def open_response(request: CreateRequest, services: Services) -> ResponseRun:
-    """Validate, resolve history, render, admit. Raises ``ApiError`` and changes nothing."""
-    prepared = await prepare_prompt(request, services)
+def _context_exceeded(prompt: tuple[int, ...], window: int) -> ApiError:
+    return invalid_request(
+        f"The input is {len(prompt)} tokens, which does not fit the model's "
+        f"context window of {window} tokens.",
+        "input",
+        code="context_length_exceeded",
+    )
+
+
+def _submit(
+    request: CreateRequest,
+    prepared: PreparedPrompt,
+    services: Services,
+    grammar: Grammar | None,
+    compaction: Compacted | None = None,
+) -> Admission:
+    """Admit the prompt to the batch; raises ``ApiError`` (no room, server busy or closing)."""
     model = services.model
     window = model.info.context_window
     room = window - len(prepared.prompt)
     if room < 1:
-        raise invalid_request(
-            f"The input is {len(prepared.prompt)} tokens, which does not fit the model's "
-            f"context window of {window} tokens.",
-            "input",
-            code="context_length_exceeded",
-        )
-    grammar = await constrain(request, model)
+        raise _context_exceeded(prepared.prompt, window)
     constraints = model.constraints
     make_processors = None
     if grammar is not None and constraints is not None:
@@ -437,6 +526,7 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
         make_processors = partial(_processors, constraints, grammar)
 
     config = request.config
+    # Generation is capped at the context left after the prompt (spec 000).
     max_tokens = min(config.max_output_tokens or room, room)
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
     shaper = output_shaper(request, model, prepared.prompt)
@@ -456,7 +546,46 @@ async def open_response(request: CreateRequest, services: Services) -> ResponseR
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    run = ResponseRun(request, prepared, sequence, services, shaper, max_tokens)
+    return Admission(prepared, sequence, shaper, compaction)
+
+
+def needs_compaction(request: CreateRequest, prompt_tokens: int, window: int) -> bool:
+    """Spec 000: the rendered input reaches ``compact_threshold`` or leaves no room."""
+    threshold = request.compact_threshold
+    return threshold is not None and (prompt_tokens >= threshold or prompt_tokens >= window)
+
+
+async def open_response(request: CreateRequest, services: Services) -> ResponseRun:
+    """Validate, resolve history, render, (compact,) admit. Raises ``ApiError`` and changes
+    nothing; a background response that needs compaction is admitted by its job instead."""
+    prepared = await prepare_prompt(request, services)
+    model = services.model
+    window = model.info.context_window
+    config = request.config
+    if needs_compaction(request, len(prepared.prompt), window):
+        # compaction.py drives open_response itself for the summary.
+        from .compaction import compact_for_request
+
+        grammar = await constrain(request, model)
+
+        async def admit() -> Admission:
+            compacted, step = await compact_for_request(request, prepared, services)
+            return _submit(request, compacted, services, grammar, step)
+
+        if config.background:
+            budget = min(config.max_output_tokens or window, window)
+            run = ResponseRun(request, prepared, services, budget, admit=admit)
+        else:
+            admission = await admit()
+            run = ResponseRun(request, prepared, services, admission=admission)
+    else:
+        room = window - len(prepared.prompt)
+        if room < 1:  # before constrain: an over-long prompt is refused as such
+            raise _context_exceeded(prepared.prompt, window)
+        grammar = await constrain(request, model)
+        admission = _submit(request, prepared, services, grammar)
+        budget = min(config.max_output_tokens or room, room)
+        run = ResponseRun(request, prepared, services, budget, admission=admission)
     try:
         await services.live.track(run.log)
     except BaseException:

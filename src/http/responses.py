@@ -1,4 +1,5 @@
-"""The ``/v1/responses`` routes: create, input_tokens, retrieve (and replay), input_items, delete.
+"""The ``/v1/responses`` routes: create, input_tokens, compact, retrieve (and replay),
+input_items, delete.
 
 Invariants:
 - Every refusal happens before the response actor exists (``open_response`` raises), so a
@@ -19,15 +20,16 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from ..actors.compaction import compact_history
 from ..actors.jobs import TooManyJobs
 from ..actors.live import EventLog
 from ..actors.response import Services, open_response, persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
-from ..protocol.objects import JsonObject
+from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import decode_json_body, json_response, mount, sse_response, tenant
-from .schemas import parse_create_request
+from .schemas import parse_compact_request, parse_create_request
 
 # How long the cancel endpoint waits for the response to reach its terminal event.
 CANCEL_WAIT_SECONDS = 10
@@ -154,6 +156,12 @@ def register_response_routes(
             {"object": "response.input_tokens", "input_tokens": len(prepared.prompt)}
         )
 
+    # Mounted before the /responses/<response_id> rules; its static path wins over them anyway.
+    @mount(app, "/responses/compact", ["POST"])
+    async def compact_response() -> Response:
+        compact = parse_compact_request(await _read_body(), owner=tenant())
+        return json_response(await compact_history(compact, services))
+
     @mount(app, "/responses/<response_id>", ["GET"])
     async def get_response(response_id: str) -> Response:
         if not store.enabled:
@@ -162,6 +170,12 @@ def register_response_routes(
         starting_after = _query_int("starting_after", None, 0)
         record = await store.get(response_id, tenant())
         log = None if record is not None else await live.find(response_id, tenant())
+        if log is not None and not log.closed and log.snapshot()["status"] in TERMINAL_STATUSES:
+            # Between its terminal event and the store's answer a response is finishing: wait
+            # for the stored record, which is the one answer (it may differ, e.g. too large).
+            with trio.move_on_after(CANCEL_WAIT_SECONDS):
+                await log.wait_closed()
+            record = await store.get(response_id, tenant())
         # A closed log answers for a store: false background job kept for its ephemeral TTL.
         if record is None and log is None:
             raise _missing(response_id)

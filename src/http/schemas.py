@@ -5,7 +5,10 @@ Invariants:
   unknown top-level key is a 400 naming it (decision 3).
 - Scalars are strict: no string-to-number or number-to-bool coercion.
 - A field whose value we cannot honour yet is a 400 saying so, never silently dropped.
-- The result is the internal frozen ``CreateRequest``; nothing downstream sees Pydantic.
+- The result is the internal frozen ``CreateRequest`` (or ``CompactRequest``); nothing downstream
+  sees Pydantic.
+- ``context_management`` is ``[]`` / absent, or exactly ``[{"type": "compaction",
+  "compact_threshold": N}]`` with N in 1..100000000; anything else is a 400 naming the path.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
 
+from ..protocol.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
-from ..protocol.request import CreateRequest, json_type, parse_input
+from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
 from ..protocol.text_format import parse_text_format
 from ..protocol.tools import parse_tool_choice, parse_tools
 
@@ -91,7 +95,6 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
-    "context_management": "context_management",
     "prompt": "prompt templates",
     "image": "image",
     "background_options": "background_options",
@@ -163,6 +166,7 @@ def parse_create_request(
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
+    compact_threshold = _compact_threshold(body.context_management)
     conversation_id = _conversation_id(body.conversation)
     if body.previous_response_id is not None and conversation_id is not None:
         raise invalid_request(
@@ -206,6 +210,130 @@ def parse_create_request(
         seed=body.seed,
         text_format=text_format,
         owner=owner,
+        compact_threshold=compact_threshold,
+    )
+
+
+MAX_COMPACT_THRESHOLD = 100_000_000  # spec 000
+
+
+def _compact_threshold(value: object) -> int | None:
+    """``context_management`` -> the compaction threshold, or None when absent or empty."""
+    if value is None or value == []:
+        return None
+    param = "context_management"
+    if not isinstance(value, list):
+        raise invalid_request(
+            f"Invalid type for '{param}': expected an array, but got {json_type(value)}.", param
+        )
+    if len(value) > 1:
+        raise invalid_request(
+            f"Invalid value for '{param}': expected one entry of type 'compaction', got "
+            f"{len(value)} entries.",
+            param,
+        )
+    entry, path = value[0], f"{param}[0]"
+    if not isinstance(entry, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}': expected an object, but got {json_type(entry)}.", path
+        )
+    extra = sorted(set(entry) - {"type", "compact_threshold"})
+    if extra:
+        raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
+    if entry.get("type") != "compaction":
+        raise invalid_request(
+            f"Invalid value for '{path}.type': {entry.get('type')!r}; the only supported "
+            "context management type is 'compaction'.",
+            f"{path}.type",
+        )
+    threshold = entry.get("compact_threshold")
+    if threshold is None:
+        raise invalid_request(
+            f"Missing required parameter: '{path}.compact_threshold'.", f"{path}.compact_threshold"
+        )
+    if type(threshold) is not int or not 1 <= threshold <= MAX_COMPACT_THRESHOLD:
+        shown = (
+            repr(threshold) if isinstance(threshold, int | float | str) else json_type(threshold)
+        )
+        raise invalid_request(
+            f"Invalid value for '{path}.compact_threshold': {shown}; expected an integer from 1 "
+            f"to {MAX_COMPACT_THRESHOLD}.",
+            f"{path}.compact_threshold",
+        )
+    return threshold
+
+
+class CompactBody(BaseModel):
+    """``POST /v1/responses/compact``: the SDK's ``ResponseCompactParams`` plus our extensions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: StrictStr | None = None
+    input: Any = None
+    instructions: StrictStr | None = None
+    previous_response_id: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    service_tier: StrictStr | None = None
+    image: Any = None
+    # Extensions (docs/compaction.md).
+    keep_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_SUMMARY_TOKENS)] | None = None
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    # Refused when given (decision 10), accepted as keys so the refusal names them.
+    stream: StrictBool | None = None
+    conversation: Any = None
+
+
+def parse_compact_request(data: object, *, owner: str = "") -> CompactRequest:
+    """A decoded JSON body -> ``CompactRequest``, or an ``ApiError`` naming the bad field."""
+    if not isinstance(data, dict):
+        raise invalid_request(
+            f"Invalid request body: expected a JSON object, but got {json_type(data)}.", None
+        )
+    try:
+        body = CompactBody.model_validate(data)
+    except PydanticValidationError as exc:
+        raise validation_error(exc) from None
+    if body.model is None:
+        raise invalid_request("Missing required parameter: 'model'.", "model")
+    if body.stream:
+        raise invalid_request(
+            "Invalid value for 'stream': compaction is unary, 'stream' must not be true.", "stream"
+        )
+    if body.conversation is not None:
+        raise invalid_request(
+            "Unsupported parameter: 'conversation' cannot be compacted; send the history as "
+            "'input' or name its last response with 'previous_response_id'.",
+            "conversation",
+        )
+    if body.input is None and body.previous_response_id is None:
+        raise invalid_request(
+            "Missing required parameter: 'input' (or 'previous_response_id').", "input"
+        )
+    if body.service_tier not in (None, "auto", "default"):
+        raise invalid_request(
+            f"Invalid value for 'service_tier': {body.service_tier!r}; this server has only "
+            "the 'default' tier.",
+            "service_tier",
+        )
+    config = ResponseConfig(
+        model=body.model,
+        instructions=body.instructions,
+        store=False,
+        previous_response_id=body.previous_response_id,
+        prompt_cache_key=body.prompt_cache_key,
+    )
+    create = CreateRequest(
+        config=config,
+        input=() if body.input is None else parse_input(body.input),
+        stream=False,
+        template_kwargs=body.chat_template_kwargs or {},
+        owner=owner,
+    )
+    return CompactRequest(
+        create, body.keep_tokens, body.max_output_tokens or DEFAULT_SUMMARY_TOKENS
     )
 
 

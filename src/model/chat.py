@@ -8,6 +8,9 @@ Invariants:
   assistant turn it precedes. So a previous ``output`` replayed as input renders as the turn
   was generated.
 - A function call output is a ``tool`` message with its ``tool_call_id``.
+- A ``compaction`` item stands in for every earlier item but system/developer messages: its
+  summary joins the system message at its place, then its retained items render as turns
+  (``protocol.compaction.replay_view``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..protocol.compaction import replay_view
 from ..protocol.items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
 
 ChatMessage = dict[str, Any]
@@ -32,7 +36,7 @@ def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMe
     chat: list[ChatMessage] = []
     pending_reasoning: str | None = None
     open_assistant = False  # the last chat message is an assistant turn that may grow
-    for item in items:
+    for item in replay_view(items):
         match item:
             case InputMessage(role="system" | "developer", text=text):
                 system.append(text)

@@ -9,6 +9,9 @@ Invariants:
   history replays exactly the items the original turn rendered; a previous ``output`` sent back
   verbatim as input parses to the same items the response produced.
 - ``input_image`` / ``input_file`` parts are refused with a clear 400 (the model is text-only).
+- A ``compaction`` item (issue 6) carries its summary and retained items in ``encrypted_content``
+  (base64url JSON, see ``compaction.py``); a malformed one is a 400 naming the problem, and its
+  retained items never hold another compaction item.
 """
 
 from __future__ import annotations
@@ -49,7 +52,19 @@ class Reasoning:
     text: str  # the reasoning text (content, else summary); "" when only encrypted
 
 
-InputItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
+TurnItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
+"""An item of a conversation's turns (everything but a compaction item)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary standing in for the earlier turns, then the turns it kept (``compaction.py``)."""
+
+    summary: str
+    retained: tuple[TurnItem, ...]
+
+
+InputItem = TurnItem | Compaction
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
 _MESSAGE_KEYS: Final = frozenset({"type", "role", "content", "id", "status", "phase"})
@@ -114,13 +129,29 @@ def parse_item(item: object, path: str) -> InputItem:
             return FunctionCallOutput(_require_str(item, "call_id", path), output)
         case "reasoning":
             return Reasoning(_reasoning_text(item, path))
+        case "compaction":
+            return _parse_compaction(item, path)
         case None:
             raise invalid_request(f"Missing required parameter: '{path}.type'.", f"{path}.type")
     raise invalid_request(
         f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
-        "'function_call', 'function_call_output', 'reasoning'.",
+        "'function_call', 'function_call_output', 'reasoning', 'compaction'.",
         f"{path}.type",
     )
+
+
+_COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created_by"})
+
+
+def _parse_compaction(item: JsonObject, path: str) -> Compaction:
+    # compaction.py builds on this module (it parses the retained items with ``parse_item``).
+    from .compaction import decode_compaction
+
+    extra = set(item) - _COMPACTION_KEYS
+    if extra:
+        key = sorted(extra)[0]
+        raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
+    return decode_compaction(_require_str(item, "encrypted_content", path), path)
 
 
 def _check_arguments(arguments: str, path: str) -> None:
@@ -257,6 +288,14 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "type": "reasoning",
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": text}] if text else None,
+            }
+        case Compaction():
+            from .compaction import encode_compaction  # see _parse_compaction
+
+            return {
+                "id": item_id or new_id("cmp"),
+                "type": "compaction",
+                "encrypted_content": encode_compaction(item),
             }
 
 

@@ -63,6 +63,9 @@ Decisions where OpenAI leaves room:
   item included with status ``in_progress``.
 - Reasoning items carry ``status`` (the SDK allows it): ``in_progress`` while open, then
   ``completed`` or ``incomplete`` like messages.
+- Automatic compaction (issue 6) finished before generation, so it rides on ``Start``: after
+  ``response.in_progress`` come ``mlx.compaction.started``, ``mlx.compaction.completed``, then
+  the ``compaction`` item, added and done at once at ``output_index`` 0 (it is whole already).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ from .objects import (
 __all__ = [
     "TERMINAL_EVENT_TYPES",
     "Cancel",
+    "Compacted",
     "Fail",
     "Finish",
     "MachineInput",
@@ -123,8 +127,20 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Compacted:
+    """The history was compacted before generation; ``item`` is the ``compaction`` output item
+    (``id``, ``type``, ``encrypted_content``), the counts the rendered input before and after."""
+
+    item: Mapping[str, Any]
+    input_tokens_before: int
+    input_tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
 class Start:
-    """Generation began (prefill started)."""
+    """Generation began (prefill started); ``compaction`` when the history was compacted first."""
+
+    compaction: Compacted | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +303,7 @@ _ZERO_USAGE: Final = Usage(0, 0)
 def _kind(inp: MachineInput) -> _Kind:
     """Classify an input; also rejects values the type checker cannot (closed Literals)."""
     match inp:
-        case Start():
+        case Start(compaction=compaction) if compaction is None or _is_compacted(compaction):
             return _K.START
         case TextDelta(text=text, logprobs=logprobs) if all(map(is_part_logprob, logprobs)):
             if text:
@@ -311,6 +327,17 @@ def _kind(inp: MachineInput) -> _Kind:
         case Cancel():
             return _K.CANCEL
     raise ProtocolError(f"malformed input {inp!r}")
+
+
+def _is_compacted(step: Compacted) -> bool:
+    item = step.item
+    counts = (step.input_tokens_before, step.input_tokens_after)
+    return (
+        set(item) == {"id", "type", "encrypted_content"}
+        and item["type"] == "compaction"
+        and all(isinstance(item[key], str) and item[key] for key in ("id", "encrypted_content"))
+        and all(type(count) is int and count >= 0 for count in counts)
+    )
 
 
 @dataclass(slots=True)
@@ -458,8 +485,10 @@ class ResponseMachine:
         # From here on nothing raises: the move is committed while events are built.
         events: list[JsonObject] = []
         match inp:
-            case Start():
+            case Start(compaction=compaction):
                 events += self._opening(in_progress=True)
+                if compaction is not None:
+                    events += self._compacted(compaction)
             case TextDelta(text=text, logprobs=logprobs) if text:
                 events += self._switch_to("message")
                 events += self._delta(text, [event_logprob(entry) for entry in logprobs])
@@ -523,6 +552,25 @@ class ResponseMachine:
             events.append(
                 self._event("response.in_progress", response=self._response("in_progress"))
             )
+        return events
+
+    def _compacted(self, step: Compacted) -> list[JsonObject]:
+        """The compaction events and its whole item, at ``output_index`` 0 (nothing is out yet)."""
+        item: JsonObject = dict(step.item)
+        before, after = step.input_tokens_before, step.input_tokens_after
+        where = {"response_id": self._response_id}
+        events = [
+            self._event("mlx.compaction.started", **where, input_tokens=before),
+            self._event(
+                "mlx.compaction.completed",
+                **where,
+                input_tokens_before=before,
+                input_tokens_after=after,
+            ),
+            self._event("response.output_item.added", output_index=0, item=dict(item)),
+            self._event("response.output_item.done", output_index=0, item=dict(item)),
+        ]
+        self._done_items.append(item)
         return events
 
     def _switch_to(self, type_: Literal["message", "reasoning"]) -> list[JsonObject]:

@@ -19,7 +19,14 @@ from .objects import ResponseConfig
 from .text_format import TEXT, TextFormat
 from .tools import FunctionTool, ToolChoice
 
-__all__ = ["CreateRequest", "InputItem", "InputMessage", "json_type", "parse_input"]
+__all__ = [
+    "CompactRequest",
+    "CreateRequest",
+    "InputItem",
+    "InputMessage",
+    "json_type",
+    "parse_input",
+]
 
 
 AUTO = ToolChoice("auto")
@@ -45,6 +52,19 @@ class CreateRequest:
     text_format: TextFormat = TEXT
     # The tenant (decision 12): set by the HTTP edge from the API key; "" when the server is open.
     owner: str = ""
+    # context_management's compact_threshold (issue 6): compact the history before generating
+    # when the rendered input reaches it or leaves no room for output; None: never.
+    compact_threshold: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactRequest:
+    """``POST /v1/responses/compact``: the history (``create.input`` after the
+    ``previous_response_id`` chain, if any), and the compaction's own settings."""
+
+    create: CreateRequest
+    keep_tokens: int | None  # None: 1/16 of the context window, at most 8192
+    max_output_tokens: int  # the summary's budget
 
 
 def parse_input(raw: object) -> tuple[InputItem, ...]:

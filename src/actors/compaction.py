@@ -1,0 +1,201 @@
+"""Compaction, the actor side: the summary generation and the checks around it (issue 6).
+
+Invariants:
+- Nothing here stores or changes anything. ``compact`` counts, splits the history
+  (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
+  response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
+  (``open_response`` then ``run_to_end``), and returns the compacted context.
+- Refusals are 400 ``context_length_exceeded`` with ``param: "input"``, one message per case:
+  the history is longer than one context window; the summary request does not fit in it; the
+  compacted context is not shorter than the history (nothing older than the kept turns to
+  summarize is one such case, found before generating).
+- The summary's sequence never outlives the call: it is abandoned in a ``finally``, so a
+  cancelled caller (a cancelled background job, a hang-up) frees the batch.
+- Token counts are rendered prompts, as ``/v1/responses/input_tokens`` counts them, with the
+  request's instructions and tools: before is the history; after is the history with the
+  compaction item appended (it stands in for what precedes it, ``replay_view``), which is the
+  prompt a compacted response generates from and what its next ``previous_response_id`` hop
+  replays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import trio
+
+from ..protocol.compaction import (
+    NothingToSummarize,
+    auto_summary_tokens,
+    default_keep_tokens,
+    item_text,
+    split_history,
+    transcript,
+)
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.history import items_from_json
+from ..protocol.ids import new_id
+from ..protocol.items import Compaction, InputMessage, TurnItem, item_json
+from ..protocol.machine import Compacted
+from ..protocol.objects import JsonObject, ResponseConfig, Usage
+from ..protocol.request import CompactRequest, CreateRequest
+from .response import PreparedPrompt, Services, open_response, prepare_prompt, render_items
+
+SUMMARY_INSTRUCTIONS = (
+    "You compact conversations. The user sends the transcript of a conversation between a user "
+    "and an assistant. Write a summary that can replace it: keep the facts, names, numbers, "
+    "decisions, tool results and open tasks; leave out pleasantries. Answer with the summary only."
+)
+# Role markers and separators an item adds to its text when rendered (an estimate: the split
+# only needs costs that grow with the item).
+ITEM_OVERHEAD_TOKENS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    kept: tuple[InputMessage, ...]  # system and developer messages, in order
+    retained: tuple[TurnItem, ...]
+    item: JsonObject  # the compaction item, with its cmp_ id
+    prompt: tuple[int, ...]  # the compacted context, rendered
+    tokens_before: int
+    usage: Usage  # the summary generation's
+
+    @property
+    def tokens_after(self) -> int:
+        return len(self.prompt)
+
+
+def _exceeded(message: str) -> ApiError:
+    return invalid_request(message, "input", code="context_length_exceeded")
+
+
+async def compact(
+    request: CreateRequest,
+    prepared: PreparedPrompt,
+    services: Services,
+    *,
+    keep_tokens: int,
+    summary_tokens: int,
+) -> CompactionResult:
+    """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``."""
+    model = services.model
+    window = model.info.context_window
+    before = len(prepared.prompt)
+    if before > window:
+        raise _exceeded(
+            f"The history is {before} tokens, longer than the context window of {window} "
+            "tokens; compaction needs it to fit in one window."
+        )
+    items = items_from_json(prepared.all_items)
+
+    def cost(item: TurnItem) -> int:
+        return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
+
+    try:
+        # Tokenizing a long history is real work: off the Trio thread.
+        split = await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
+    except NothingToSummarize as exc:
+        raise _exceeded(
+            f"The summary could not shorten the context of {before} tokens: {exc}."
+        ) from None
+    summary, usage = await _summarize(
+        request, transcript(split.prior_summary, split.summarized), services, summary_tokens
+    )
+    item = item_json(Compaction(summary, split.retained))
+    prompt = await render_items(request, services, (*prepared.all_items, item))
+    if len(prompt) >= before:
+        raise _exceeded(
+            f"The summary does not shorten the context: the history is {before} tokens, "
+            f"compacted it would be {len(prompt)} tokens."
+        )
+    return CompactionResult(split.kept, split.retained, item, prompt, before, usage)
+
+
+async def _summarize(
+    request: CreateRequest, text: str, services: Services, max_tokens: int
+) -> tuple[str, Usage]:
+    """One non-streaming generation of the summary of ``text`` (a transcript)."""
+    config = ResponseConfig(
+        model=services.model.info.alias,
+        instructions=SUMMARY_INSTRUCTIONS,
+        max_output_tokens=max_tokens,
+        temperature=0.0,
+        store=False,
+    )
+    summary_request = CreateRequest(
+        config=config,
+        input=(InputMessage("user", text),),
+        stream=False,
+        template_kwargs=request.template_kwargs,
+        owner=request.owner,
+    )
+    try:
+        run = await open_response(summary_request, services)
+    except ApiError as error:
+        if error.code != "context_length_exceeded":
+            raise
+        raise _exceeded(
+            f"The summary does not fit in the context window: {error.message}"
+        ) from None
+    try:
+        final = await run.run_to_end()
+    finally:
+        run.abandon()
+    if final["status"] not in ("completed", "incomplete"):
+        why = (final.get("error") or {}).get("message") or f"it ended {final['status']}"
+        raise ApiError(500, "server_error", f"The summary could not be generated: {why}")
+    summary = "".join(
+        part["text"]
+        for item in final["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )
+    counted = final["usage"]
+    usage = Usage(
+        input_tokens=counted["input_tokens"],
+        output_tokens=counted["output_tokens"],
+        reasoning_tokens=counted["output_tokens_details"]["reasoning_tokens"],
+    )
+    return summary.strip(), usage
+
+
+async def compact_for_request(
+    request: CreateRequest, prepared: PreparedPrompt, services: Services
+) -> tuple[PreparedPrompt, Compacted]:
+    """Automatic compaction (``context_management``): the compacted prompt to generate from,
+    and the machine input that puts the compaction item first in the output."""
+    window = services.model.info.context_window
+    result = await compact(
+        request,
+        prepared,
+        services,
+        keep_tokens=default_keep_tokens(window),
+        summary_tokens=auto_summary_tokens(window),
+    )
+    compacted = PreparedPrompt(prepared.history, prepared.new_items, result.prompt)
+    return compacted, Compacted(result.item, result.tokens_before, result.tokens_after)
+
+
+async def compact_history(compact_request: CompactRequest, services: Services) -> JsonObject:
+    """``POST /v1/responses/compact``: the ``response.compaction`` object. Stores nothing."""
+    create = compact_request.create
+    prepared = await prepare_prompt(create, services)
+    window = services.model.info.context_window
+    result = await compact(
+        create,
+        prepared,
+        services,
+        keep_tokens=compact_request.keep_tokens or default_keep_tokens(window),
+        summary_tokens=compact_request.max_output_tokens,
+    )
+    output = [item_json(item) for item in (*result.kept, *result.retained)]
+    return {
+        "id": new_id("cmpt"),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "model": create.config.model,
+        "output": [*output, result.item],
+        "usage": result.usage.to_json(),
+    }

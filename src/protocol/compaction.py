@@ -1,0 +1,270 @@
+"""Compaction, the pure part: where a history splits, what a compaction item replays, and the
+item's content (spec 000 "Compaction", decision 10).
+
+Invariants:
+- ``split_history`` keeps every system and developer message, in order, and splits the other
+  items (the *turns*) into an older part, which a summary replaces, and a retained part: the
+  latest user message plus the newest whole turns whose tokens fit ``keep_tokens``. A split
+  falls only before a user message or right after a function call output, and never between
+  items that share a ``call_id``: a call is never separated from its output, and parallel calls
+  (whose outputs follow them all) stay together. The older part is never empty; when no such
+  split exists, ``NothingToSummarize`` is raised.
+- The retained part is the suffix after the split, with the latest user message moved to its
+  front when the split falls after it (an agent loop of tool calls after one user message can
+  still be compacted). The latest user message does not count against ``keep_tokens``; when no
+  suffix fits, the smallest legal one is kept.
+- ``replay_view`` is what renders: the last compaction item stands in for every item before it
+  except system and developer messages; its summary becomes a system message at its place, then
+  its retained items, then the items after it. So a client may send back a compaction output
+  whole (kept messages, retained items, compaction item), or append it to the full history, or
+  reach it through a ``previous_response_id`` chain: each renders the same compacted context.
+- ``encrypted_content`` is base64url (unpadded) JSON ``{"v": 1, "summary", "items"}``; it is
+  not encrypted and is client data like any input. ``decode_compaction(encode_compaction(c))``
+  equals ``c``; a malformed one is a 400 whose message names the problem and whose ``param`` is
+  the JSON path of ``encrypted_content`` (or of the bad retained item).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import ApiError, invalid_request
+from .items import (
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    InputItem,
+    InputMessage,
+    Reasoning,
+    TurnItem,
+    item_json,
+    json_type,
+    parse_item,
+)
+
+__all__ = [
+    "DEFAULT_SUMMARY_TOKENS",
+    "KEEP_TOKENS_CAP",
+    "MAX_SUMMARY_TOKENS",
+    "SUMMARY_PREFIX",
+    "NothingToSummarize",
+    "Split",
+    "auto_summary_tokens",
+    "decode_compaction",
+    "default_keep_tokens",
+    "encode_compaction",
+    "item_text",
+    "legal_splits",
+    "replay_view",
+    "split_history",
+    "transcript",
+]
+
+FORMAT_VERSION: Final = 1
+SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n"
+# Spec 000: the summary's max_output_tokens defaults to 1024, from 1 to 16384.
+DEFAULT_SUMMARY_TOKENS: Final = 1024
+MAX_SUMMARY_TOKENS: Final = 16384
+# Spec 000: keep_tokens defaults to 1/16 of the context window, at most 8192.
+KEEP_TOKENS_CAP: Final = 8192
+
+
+def default_keep_tokens(context_window: int) -> int:
+    return max(1, min(KEEP_TOKENS_CAP, context_window // 16))
+
+
+def auto_summary_tokens(context_window: int) -> int:
+    """The summary budget of automatic compaction (``context_management`` has no field for
+    it): the /compact default, but never more than ``default_keep_tokens``, so a summary takes
+    no more of the window than the turns kept beside it."""
+    return min(DEFAULT_SUMMARY_TOKENS, default_keep_tokens(context_window))
+
+
+class NothingToSummarize(ValueError):
+    """The history has no turn older than what must be kept: compaction cannot shorten it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A history split for compaction (see the module's invariants)."""
+
+    kept: tuple[InputMessage, ...]  # every system and developer message, in order
+    prior_summary: str | None  # the summary of an earlier compaction item, if any
+    summarized: tuple[TurnItem, ...]  # the older turns the new summary replaces
+    retained: tuple[TurnItem, ...]  # the latest user message, then the newest whole turns
+
+
+def _is_system(item: InputItem) -> bool:
+    return isinstance(item, InputMessage) and item.role in ("system", "developer")
+
+
+def _is_user(item: InputItem) -> bool:
+    return isinstance(item, InputMessage) and item.role == "user"
+
+
+def _expand(items: Sequence[InputItem]) -> tuple[str | None, list[TurnItem | None]]:
+    """The last compaction's summary, and the items with the compaction replaced: ``None``
+    marks where its summary goes."""
+    last = max((i for i, item in enumerate(items) if isinstance(item, Compaction)), default=-1)
+    view: list[TurnItem | None] = []
+    if last < 0:
+        view += [item for item in items if not isinstance(item, Compaction)]
+        return None, view
+    compaction = items[last]
+    assert isinstance(compaction, Compaction)
+    view += [item for item in items[:last] if not isinstance(item, Compaction) and _is_system(item)]
+    view.append(None)
+    view += compaction.retained
+    view += [item for item in items[last + 1 :] if not isinstance(item, Compaction)]
+    return compaction.summary, view
+
+
+def replay_view(items: Sequence[InputItem]) -> list[TurnItem]:
+    """The items that render (see the module's invariants)."""
+    summary, view = _expand(items)
+    rendered: list[TurnItem] = []
+    for item in view:
+        if item is not None:
+            rendered.append(item)
+        elif summary:
+            rendered.append(InputMessage("system", SUMMARY_PREFIX + summary))
+    return rendered
+
+
+def item_text(item: TurnItem) -> str:
+    """An item as transcript text (also what its token cost is counted on)."""
+    match item:
+        case InputMessage(role, text):
+            return f"[{role}]\n{text}"
+        case FunctionCall(call_id, name, arguments):
+            return f"[assistant called {name} ({call_id})]\n{arguments}"
+        case FunctionCallOutput(call_id, output):
+            return f"[result of {call_id}]\n{output}"
+        case Reasoning(text):
+            return f"[assistant reasoning]\n{text}"
+
+
+def transcript(prior_summary: str | None, items: Sequence[TurnItem]) -> str:
+    """The older part as plain text for the summary request: templates differ in what message
+    sequences they accept, one user message holding a transcript renders everywhere."""
+    parts = [f"[summary of what came before]\n{prior_summary}"] if prior_summary else []
+    parts += [
+        item_text(item) for item in items if not (isinstance(item, Reasoning) and not item.text)
+    ]
+    return "\n\n".join(parts)
+
+
+def _call_id(item: TurnItem) -> str | None:
+    return item.call_id if isinstance(item, FunctionCall | FunctionCallOutput) else None
+
+
+def _unsplittable(turns: Sequence[TurnItem]) -> list[bool]:
+    """``[i]``: a split before ``turns[i]`` would separate items sharing a ``call_id``."""
+    spans: dict[str, tuple[int, int]] = {}
+    for index, item in enumerate(turns):
+        call_id = _call_id(item)
+        if call_id is not None:
+            first, _ = spans.get(call_id, (index, index))
+            spans[call_id] = (first, index)
+    depth = [0] * (len(turns) + 2)
+    for first, last in spans.values():
+        depth[first + 1] += 1  # a split at i with first < i <= last cuts the span
+        depth[last + 1] -= 1
+    inside, running = [], 0
+    for index in range(len(turns) + 1):
+        running += depth[index]
+        inside.append(running > 0)
+    return inside
+
+
+def legal_splits(turns: Sequence[TurnItem]) -> list[int]:
+    """Every ``i`` in ``1..len(turns)`` where the turns may split into ``[:i]`` and ``[i:]``."""
+    cut = _unsplittable(turns)
+    return [
+        i
+        for i in range(1, len(turns) + 1)
+        if not cut[i]
+        and (
+            (i < len(turns) and _is_user(turns[i])) or isinstance(turns[i - 1], FunctionCallOutput)
+        )
+    ]
+
+
+def split_history(
+    items: Sequence[InputItem], cost: Callable[[TurnItem], int], keep_tokens: int
+) -> Split:
+    """Split a history for compaction; raises ``NothingToSummarize``."""
+    prior, view = _expand(items)
+    kept = tuple(item for item in view if isinstance(item, InputMessage) and _is_system(item))
+    turns = [item for item in view if item is not None and not _is_system(item)]
+    latest_user = max((i for i, item in enumerate(turns) if _is_user(item)), default=-1)
+    costs = [0 if i == latest_user else cost(item) for i, item in enumerate(turns)]
+    suffix = [0] * (len(turns) + 1)
+    for i in range(len(turns) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + costs[i]
+    # A split must leave something to summarize besides the latest user message.
+    candidates = [i for i in legal_splits(turns) if i > 1 or not (latest_user == 0 and i == 1)]
+    if not candidates:
+        raise NothingToSummarize(
+            "there is no turn older than the latest user message and the turn after it"
+        )
+    fitting = [i for i in candidates if suffix[i] <= keep_tokens]
+    at = min(fitting) if fitting else max(candidates)
+    summarized = tuple(item for i, item in enumerate(turns[:at]) if i != latest_user)
+    moved = (turns[latest_user],) if 0 <= latest_user < at else ()
+    return Split(kept, prior, summarized, moved + tuple(turns[at:]))
+
+
+# --- encrypted_content --------------------------------------------------------------------
+
+
+def encode_compaction(compaction: Compaction) -> str:
+    items = []
+    for item in compaction.retained:
+        shaped = item_json(item, "-")
+        del shaped["id"]  # ids are minted again on output; the content needs none
+        items.append(shaped)
+    payload = {"v": FORMAT_VERSION, "summary": compaction.summary, "items": items}
+    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _malformed(path: str, why: str) -> ApiError:
+    param = f"{path}.encrypted_content"
+    return invalid_request(f"Invalid value for '{param}': {why}.", param)
+
+
+def decode_compaction(text: str, path: str) -> Compaction:
+    """The ``encrypted_content`` of the compaction item at ``path``; raises a 400."""
+    try:
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise _malformed(path, "not base64url text from a compaction item") from None
+    try:
+        payload = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _malformed(path, "the decoded content is not JSON") from None
+    if not isinstance(payload, dict):
+        raise _malformed(path, f"the decoded content is {json_type(payload)}, not an object")
+    if set(payload) != {"v", "summary", "items"}:
+        keys = ", ".join(sorted(map(repr, payload)))
+        raise _malformed(path, f"expected the keys 'v', 'summary', 'items', found {keys}")
+    if payload["v"] != FORMAT_VERSION:
+        raise _malformed(path, f"unsupported version {payload['v']!r} (expected 1)")
+    summary, items = payload["summary"], payload["items"]
+    if not isinstance(summary, str):
+        raise _malformed(path, f"'summary' is {json_type(summary)}, not a string")
+    if not isinstance(items, list):
+        raise _malformed(path, f"'items' is {json_type(items)}, not an array")
+    retained: list[TurnItem] = []
+    for index, raw_item in enumerate(items):
+        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]")
+        if isinstance(item, Compaction):
+            raise _malformed(path, f"retained item {index} is itself a compaction item")
+        retained.append(item)
+    return Compaction(summary, tuple(retained))
