@@ -165,7 +165,9 @@ def create_app(ctx: AppContext) -> QuartTrio:
             code="chat_completions_retired",
         )
 
-    register_response_routes(app, services, drop_unsupported_tools=ctx.drop_unsupported_tools)
+    register_response_routes(
+        app, services, drop_unsupported_tools=ctx.drop_unsupported_tools, files=ctx.files
+    )
     register_conversation_routes(app, ctx)
     register_messages_routes(app, services)
     register_file_routes(app, ctx.files)

@@ -21,6 +21,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ..actors.compaction import compact_history
+from ..actors.file_store import FileStoreHandle
 from ..actors.jobs import TooManyJobs
 from ..actors.live import EventLog
 from ..actors.response import Services, open_response, persistence_disabled, prepare_prompt
@@ -29,6 +30,7 @@ from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import decode_json_body, json_response, mount, sse_response, tenant
+from .file_inputs import inline_file_inputs
 from .schemas import parse_compact_request, parse_create_request
 
 # How long the cancel endpoint waits for the response to reach its terminal event.
@@ -80,14 +82,23 @@ async def _read_body() -> object:
 
 
 def register_response_routes(
-    app: QuartTrio, services: Services, *, drop_unsupported_tools: bool = False
+    app: QuartTrio,
+    services: Services,
+    *,
+    drop_unsupported_tools: bool = False,
+    files: FileStoreHandle | None = None,
 ) -> None:
     store, live, jobs = services.store, services.live, services.jobs
+
+    async def read_create_body() -> object:
+        """The body, with ``input_file`` parts already turned into text."""
+        body = await _read_body()
+        return body if files is None else await inline_file_inputs(body, files, tenant())
 
     @mount(app, "/responses", ["POST"])
     async def create_response() -> Response:
         create = parse_create_request(
-            await _read_body(), drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
+            await read_create_body(), drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
         )
         if create.config.background:
             return await _create_background(create)
@@ -145,7 +156,7 @@ def register_response_routes(
 
     @mount(app, "/responses/input_tokens", ["POST"])
     async def count_input_tokens() -> Response:
-        data = await _read_body()
+        data = await read_create_body()
         if isinstance(data, dict) and "model" not in data:
             data = {**data, "model": services.model.info.alias}
         request_ = parse_create_request(
@@ -159,7 +170,7 @@ def register_response_routes(
     # Mounted before the /responses/<response_id> rules; its static path wins over them anyway.
     @mount(app, "/responses/compact", ["POST"])
     async def compact_response() -> Response:
-        compact = parse_compact_request(await _read_body(), owner=tenant())
+        compact = parse_compact_request(await read_create_body(), owner=tenant())
         return json_response(await compact_history(compact, services))
 
     @mount(app, "/responses/<response_id>", ["GET"])
