@@ -203,6 +203,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds an uploaded file stays readable after its upload; 0 disables TTL",
     ),
     Flag(
+        "--reasoning-echo-max-bytes",
+        "MLXCEL_REASONING_ECHO_MAX_BYTES",
+        16 * 1024 * 1024,
+        int,
+        "byte budget of the reasoning echo (the reasoning of earlier plain replies, put back "
+        "when a client replays a reply without it); 0 disables it",
+    ),
+    Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
         "info",
@@ -282,6 +290,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     for name in ("files_max_bytes", "files_max_file_bytes", "files_ttl_secs"):
         if (value := getattr(args, name)) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
+    if args.reasoning_echo_max_bytes < 0:
+        raise SystemExit("--reasoning-echo-max-bytes must not be negative")
     if args.max_request_bytes < 1:
         raise SystemExit("--max-request-bytes must be at least 1")
     try:
@@ -309,6 +319,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         drop_unsupported_tools=args.unsupported_tools == "drop",
         api_keys=api_keys,
         max_request_bytes=args.max_request_bytes,
+        reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
     )
 

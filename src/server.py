@@ -6,6 +6,7 @@ root nursery
  ├─ conversation store actor        nursery.start (ready = mailbox open)
  ├─ file store actor                nursery.start (ready = mailbox open)
  ├─ live registry actor             nursery.start (running responses' event logs)
+ ├─ reasoning echo actor            nursery.start (reasoning of earlier plain replies)
  ├─ job supervisor                  nursery.start (background responses, one scope each)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
@@ -31,6 +32,8 @@ from .actors.file_store import FileStoreHandle, run_file_store
 from .actors.jobs import JobSupervisorHandle, run_job_supervisor
 from .actors.live import LiveRegistryHandle, run_live_registry
 from .actors.model import ModelHandle, ModelSettings, run_model_actor
+from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
+from .actors.reasoning_echo import run_reasoning_echo
 from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
 from .http.auth import OPEN, ApiKeys
@@ -58,6 +61,7 @@ class ServerSettings:
     drop_unsupported_tools: bool = False
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
+    reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ async def serve(
         conversations = await nursery.start(run_conversation_store, settings.conversation_store)
         files = await nursery.start(run_file_store, settings.files)
         live = await nursery.start(run_live_registry)
+        echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         jobs = await nursery.start(
             run_job_supervisor,
             settings.background_max_jobs,
@@ -115,6 +120,7 @@ async def serve(
                 drop_unsupported_tools=settings.drop_unsupported_tools,
                 api_keys=settings.api_keys,
                 max_request_bytes=settings.max_request_bytes,
+                echo=echo,
             )
         )
 

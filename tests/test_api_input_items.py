@@ -135,7 +135,6 @@ async def test_reasoning_items_are_accepted_in_every_shape_codex_sends(
             {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
             "input[0].content[0].type",
         ),
-        ({"type": "input_file", "file_id": "file-1"}, "input[0].content[0].type"),
     ],
 )
 async def test_media_parts_are_refused_for_a_text_only_model(

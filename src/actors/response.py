@@ -56,6 +56,7 @@ from .live import EventLog, LiveRegistryHandle
 
 if TYPE_CHECKING:
     from .jobs import JobSupervisorHandle
+    from .reasoning_echo import ReasoningEchoHandle
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -84,6 +85,8 @@ class Services:
     jobs: JobSupervisorHandle
     # How long a store: false background job's final object stays readable (spec 000).
     ephemeral_ttl_seconds: float = 600.0
+    # Puts the reasoning of earlier plain replies back into replayed histories (spec 000).
+    echo: ReasoningEchoHandle | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +175,15 @@ async def load_history(request: CreateRequest, services: Services) -> tuple[Json
     return ()
 
 
-def render_messages(
-    request: CreateRequest, history: tuple[JsonObject, ...], new_items: tuple[JsonObject, ...]
+async def render_messages(
+    request: CreateRequest, services: Services, items: tuple[JsonObject, ...]
 ) -> list[ChatMessage]:
-    """``instructions`` first (merged into the system message), then history, then input."""
-    return to_chat(request.config.instructions, items_from_json(history + new_items))
+    """``instructions`` first (merged into the system message), then the items, with the
+    reasoning of earlier plain replies echoed back where a replay dropped it."""
+    parsed = items_from_json(items)
+    if services.echo is not None:
+        parsed = await services.echo.restore(request.owner, parsed)
+    return to_chat(request.config.instructions, parsed)
 
 
 async def render_items(
@@ -187,7 +194,7 @@ async def render_items(
     offered = request.tools if request.tool_choice.mode != "none" else ()
     try:
         prompt = await services.model.render(
-            render_messages(request, items, ()),
+            await render_messages(request, services, items),
             [tool.for_template() for tool in offered] or None,
             request.template_kwargs,
         )
@@ -377,15 +384,10 @@ class ResponseRun:
                 # leaves an answer for its pollers.
                 await self._services.store.put(self._too_large(final, record.owner))
         output = final.get("output") or []
-        if (
-            config.conversation_id is not None
-            and output
-            and final["status"]
-            in (
-                "completed",
-                "incomplete",
-            )
-        ):
+        finished = final["status"] in ("completed", "incomplete")
+        if finished and self._services.echo is not None:
+            await self._services.echo.remember(self._request.owner, output)
+        if config.conversation_id is not None and output and finished:
             await self._services.conversations.append(
                 config.conversation_id,
                 self._prepared.new_items + tuple(output),

@@ -26,6 +26,7 @@ from ..actors.file_store import FileStoreHandle
 from ..actors.jobs import JobSupervisorHandle
 from ..actors.live import LiveRegistryHandle
 from ..actors.model import ModelHandle
+from ..actors.reasoning_echo import ReasoningEchoHandle
 from ..actors.response import Services
 from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, not_found
@@ -56,6 +57,7 @@ class AppContext:
     drop_unsupported_tools: bool = False
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
+    echo: ReasoningEchoHandle | None = None
 
 
 def create_app(ctx: AppContext) -> QuartTrio:
@@ -91,6 +93,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
         ctx.live,
         ctx.jobs,
         ephemeral_ttl_seconds=ctx.ephemeral_ttl_seconds,
+        echo=ctx.echo,
     )
 
     def route(rule: str, methods: list[str]) -> Callable[[View], View]:

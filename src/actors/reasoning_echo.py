@@ -1,0 +1,136 @@
+"""The reasoning echo (spec 000): remember the reasoning behind each plain reply, and give it
+back when a later request replays that reply without its reasoning item.
+
+Invariants:
+- One actor owns the memory: reply text -> reasoning text, per tenant, least recently used
+  evicted first under a byte budget (``MLXCEL_REASONING_ECHO_MAX_BYTES``, default 16 MiB; 0
+  disables the echo entirely).
+- Only plain replies are remembered: a finished response whose output is reasoning followed by
+  one message (no tool call). The key is the reply's visible text, so a client that replays the
+  assistant message (string or parts) without its reasoning item still finds it.
+- ``restore`` only ever inserts a reasoning item right before an assistant message that has none;
+  it never changes or reorders anything else, so a turn renders as it was generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..protocol.items import InputItem, InputMessage, Reasoning
+from ..storage.budget import BudgetedMap
+from ..storage.interface import StoreLimits, StoreStatistics
+from .kit import Reply, ask, open_mailbox
+
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_MAX_ENTRIES = 1 << 20
+
+
+def _key(owner: str, reply_text: str) -> str:
+    return hashlib.sha256(f"{owner}\0{reply_text}".encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """Sender: a response actor whose response finished as a plain reply."""
+
+    key: str
+    reasoning: str
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """Sender: a response actor rendering a history. Replies key -> reasoning for known keys."""
+
+    keys: tuple[str, ...]
+    reply: Reply[dict[str, str]]
+
+
+EchoMessage = Remember | Recall
+
+
+def plain_reply(output: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reply text, reasoning text) when ``output`` is one reasoning item then one message."""
+    if len(output) != 2 or output[0].get("type") != "reasoning":
+        return None
+    message = output[1]
+    if message.get("type") != "message":
+        return None
+    reasoning = "".join(p.get("text", "") for p in output[0].get("content") or [])
+    text = "".join(
+        p.get("text", "") for p in message.get("content") or [] if p.get("type") == "output_text"
+    )
+    return (text, reasoning) if reasoning and text else None
+
+
+class ReasoningEchoHandle:
+    def __init__(self, mailbox: trio.MemorySendChannel[EchoMessage], max_bytes: int) -> None:
+        self._mailbox = mailbox
+        self.max_bytes = max_bytes
+        self._stats = StoreStatistics()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    async def remember(self, owner: str, output: Sequence[Mapping[str, Any]]) -> None:
+        found = plain_reply(output) if self.enabled else None
+        if found is not None:
+            key, reasoning = _key(owner, found[0]), found[1]
+            await ask(self._mailbox, lambda reply: Remember(key, reasoning, reply))
+
+    async def restore(self, owner: str, items: Sequence[InputItem]) -> list[InputItem]:
+        """``items`` with the remembered reasoning put back before assistant replies lacking it."""
+        wanted = [
+            i
+            for i, item in enumerate(items)
+            if isinstance(item, InputMessage)
+            and item.role == "assistant"
+            and item.text
+            and not (i > 0 and isinstance(items[i - 1], Reasoning))
+        ]
+        if not self.enabled or not wanted:
+            return list(items)
+        keys = tuple(_key(owner, items[i].text) for i in wanted)  # type: ignore[union-attr]
+        known: dict[str, str] = await ask(self._mailbox, lambda reply: Recall(keys, reply))
+        restored: list[InputItem] = []
+        slots = dict(zip(wanted, keys, strict=True))
+        for i, item in enumerate(items):
+            reasoning = known.get(slots[i]) if i in slots else None
+            if reasoning is not None:
+                restored.append(Reasoning(reasoning))
+            restored.append(item)
+        return restored
+
+    def statistics(self) -> StoreStatistics:
+        return self._stats
+
+
+async def run_reasoning_echo(
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    *,
+    task_status: trio.TaskStatus[ReasoningEchoHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    send: trio.MemorySendChannel[EchoMessage]
+    receive: trio.MemoryReceiveChannel[EchoMessage]
+    send, receive = open_mailbox()
+    handle = ReasoningEchoHandle(send, max_bytes)
+    memory: BudgetedMap[str, str] = BudgetedMap(StoreLimits(_MAX_ENTRIES, max_bytes, 0))
+    async with receive:
+        task_status.started(handle)
+        async for message in receive:
+            now = time.monotonic()
+            match message:
+                case Remember(key, reasoning, reply):
+                    memory.put(key, reasoning, len(key) + len(reasoning.encode()), now)
+                    reply.send(None)
+                case Recall(keys, reply):
+                    found = {k: v for k in keys if (v := memory.get(k, now)) is not None}
+                    reply.send(found)
+            handle._stats = memory.statistics()
