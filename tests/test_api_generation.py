@@ -337,3 +337,18 @@ async def test_bad_generation_values_are_400_and_store_nothing(
     assert reply.json()["error"]["param"] == param
     assert server.store.statistics().entries == 0
     assert server.model.statistics().sequences_finished == 0
+
+
+async def test_reasoning_settings_are_echoed_and_validated(server: ServerHandle) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            data = await create(
+                http, input="Reply with: hello", reasoning={"effort": "low", "summary": "auto"}
+            )
+            bad = await http.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": "hi", "reasoning": {"effort": "extreme"}},
+            )
+    assert data["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "reasoning.effort"

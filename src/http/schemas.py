@@ -141,12 +141,40 @@ def _check_not_yet(body: CreateResponseBody) -> None:
         raise invalid_request(
             f"Invalid value for 'top_p': {body.top_p!r}; expected a number in (0, 1].", "top_p"
         )
-    if body.reasoning is not None and not isinstance(body.reasoning, dict):
+
+
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+_SUMMARIES = ("auto", "concise", "detailed")
+
+
+def _parse_reasoning(reasoning: object) -> tuple[str | None, str | None]:
+    """``reasoning`` -> (effort, summary), echoed; effort is not mapped to the template."""
+    if reasoning is None:
+        return None, None
+    if not isinstance(reasoning, dict):
         raise invalid_request(
-            f"Invalid type for 'reasoning': expected an object, but got "
-            f"{json_type(body.reasoning)}.",
+            f"Invalid type for 'reasoning': expected an object, but got {json_type(reasoning)}.",
             "reasoning",
         )
+    unknown = set(reasoning) - {"effort", "summary", "generate_summary", "context", "mode"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise invalid_request(f"Unknown parameter: 'reasoning.{key}'.", f"reasoning.{key}")
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise invalid_request(
+            f"Invalid value for 'reasoning.effort': {effort!r}; supported values are "
+            f"{', '.join(repr(e) for e in _EFFORTS)}.",
+            "reasoning.effort",
+        )
+    summary = reasoning.get("summary", reasoning.get("generate_summary"))
+    if summary is not None and summary not in _SUMMARIES:
+        raise invalid_request(
+            f"Invalid value for 'reasoning.summary': {summary!r}; supported values are "
+            f"{', '.join(repr(e) for e in _SUMMARIES)}.",
+            "reasoning.summary",
+        )
+    return effort, summary
 
 
 def parse_create_request(
@@ -176,6 +204,7 @@ def parse_create_request(
     messages = parse_input(body.input)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
+    effort, summary = _parse_reasoning(body.reasoning)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
     config = ResponseConfig(
         model=body.model,
@@ -196,6 +225,8 @@ def parse_create_request(
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,
+        reasoning_effort=effort,
+        reasoning_summary=summary,  # type: ignore[arg-type]
         text_format=text_format.to_json(),
         verbosity=verbosity,  # type: ignore[arg-type]
     )
