@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import trio
 
@@ -96,31 +95,6 @@ ConversationMessage = (
     | AppendItems
     | DeleteItem
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ItemPage:
-    data: tuple[JsonObject, ...]
-    has_more: bool
-
-
-def page_items(
-    items: Sequence[JsonObject],
-    *,
-    limit: int,
-    order: Literal["asc", "desc"],
-    after: str | None,
-) -> ItemPage | None:
-    """A page of items in ``order`` after the item ``after``; None if ``after`` is unknown."""
-    ordered = list(items) if order == "asc" else list(reversed(items))
-    start = 0
-    if after is not None:
-        ids = [item.get("id") for item in ordered]
-        if after not in ids:
-            return None
-        start = ids.index(after) + 1
-    chunk = ordered[start : start + limit]
-    return ItemPage(tuple(chunk), start + limit < len(ordered))
 
 
 class ConversationStoreHandle:

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 from quart import Response, request
 
-from ..actors.conversation_store import page_items
 from ..protocol.conversation_items import (
     conversation_object,
     deleted_object,
@@ -31,8 +29,10 @@ from ..protocol.conversation_items import (
     parse_update_body,
 )
 from ..protocol.errors import ApiError, invalid_request, not_found
+from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
 from .common import View, decode_json_body, json_response, mount, tenant
+from .schemas import INCLUDABLE
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -44,53 +44,6 @@ DISABLED_MESSAGE: Final = (
     "so /v1/conversations is unavailable."
 )
 
-# The pinned SDK's ``ResponseIncludable``; none adds anything to the items this server keeps.
-INCLUDABLE: Final = (
-    "file_search_call.results",
-    "web_search_call.results",
-    "web_search_call.action.sources",
-    "message.input_image.image_url",
-    "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
-    "reasoning.encrypted_content",
-    "message.output_text.logprobs",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ListQuery:
-    limit: int
-    order: Literal["asc", "desc"]
-    after: str | None
-
-
-def parse_list_query(args: Mapping[str, Sequence[str]]) -> ListQuery:
-    """``?limit=&order=&after=&include[]=`` (each key to all its values); other keys ignored.
-
-    ``limit`` 1-100 (default 20), ``order`` ``asc``/``desc`` (default ``desc``, as OpenAI).
-    """
-    limit = 20
-    if (raw_limit := _single(args, "limit")) is not None:
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
-            raise invalid_request(
-                f"Invalid value for 'limit': {raw_limit!r}; expected an integer from 1 to 100.",
-                "limit",
-            )
-        limit = int(raw_limit)
-    order: Literal["asc", "desc"] = "desc"
-    if (raw_order := _single(args, "order")) is not None:
-        if raw_order not in ("asc", "desc"):
-            raise invalid_request(
-                f"Invalid value for 'order': {raw_order!r}; supported values are 'asc', 'desc'.",
-                "order",
-            )
-        order = "asc" if raw_order == "asc" else "desc"
-    after = _single(args, "after")
-    if after == "":
-        raise invalid_request("Invalid value for 'after': must not be empty.", "after")
-    check_include(args)
-    return ListQuery(limit, order, after)
-
 
 def check_include(args: Mapping[str, Sequence[str]]) -> None:
     """``include`` / ``include[]`` (the SDK's spelling) values must be OpenAI's."""
@@ -99,16 +52,9 @@ def check_include(args: Mapping[str, Sequence[str]]) -> None:
             if value not in INCLUDABLE:
                 raise invalid_request(
                     f"Invalid value for 'include': {value!r}; supported values are "
-                    f"{', '.join(repr(v) for v in INCLUDABLE)}.",
+                    f"{', '.join(repr(v) for v in sorted(INCLUDABLE))}.",
                     "include",
                 )
-
-
-def _single(args: Mapping[str, Sequence[str]], key: str) -> str | None:
-    values = args.get(key, ())
-    if len(values) > 1:
-        raise invalid_request(f"Invalid '{key}': given {len(values)} times.", key)
-    return values[0] if values else None
 
 
 def conversation_not_found(conversation_id: str) -> ApiError:
@@ -182,12 +128,14 @@ def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
 
     @route("/conversations/<conversation_id>/items", ["GET"])
     async def list_conversation_items(conversation_id: str) -> Response:
-        wanted = parse_list_query(query())
+        args = query()
+        wanted = parse_list_query(args)
+        check_include(args)
         record = await existing(conversation_id)
-        page = page_items(record.items, limit=wanted.limit, order=wanted.order, after=wanted.after)
-        if page is None:
+        found = page(record.items, wanted, lambda item: item.get("id"))
+        if found is None:
             raise item_not_found(conversation_id, wanted.after or "", param="after")
-        return json_response(item_list(page.data, has_more=page.has_more))
+        return json_response(item_list(found[0], has_more=found[1]))
 
     @route("/conversations/<conversation_id>/items", ["POST"])
     async def create_conversation_items(conversation_id: str) -> Response:

@@ -14,7 +14,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Literal
 
 import trio
 from quart import Response, request
@@ -26,6 +25,7 @@ from ..actors.jobs import TooManyJobs
 from ..actors.live import EventLog
 from ..actors.response import Services, open_response, persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
+from ..protocol.listing import list_envelope, page, parse_list_query
 from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
@@ -202,19 +202,16 @@ def register_response_routes(
     async def list_input_items(response_id: str) -> Response:
         if not store.enabled:
             raise persistence_disabled("Listing input items")
-        limit = _query_int("limit", 20, 1, 100)
-        assert limit is not None
-        order = request.args.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise invalid_request(
-                f"Invalid value for 'order': {order!r}; expected 'asc' or 'desc'.", "order"
-            )
+        wanted = parse_list_query(request.args.to_dict(flat=False))
         record = await store.get(response_id, tenant())
         if record is None:
             raise _missing(response_id)
-        return json_response(
-            page(record.input_items, limit=limit, order=order, after=request.args.get("after"))
-        )
+        found = page(record.input_items, wanted, lambda item: item.get("id"))
+        if found is None:
+            raise invalid_request(
+                f"Invalid value for 'after': no item with id '{wanted.after}'.", "after"
+            )
+        return json_response(list_envelope(*found))
 
     @mount(app, "/responses/<response_id>", ["DELETE"])
     async def delete_response(response_id: str) -> Response:
@@ -235,31 +232,6 @@ def register_response_routes(
 def _snapshot(log: EventLog | None) -> JsonObject:
     assert log is not None
     return log.snapshot()
-
-
-def page(
-    items: Sequence[JsonObject],
-    *,
-    limit: int,
-    order: Literal["asc", "desc"] | str,
-    after: str | None,
-) -> JsonObject:
-    """OpenAI's list envelope over ``items`` (oldest first), paged after the item ``after``."""
-    ordered = list(items) if order == "asc" else list(reversed(items))
-    start = 0
-    if after is not None:
-        ids = [item.get("id") for item in ordered]
-        if after not in ids:
-            raise invalid_request(f"Invalid value for 'after': no item with id '{after}'.", "after")
-        start = ids.index(after) + 1
-    data = ordered[start : start + limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": start + limit < len(ordered),
-    }
 
 
 async def _replay(events: Sequence[JsonObject], start: int) -> AsyncIterator[bytes]:

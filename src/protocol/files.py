@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from ..storage.files import StoredFile
 from ..storage.interface import JsonObject
+from . import listing
 from .errors import ApiError, invalid_request, not_found
 
 if TYPE_CHECKING:
@@ -166,68 +167,29 @@ class FilePage:
 
 def parse_list_query(args: Mapping[str, Sequence[str]]) -> FileListQuery:
     """``?limit=&order=&after=&purpose=`` (each key to all its values); other keys ignored."""
-    limit = MAX_LIST_LIMIT
-    if (raw_limit := _single(args, "limit")) is not None:
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or not (
-            1 <= int(raw_limit) <= MAX_LIST_LIMIT
-        ):
-            raise invalid_request(
-                f"Invalid value for 'limit': {raw_limit!r}; expected an integer from 1 to "
-                f"{MAX_LIST_LIMIT}.",
-                "limit",
-            )
-        limit = int(raw_limit)
-    order: Literal["asc", "desc"] = "desc"
-    if (raw_order := _single(args, "order")) is not None:
-        if raw_order not in ("asc", "desc"):
-            raise invalid_request(
-                f"Invalid value for 'order': {raw_order!r}; supported values are 'asc', 'desc'.",
-                "order",
-            )
-        order = "asc" if raw_order == "asc" else "desc"
-    after = _single(args, "after")
-    if after == "":
-        raise invalid_request("Invalid value for 'after': must not be empty.", "after")
-    purpose = _single(args, "purpose")
+    base = listing.parse_list_query(args, default_limit=MAX_LIST_LIMIT, max_limit=MAX_LIST_LIMIT)
+    purpose = listing.single(args, "purpose")
     if purpose is not None and purpose not in PURPOSES + _OTHER_PURPOSES:
         raise invalid_request(
             f"Invalid value for 'purpose': {purpose!r}; supported values are "
             f"{', '.join(repr(p) for p in PURPOSES + _OTHER_PURPOSES)}.",
             "purpose",
         )
-    return FileListQuery(limit, order, after, purpose)
+    return FileListQuery(base.limit, base.order, base.after, purpose)
 
 
 def page_files(files: Sequence[StoredFile], query: FileListQuery) -> FilePage:
     """A page of ``files`` (given in upload order) per ``query``; 404 if ``after`` is unknown."""
-    ordered = list(files) if query.order == "asc" else list(reversed(files))
-    start = 0
-    if query.after is not None:
-        ids = [f.id for f in ordered]
-        if query.after not in ids:
-            raise file_not_found(query.after, param="after")
-        start = ids.index(query.after) + 1
-    chunk = ordered[start : start + query.limit]
-    return FilePage(tuple(chunk), start + query.limit < len(ordered))
+    base = listing.ListQuery(query.limit, query.order, query.after)
+    found = listing.page(files, base, lambda f: f.id)
+    if found is None:
+        raise file_not_found(query.after or "", param="after")
+    return FilePage(tuple(found[0]), found[1])
 
 
 def file_list(page: FilePage) -> JsonObject:
     """OpenAI's list envelope (the SDK's ``CursorPage[FileObject]``)."""
-    data = [file_object(f) for f in page.data]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": page.has_more,
-    }
-
-
-def _single(args: Mapping[str, Sequence[str]], key: str) -> str | None:
-    values = args.get(key, ())
-    if len(values) > 1:
-        raise invalid_request(f"Invalid '{key}': given {len(values)} times.", key)
-    return values[0] if values else None
+    return listing.list_envelope([file_object(f) for f in page.data], page.has_more)
 
 
 # -- content types and text extraction -------------------------------------------------------
