@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from .budget import BudgetedMap
 from .interface import ConversationRecord, StoredResponse, StoreLimits, StoreStatistics
@@ -45,35 +45,55 @@ def serialized_size(data: Any) -> int:
     return len(encode_json(data))
 
 
-class MemoryResponseStorage:
-    """Stored responses in memory, least recently used evicted first, under ``limits``."""
+class _JsonRecord(Protocol):
+    @property
+    def key(self) -> str: ...
+    def to_json(self) -> Any: ...
 
-    def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
+
+R = TypeVar("R", bound=_JsonRecord)
+
+
+class _MemoryRecords(Generic[R]):
+    """Records held as compact JSON blobs, least recently used evicted first, under ``limits``;
+    the byte estimate is the blob's exact length."""
+
+    def __init__(
+        self, limits: StoreLimits, decode: Callable[[Any], R], clock: Clock = time.monotonic
+    ) -> None:
         self._map: BudgetedMap[str, bytes] = BudgetedMap(limits)
+        self._decode = decode
         self._clock = clock
 
     @property
     def limits(self) -> StoreLimits:
         return self._map.limits
 
-    def put(self, record: StoredResponse) -> None:
+    def put(self, record: R) -> None:
         blob = encode_json(record.to_json())
         self._map.put(record.key, blob, len(blob), self._clock())
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        blob = self._map.get(response_id, self._clock())
-        return None if blob is None else StoredResponse.from_json(decode_json(blob))
+    def get(self, key: str) -> R | None:
+        blob = self._map.get(key, self._clock())
+        return None if blob is None else self._decode(decode_json(blob))
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, key: str) -> bool:
         self._map.expire(self._clock())
-        return self._map.delete(response_id)
+        return self._map.delete(key)
 
     def statistics(self) -> StoreStatistics:
         self._map.expire(self._clock())
         return self._map.statistics()
 
 
-class MemoryConversationStorage:
+class MemoryResponseStorage(_MemoryRecords[StoredResponse]):
+    """Stored responses in memory, least recently used evicted first, under ``limits``."""
+
+    def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
+        super().__init__(limits, StoredResponse.from_json, clock)
+
+
+class MemoryConversationStorage(_MemoryRecords[ConversationRecord]):
     """Conversations in memory, least recently used evicted first, under ``limits``.
 
     A conversation is one record: an append re-serialises it whole (O(items)), and its TTL
@@ -81,25 +101,4 @@ class MemoryConversationStorage:
     """
 
     def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
-        self._map: BudgetedMap[str, bytes] = BudgetedMap(limits)
-        self._clock = clock
-
-    @property
-    def limits(self) -> StoreLimits:
-        return self._map.limits
-
-    def put(self, record: ConversationRecord) -> None:
-        blob = encode_json(record.to_json())
-        self._map.put(record.key, blob, len(blob), self._clock())
-
-    def get(self, conversation_id: str) -> ConversationRecord | None:
-        blob = self._map.get(conversation_id, self._clock())
-        return None if blob is None else ConversationRecord.from_json(decode_json(blob))
-
-    def delete(self, conversation_id: str) -> bool:
-        self._map.expire(self._clock())
-        return self._map.delete(conversation_id)
-
-    def statistics(self) -> StoreStatistics:
-        self._map.expire(self._clock())
-        return self._map.statistics()
+        super().__init__(limits, ConversationRecord.from_json, clock)
