@@ -288,3 +288,15 @@ async def test_sixty_four_active_jobs_then_the_sixty_fifth_is_429(server: Server
     assert refused.status_code == 429
     assert admitted.status_code == 200
     assert server.model.statistics().active == 0
+
+
+async def test_deleting_a_finished_store_false_job_forgets_it(server: ServerHandle) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            body = {**COUNT, "input": "Reply with: hello", "background": True, "store": False}
+            created = (await http.post("/v1/responses", json=body)).json()
+            await poll_until_terminal(http, created["id"])
+            deleted = await http.delete(f"/v1/responses/{created['id']}")
+            after = await http.get(f"/v1/responses/{created['id']}")
+    assert deleted.status_code == 200
+    assert after.status_code == 404

@@ -3,7 +3,10 @@ and chains against one real server per run, checked against the API's promises.
 
 The server runs in its own thread under its own ``trio.run`` (pytest-trio fixtures do not mix
 with ``RuleBasedStateMachine``); the rules drive it with the synchronous ``httpx2.Client``.
-Every request has a timeout and every wait loop a time limit.
+Every request has a timeout and every wait loop a time limit. Rules pick jobs by a plain
+integer (see ``BackgroundMachine.pick``) and accept both outcomes of a real race (a job that
+finishes while a cancel, delete or chain is on its way), but then require the rest of the API to
+agree with the outcome.
 
 Invariants, checked after every step by polling every known id, and at teardown:
 - every job reaches exactly one terminal status: once a poll, stream, cancel or delete has seen
@@ -13,9 +16,15 @@ Invariants, checked after every step by polling every known id, and at teardown:
   stream of the job changes nothing);
 - polls never expose partial output: until terminal, ``output == []`` and usage is all zeros;
 - a background object carries ``"background": true``, a foreground one has no such key;
-- cancel of a finished response is 400 ``response_not_cancellable``; deleted ids are 404;
-  chaining to an unfinished job is 400 ``has not finished (status: ...)``; ``store: false``
-  responses never chain;
+- cancel of a finished response is 400 ``response_not_cancellable``; DELETE of an unfinished
+  job is 400; deleted ids are 404 everywhere; a finished ``store: false`` job stays readable
+  (DELETE answers 404 for it: it is not a stored response); chaining to an unfinished job is
+  400 ``has not finished (status: ...)``, to a ``store: false`` or deleted one 400
+  ``previous_response_not_found``, and to a finished stored one (cancelled included) 200;
+- every stream (``GET ?stream=true``, optionally ``starting_after``) is well framed, starts
+  ``response.created`` (``queued``) then ``response.queued`` for a job, ends with exactly one
+  terminal event that agrees with the polls, and a resumed stream is the tail of the whole one;
+  a watcher that cancels a long job it saw start sees it end ``cancelled``;
 - at teardown, once every job is terminal, the batch is empty (``model.statistics().active``),
   no job is active (``jobs.statistics().active``), and every admitted sequence ended exactly once
   (``sequences_finished + sequences_cancelled`` equals the creates that answered 200).
@@ -53,6 +62,7 @@ TERMINAL_EVENTS = {
     "response.cancelled": "cancelled",
 }
 RANK = {"queued": 0, "in_progress": 1, **dict.fromkeys(TERMINAL, 2)}
+FRESH_DELTAS = 10  # text deltas seen live, of a job that makes ~330 tokens
 JOB_INDEX = st.integers(min_value=0, max_value=255)
 HTTP_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 STOP_DEADLINE = 30.0  # server shutdown and thread join
@@ -121,6 +131,8 @@ class Job:
     must_be_terminal: bool = False
     # input + output tokens of the terminal object: the history a chain to it replays.
     total_tokens: int | None = None
+    # The long prompt without max_output_tokens: ~330 tokens, far from done when it starts.
+    long: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -142,7 +154,6 @@ class BackgroundMachine(RuleBasedStateMachine):
         super().__init__()
         self.jobs: dict[str, Job] = {}
         self.admitted = 0  # creates answered 200: each admitted exactly one sequence
-        self.context_window = 0
         self.server = ThreadedServer(server_settings())
         self.handle = self.server.start()
         self.context_window = self.handle.model.info.context_window
@@ -208,6 +219,7 @@ class BackgroundMachine(RuleBasedStateMachine):
         else:
             assert obj["status"] in ("completed", "incomplete"), obj["status"]
         job = Job(obj["id"], background, store, "queued" if background else "in_progress")
+        job.long = body["input"] == LONG and "max_output_tokens" not in body
         self.observe(job, obj, "create")
         self.jobs[job.id] = job
         return job
@@ -389,6 +401,7 @@ class BackgroundMachine(RuleBasedStateMachine):
         decoder = SseDecoder()
         events: list[tuple[str, Any]] = []
         answer: httpx.Response | None = None
+        fresh = False
         with self.http.stream("GET", f"/v1/responses/{job.id}?stream=true") as reply:
             if not job.readable:
                 assert reply.status_code == 404, f"stream of {job}: {reply.status_code}"
@@ -402,7 +415,15 @@ class BackgroundMachine(RuleBasedStateMachine):
             if not cancel:
                 event("watch: hung up")
                 return  # leaving the block drops the connection
-            if not job.terminal and not any(name in TERMINAL_EVENTS for name, _ in events):
+            names = [name for name, _ in events]
+            # Seen live near its start, a long job is hundreds of decode steps from its end:
+            # a cancel now must end it ``cancelled`` (not let it run on and complete).
+            fresh = (
+                job.long
+                and names.count("response.output_text.delta") < FRESH_DELTAS
+                and "response.output_text.done" not in names
+            )
+            if not job.terminal and not any(name in TERMINAL_EVENTS for name in names):
                 job.cancel_requested = True
                 answer = self.http.post(f"/v1/responses/{job.id}/cancel")
                 assert answer.status_code in (200, 400), answer.text
@@ -418,6 +439,10 @@ class BackgroundMachine(RuleBasedStateMachine):
         event(f"watch: ended {final['status']}")
         if answer is not None and answer.status_code == 200:
             assert final["status"] == answer.json()["status"], "the watcher saw another ending"
+        if answer is not None and fresh:
+            event("watch: cancelled a fresh long job")
+            assert answer.status_code == 200, answer.text
+            assert final["status"] == "cancelled", f"a cancel at its start let {job.id} finish"
 
     @rule(index=JOB_INDEX, background=st.booleans())
     def chain(self, index: int, background: bool) -> None:

@@ -224,7 +224,12 @@ def register_response_routes(
                 f"(POST /v1/responses/{response_id}/cancel).",
                 "response_id",
             )
-        if not await store.delete(response_id, tenant()):
+        deleted = await store.delete(response_id, tenant())
+        if running is not None and running.closed and running.retain_until is not None:
+            # A finished store: false job kept readable for its ephemeral TTL: forget it now.
+            running.retain_until = None
+            deleted = True
+        if not deleted:
             raise _missing(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
