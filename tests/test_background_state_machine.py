@@ -18,7 +18,7 @@ Invariants, checked after every step by polling every known id, and at teardown:
 - a background object carries ``"background": true``, a foreground one has no such key;
 - cancel of a finished response is 400 ``response_not_cancellable``; DELETE of an unfinished
   job is 400; deleted ids are 404 everywhere; a finished ``store: false`` job stays readable
-  (DELETE answers 404 for it: it is not a stored response); chaining to an unfinished job is
+  until its ephemeral TTL or a DELETE; chaining to an unfinished job is
   400 ``has not finished (status: ...)``, to a ``store: false`` or deleted one 400
   ``previous_response_not_found``, and to a finished stored one (cancelled included) 200;
 - every stream (``GET ?stream=true``, optionally ``starting_after``) is well framed, starts
@@ -367,12 +367,8 @@ class BackgroundMachine(RuleBasedStateMachine):
             assert "has not finished" in error_of(reply)["message"], reply.text
             event("delete: unfinished job refused")
             return
-        if not job.store:
-            # A finished store: false job is not a stored response: nothing to delete, but it
-            # stays readable by polling for its TTL.
-            assert reply.status_code == 404, f"delete of {job}: {reply.text}"
-            job.must_be_terminal = True
-            return
+        # A finished job is deleted, a store: false one too (it stops being readable before
+        # its ephemeral TTL).
         assert reply.status_code == 200, f"delete of {job}: {reply.text}"
         assert reply.json() == {"id": job.id, "object": "response", "deleted": True}
         job.deleted = True
