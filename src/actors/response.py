@@ -272,7 +272,8 @@ class ResponseRun:
     def snapshot(self) -> JsonObject:
         return self._machine.snapshot()
 
-    def _usage(self) -> Usage:
+    def usage(self) -> Usage:
+        """Token counts so far (final once the terminal event was sent)."""
         if self._admission is None:
             return Usage(0, 0)
         reasoning = self._services.model.count_tokens(self._shaper.reasoning_text)
@@ -342,13 +343,13 @@ class ResponseRun:
             case "stop" | "length":
                 for step in self._shaper.finish():
                     events += self._machine.feed(step)
-                terminal = Finish(output.finish, self._usage(), int(time.time()))
+                terminal = Finish(output.finish, self.usage(), int(time.time()))
             case "cancelled":
-                terminal = Cancel(self._usage())
+                terminal = Cancel(self.usage())
             case "shutdown":
-                terminal = Fail("server_error", "The server is shutting down.", self._usage())
+                terminal = Fail("server_error", "The server is shutting down.", self.usage())
             case "error":
-                terminal = Fail("server_error", "The model failed while generating.", self._usage())
+                terminal = Fail("server_error", "The model failed while generating.", self.usage())
         return await self._end(terminal, events)
 
     async def _end(self, terminal: MachineInput, events: list[JsonObject]) -> list[JsonObject]:
@@ -447,7 +448,7 @@ class ResponseRun:
         """
         self.cancel()
         if not self._machine.terminal:
-            self.log.append(self._machine.feed(Cancel(self._usage())))
+            self.log.append(self._machine.feed(Cancel(self.usage())))
         self.log.close()
 
 

@@ -76,13 +76,12 @@ def _anthropic_errors(view: _View) -> _View:
     return guarded
 
 
-# ResponseRun has no public accessors for these yet; they are what its own usage reports.
 def _prompt_tokens(run: ResponseRun) -> int:
-    return run._sequence.prompt_tokens
+    return run.prompt_tokens
 
 
 def _usage_so_far(run: ResponseRun) -> Usage:
-    return run._usage()
+    return run.usage()
 
 
 def _translate(
