@@ -35,7 +35,7 @@ from ..storage.interface import (
     scoped,
 )
 from ..storage.memory import MemoryConversationStorage
-from .kit import Reply, ask, open_mailbox
+from .kit import Reply, ask, open_mailbox, serve_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +166,11 @@ async def run_conversation_store(
 
     async with receive:
         task_status.started(handle)
-        async for message in receive:
-            try:
-                _handle(backend, message)
-            except Exception as exc:  # the asker gets the error; the store stays up
-                message.reply.fail(exc)
+
+        def publish() -> None:
             handle._stats = backend.statistics()
+
+        await serve_requests(receive, lambda message: _handle(backend, message), publish)
 
 
 def _handle(backend: ConversationStorage, message: ConversationMessage) -> None:

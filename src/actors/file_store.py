@@ -29,7 +29,7 @@ import trio
 from ..protocol.ids import new_id
 from ..storage.files import FileLimits, FileStorage, MemoryFileStorage, StoredFile
 from ..storage.interface import StoreStatistics
-from .kit import Reply, ask, open_mailbox
+from .kit import Reply, ask, open_mailbox, serve_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +128,13 @@ async def run_file_store(
     handle = FileStoreHandle(send, limits)
     async with receive:
         task_status.started(handle)
-        async for message in receive:
-            try:
-                _handle(backend, message, wall_clock)
-            except Exception as exc:  # the asker gets the error; the store stays up
-                message.reply.fail(exc)
+
+        def publish() -> None:
             handle._stats = backend.statistics()
+
+        await serve_requests(
+            receive, lambda message: _handle(backend, message, wall_clock), publish
+        )
 
 
 def _handle(backend: FileStorage, message: FileMessage, wall_clock: Callable[[], float]) -> None:

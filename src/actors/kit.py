@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import outcome
 import trio
@@ -69,3 +69,28 @@ async def ask(mailbox: trio.MemorySendChannel[M], make: Callable[[Reply[T]], M])
         except trio.EndOfChannel as exc:  # pragma: no cover - the actor dropped the reply
             raise ActorGone("the actor stopped before answering") from exc
     return result.unwrap()
+
+
+class Request(Protocol):
+    """A message that expects an answer."""
+
+    @property
+    def reply(self) -> Reply[Any]: ...
+
+
+R = TypeVar("R", bound=Request)
+
+
+async def serve_requests(
+    mailbox: trio.MemoryReceiveChannel[R],
+    apply: Callable[[R], None],
+    after_each: Callable[[], None],
+) -> None:
+    """The loop of an actor whose every message carries a ``Reply``: ``apply`` answers it; an
+    exception it raises goes to the asker instead, and the actor keeps serving."""
+    async for message in mailbox:
+        try:
+            apply(message)
+        except Exception as exc:
+            message.reply.fail(exc)
+        after_each()

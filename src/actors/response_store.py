@@ -31,7 +31,7 @@ from ..storage.interface import (
     scoped,
 )
 from ..storage.memory import MemoryResponseStorage
-from .kit import Reply, ask, open_mailbox
+from .kit import Reply, ask, open_mailbox, serve_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +102,20 @@ async def run_response_store(
     handle = ResponseStoreHandle(send, limits)
     async with receive:
         task_status.started(handle)
-        async for message in receive:
-            try:
-                match message:
-                    case PutResponse(record, reply):
-                        backend.put(record)
-                        reply.send(None)
-                    case GetResponse(response_id, reply):
-                        reply.send(backend.get(response_id))
-                    case DeleteResponse(response_id, reply):
-                        reply.send(backend.delete(response_id))
-            except Exception as exc:  # the asker gets the error; the store stays up
-                message.reply.fail(exc)
+
+        def publish() -> None:
             handle._stats = backend.statistics()
+
+        await serve_requests(receive, lambda message: _handle(backend, message), publish)
+
+
+def _handle(backend: ResponseStorage, message: StoreMessage) -> None:
+    """Apply one request to the backend and answer it."""
+    match message:
+        case PutResponse(record, reply):
+            backend.put(record)
+            reply.send(None)
+        case GetResponse(response_id, reply):
+            reply.send(backend.get(response_id))
+        case DeleteResponse(response_id, reply):
+            reply.send(backend.delete(response_id))
