@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
@@ -177,20 +177,30 @@ def _parse_reasoning(reasoning: object) -> tuple[str | None, str | None]:
     return effort, summary
 
 
-def parse_create_request(
-    data: object, *, drop_unsupported_tools: bool = False, owner: str = ""
-) -> CreateRequest:
-    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _validate_body(schema: type[_Body], data: object) -> tuple[_Body, str]:
+    """A JSON object validated by ``schema``, and its ``model`` (required); else a 400."""
     if not isinstance(data, dict):
         raise invalid_request(
             f"Invalid request body: expected a JSON object, but got {json_type(data)}.", None
         )
     try:
-        body = CreateResponseBody.model_validate(data)
+        body = schema.model_validate(data)
     except PydanticValidationError as exc:
         raise validation_error(exc) from None
-    if body.model is None:
+    model = getattr(body, "model", None)
+    if not isinstance(model, str):
         raise invalid_request("Missing required parameter: 'model'.", "model")
+    return body, model
+
+
+def parse_create_request(
+    data: object, *, drop_unsupported_tools: bool = False, owner: str = ""
+) -> CreateRequest:
+    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
+    body, model = _validate_body(CreateResponseBody, data)
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
@@ -207,7 +217,7 @@ def parse_create_request(
     effort, summary = _parse_reasoning(body.reasoning)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
     config = ResponseConfig(
-        model=body.model,
+        model=model,
         instructions=body.instructions,
         max_output_tokens=body.max_output_tokens,
         temperature=None if body.temperature is None else float(body.temperature),
@@ -319,16 +329,7 @@ class CompactBody(BaseModel):
 
 def parse_compact_request(data: object, *, owner: str = "") -> CompactRequest:
     """A decoded JSON body -> ``CompactRequest``, or an ``ApiError`` naming the bad field."""
-    if not isinstance(data, dict):
-        raise invalid_request(
-            f"Invalid request body: expected a JSON object, but got {json_type(data)}.", None
-        )
-    try:
-        body = CompactBody.model_validate(data)
-    except PydanticValidationError as exc:
-        raise validation_error(exc) from None
-    if body.model is None:
-        raise invalid_request("Missing required parameter: 'model'.", "model")
+    body, model = _validate_body(CompactBody, data)
     if body.stream:
         raise invalid_request(
             "Invalid value for 'stream': compaction is unary, 'stream' must not be true.", "stream"
@@ -350,7 +351,7 @@ def parse_compact_request(data: object, *, owner: str = "") -> CompactRequest:
             "service_tier",
         )
     config = ResponseConfig(
-        model=body.model,
+        model=model,
         instructions=body.instructions,
         store=False,
         previous_response_id=body.previous_response_id,
