@@ -5,87 +5,58 @@ root nursery
  ├─ response store actor            nursery.start (ready = mailbox open)
  ├─ conversation store actor        nursery.start (ready = mailbox open)
  ├─ file store actor                nursery.start (ready = mailbox open)
- ├─ live registry actor             nursery.start (running responses' event logs)
  ├─ reasoning echo actor            nursery.start (reasoning of earlier plain replies)
- ├─ job supervisor                  nursery.start (background responses, one scope each)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
+ ├─ response supervisor             nursery.start (every response a task, one scope each)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
 ```
-Shutdown (SIGINT/SIGTERM or ``ServerHandle.shutdown``): the model refuses new sequences and
+Shutdown (SIGINT/SIGTERM or ``Runtime.shutdown``): the model refuses new sequences and
 finishes running ones, so every open stream ends with its terminal event; then Hypercorn
 closes gracefully, the MLX thread has stopped, and the nursery is cancelled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
-from dataclasses import dataclass
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .actors.conversation_store import ConversationStoreHandle, run_conversation_store
-from .actors.file_store import FileStoreHandle, run_file_store
-from .actors.jobs import JobSupervisorHandle, run_job_supervisor
-from .actors.live import LiveRegistryHandle, run_live_registry
-from .actors.model import ModelHandle, ModelSettings, run_model_actor
-from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
+from .actors.conversation_store import run_conversation_store
+from .actors.file_store import run_file_store
+from .actors.model import run_model_actor
 from .actors.reasoning_echo import run_reasoning_echo
-from .actors.response_store import ResponseStoreHandle, run_response_store
-from .http.app import AppContext, create_app
-from .http.auth import OPEN, ApiKeys
-from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
-from .storage.interface import StoreLimits
+from .actors.response_store import run_response_store
+from .actors.runtime import Actors
+from .actors.supervisor import SupervisorSettings, run_response_supervisor
+from .http.app import create_app
+from .runtime import Runtime
+from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
 
-# Spec 000, Storage Flags.
-DEFAULT_RESPONSE_LIMITS = StoreLimits(max_entries=1024, max_bytes=268435456, ttl_seconds=3600)
-DEFAULT_CONVERSATION_LIMITS = StoreLimits(max_entries=256, max_bytes=67108864, ttl_seconds=3600)
+__all__ = [
+    "DEFAULT_CONVERSATION_LIMITS",
+    "DEFAULT_RESPONSE_LIMITS",
+    "Runtime",
+    "ServerHandle",
+    "ServerSettings",
+    "serve",
+]
+
+# What ``serve`` reports (the name tests and benchmarks know it by).
+ServerHandle = Runtime
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSettings:
-    host: str
-    port: int
-    model: ModelSettings
-    graceful_timeout: float = 10.0
-    responses_store: StoreLimits = DEFAULT_RESPONSE_LIMITS
-    conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
-    files: FileLimits = DEFAULT_FILE_LIMITS
-    background_max_jobs: int = 64
-    background_ephemeral_ttl_seconds: float = 600.0
-    drop_unsupported_tools: bool = False
-    api_keys: ApiKeys = OPEN
-    max_request_bytes: int = 32 * 1024 * 1024
-    reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class ServerHandle:
-    """What ``serve`` reports when ready: the bound URL and the actors (for tests, benchmarks)."""
-
-    base_url: str
-    model: ModelHandle
-    store: ResponseStoreHandle
-    conversations: ConversationStoreHandle
-    live: LiveRegistryHandle
-    jobs: JobSupervisorHandle
-    files: FileStoreHandle
-    _stop: trio.Event
-
-    def shutdown(self) -> None:
-        self._stop.set()
 
 
 async def serve(
     settings: ServerSettings,
     *,
     handle_signals: bool = False,
-    task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
     stopped_http = trio.Event()
@@ -93,36 +64,26 @@ async def serve(
         store = await nursery.start(run_response_store, settings.responses_store)
         conversations = await nursery.start(run_conversation_store, settings.conversation_store)
         files = await nursery.start(run_file_store, settings.files)
-        live = await nursery.start(run_live_registry)
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
-        jobs = await nursery.start(
-            run_job_supervisor,
-            settings.background_max_jobs,
-            settings.responses_store.max_bytes,
-        )
         model = await nursery.start(run_model_actor, settings.model)
+        actors = Actors(model, store, conversations, files, echo)
+        responses = await nursery.start(
+            run_response_supervisor,
+            actors,
+            SupervisorSettings(
+                max_jobs=settings.background_max_jobs,
+                max_job_bytes=settings.responses_store.max_bytes,
+                ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
+            ),
+        )
+        runtime = Runtime(settings, actors, responses, int(time.time()), stop)
 
         config = HypercornConfig()
         config.bind = [f"{settings.host}:{settings.port}"]
         config.graceful_timeout = settings.graceful_timeout
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
-        app = create_app(
-            AppContext(
-                model=model,
-                store=store,
-                conversations=conversations,
-                live=live,
-                jobs=jobs,
-                files=files,
-                created_at=int(time.time()),
-                ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
-                drop_unsupported_tools=settings.drop_unsupported_tools,
-                api_keys=settings.api_keys,
-                max_request_bytes=settings.max_request_bytes,
-                echo=echo,
-            )
-        )
+        app = create_app(runtime)
 
         async def wait_http_stop() -> None:
             await stopped_http.wait()
@@ -132,22 +93,23 @@ async def serve(
         async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
             try:
                 await hypercorn_serve(
-                    app, config, shutdown_trigger=wait_http_stop, task_status=task_status
+                    app,
+                    config,
+                    shutdown_trigger=wait_http_stop,
+                    task_status=task_status,
                 )
             finally:
                 http_done.set()
 
         binds = await nursery.start(run_http)
-        base_url = binds[0]
-        log.info("serving %s at %s", model.info.alias, base_url)
+        runtime = dataclasses.replace(runtime, base_url=binds[0])
+        log.info("serving %s at %s", model.info.alias, runtime.base_url)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        task_status.started(
-            ServerHandle(base_url, model, store, conversations, live, jobs, files, stop)
-        )
+        task_status.started(runtime)
         await stop.wait()
         log.info("shutting down")
-        model.shutdown()
+        await model.shutdown()
         with trio.move_on_after(settings.graceful_timeout):
             await model.wait_idle()
         stopped_http.set()

@@ -13,6 +13,8 @@ from mlx_responses.actors.model import ModelSettings
 from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 
+from .faults import ThreadFaults
+
 MODEL = BUNDLED_ALIAS
 # Start-up, including the first-run JIT of MLX's CPU kernels, stays well under this.
 START_DEADLINE = 60
@@ -28,10 +30,17 @@ def server_settings(**model_overrides: object) -> ServerSettings:
 
 
 @pytest.fixture
-async def server(nursery: trio.Nursery) -> ServerHandle:
+def faults() -> ThreadFaults:
+    return ThreadFaults()
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery, faults: ThreadFaults) -> ServerHandle:
     # Torn down by the fixture nursery's cancellation: the model thread stops cleanly.
     with trio.fail_after(START_DEADLINE):
-        handle: ServerHandle = await nursery.start(serve, server_settings())
+        handle: ServerHandle = await nursery.start(
+            serve, server_settings(thread_factory=faults.factory)
+        )
     return handle
 
 

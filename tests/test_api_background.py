@@ -13,6 +13,7 @@ from mlx_responses.storage.interface import StoreLimits
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
+from .faults import ThreadFaults
 from .rawhttp import open_stream, read_until
 
 DEADLINE = 60
@@ -77,7 +78,7 @@ async def test_background_refusals(server: ServerHandle) -> None:
     assert both.status_code == 400
     assert both.json()["error"]["param"] == "stream"
     assert bad.status_code == 400
-    assert server.jobs.statistics().started == 0
+    assert server.responses.statistics().jobs_started == 0
 
 
 async def test_cancel_running_job_frees_the_batch(server: ServerHandle) -> None:
@@ -134,7 +135,7 @@ async def test_job_limit_gives_429_until_a_job_finishes(nursery: trio.Nursery) -
             await http.post("/v1/responses", json={**COUNT, "background": True})
             refused = await http.post("/v1/responses", json={**COUNT, "background": True})
             await http.post(f"/v1/responses/{first['id']}/cancel")
-            await wait_until(lambda: server.jobs.statistics().active < 2)
+            await wait_until(lambda: server.responses.statistics().jobs_active < 2)
             admitted = await http.post("/v1/responses", json={**COUNT, "background": True})
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
@@ -211,14 +212,14 @@ async def test_zero_max_jobs_disables_background_mode(nursery: trio.Nursery) -> 
 
 
 async def test_a_worker_crash_fails_running_jobs_and_the_server_keeps_serving(
-    server: ServerHandle,
+    server: ServerHandle, faults: ThreadFaults
 ) -> None:
     model = server.model
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             job = (await http.post("/v1/responses", json={**COUNT, "background": True})).json()
             await wait_until(lambda: model.statistics().tokens_generated > 5)
-            model.crash_for_test()
+            faults.crash()
             polls = await poll_until_terminal(http, job["id"])
             after = await http.post("/v1/responses", json={**COUNT, "input": "Reply with: hello"})
     failed = polls[-1]
@@ -276,10 +277,10 @@ async def test_sixty_four_active_jobs_then_the_sixty_fifth_is_429(server: Server
                 assert reply.status_code == 200, reply.text
                 ids.append(reply.json()["id"])
             # The default limit (--responses-background-max-jobs 64) is reached while they run.
-            assert server.jobs.statistics().active == 64
+            assert server.responses.statistics().jobs_active == 64
             refused = await http.post("/v1/responses", json=job)
             await http.post(f"/v1/responses/{ids[0]}/cancel")
-            await wait_until(lambda: server.jobs.statistics().active < 64)
+            await wait_until(lambda: server.responses.statistics().jobs_active < 64)
             admitted = await http.post("/v1/responses", json=job)
             ids.append(admitted.json()["id"])
             for response_id in ids:

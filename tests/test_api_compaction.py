@@ -498,7 +498,7 @@ async def test_background_compaction_runs_in_the_job(small: ServerHandle) -> Non
             async with http.stream("GET", f"/v1/responses/{failed['id']}?stream=true") as replay:
                 failed_events = parse_sse(b"".join([c async for c in replay.aiter_bytes()]))
             await server.model.wait_idle()
-            await wait_until(lambda: server.jobs.statistics().active == 0)
+            await wait_until(lambda: server.responses.statistics().jobs_active == 0)
     assert_strict_response(done)
     assert done["status"] in ("completed", "incomplete")
     assert done["output"][0]["type"] == "compaction"
@@ -511,7 +511,7 @@ async def test_background_compaction_runs_in_the_job(small: ServerHandle) -> Non
     assert failed["output"] == []
     assert assert_stream_invariants(failed_events) == failed
     assert server.model.statistics().active == 0
-    assert server.jobs.statistics().active == 0
+    assert server.responses.statistics().jobs_active == 0
 
 
 async def test_conversation_turns_keep_the_compaction_item(small: ServerHandle) -> None:
@@ -591,7 +591,7 @@ async def test_cancelling_a_background_job_while_it_compacts(nursery: trio.Nurse
             assert (await http.get(f"/v1/responses/{created['id']}")).json()["status"] == "queued"
             cancelled = await http.post(f"/v1/responses/{created['id']}/cancel")
             await model.wait_idle()
-            await wait_until(lambda: server.jobs.statistics().active == 0)
+            await wait_until(lambda: server.responses.statistics().jobs_active == 0)
             after = (await http.get(f"/v1/responses/{created['id']}")).json()
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"
@@ -601,4 +601,4 @@ async def test_cancelling_a_background_job_while_it_compacts(nursery: trio.Nurse
     stats = model.statistics()
     assert stats.sequences_cancelled == 1  # the summary left the batch
     assert stats.active == 0
-    assert server.jobs.statistics().active == 0
+    assert server.responses.statistics().jobs_active == 0

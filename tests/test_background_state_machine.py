@@ -26,7 +26,7 @@ Invariants, checked after every step by polling every known id, and at teardown:
   terminal event that agrees with the polls, and a resumed stream is the tail of the whole one;
   a watcher that cancels a long job it saw start sees it end ``cancelled``;
 - at teardown, once every job is terminal, the batch is empty (``model.statistics().active``),
-  no job is active (``jobs.statistics().active``), and every admitted sequence ended exactly once
+  no job is active (``jobs.statistics().jobs_active``), and every admitted sequence ended exactly once
   (``sequences_finished + sequences_cancelled`` equals the creates that answered 200).
 """
 
@@ -523,20 +523,20 @@ class BackgroundMachine(RuleBasedStateMachine):
             if job.readable:
                 self.wait_terminal(job, "teardown")
         # No sequence outlives its job, no job outlives its terminal status.
-        model, jobs = self.handle.model, self.handle.jobs
+        model, jobs = self.handle.model, self.handle.responses
         deadline = time.monotonic() + IDLE_DEADLINE
-        while (model.statistics().active or jobs.statistics().active) and (
+        while (model.statistics().active or jobs.statistics().jobs_active) and (
             time.monotonic() < deadline
         ):
             time.sleep(0.005)
         stats = model.statistics()
         assert stats.active == 0, f"sequences left in the batch: {stats}"
-        assert jobs.statistics().active == 0, f"jobs left active: {jobs.statistics()}"
+        assert jobs.statistics().jobs_active == 0, f"jobs left active: {jobs.statistics()}"
         ended = stats.sequences_finished + stats.sequences_cancelled
         assert ended == self.admitted, f"{self.admitted} sequences admitted, {ended} ended: {stats}"
         started = sum(1 for job in self.jobs.values() if job.background)
-        assert jobs.statistics().started == started
-        assert jobs.statistics().finished == started
+        assert jobs.statistics().jobs_started == started
+        assert jobs.statistics().jobs_finished == started
 
 
 def parent_stub(job: Job) -> dict[str, Any]:

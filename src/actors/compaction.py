@@ -4,13 +4,13 @@ Invariants:
 - Nothing here stores or changes anything. ``compact`` counts, splits the history
   (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
   response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
-  (``open_response`` then ``run_to_end``), and returns the compacted context.
+  (``admit`` then a ``ResponseRun``), in the caller's task, and returns the compacted context.
 - Refusals are 400 ``context_length_exceeded`` with ``param: "input"``, one message per case:
   the history is longer than one context window; the summary request does not fit in it; the
   compacted context is not shorter than the history (nothing older than the kept turns to
   summarize is one such case, found before generating).
-- The summary's sequence never outlives the call: it is abandoned in a ``finally``, so a
-  cancelled caller (a cancelled background job, a hang-up) frees the batch.
+- The summary's sequence never outlives the call: a cancelled caller (a cancelled background
+  job, a hang-up) ends it in a ``finally``, which frees the batch.
 - Token counts are rendered prompts, as ``/v1/responses/input_tokens`` counts them, with the
   request's instructions and tools: before is the history; after is the history with the
   compaction item appended (it stands in for what precedes it, ``replay_view``), which is the
@@ -40,7 +40,10 @@ from ..protocol.items import Compaction, InputMessage, TurnItem, item_json
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
-from .response import PreparedPrompt, Services, open_response, prepare_prompt, render_items
+from .admission import admit
+from .prompt import PreparedPrompt, prepare_prompt, render_items
+from .run import ResponseRun
+from .runtime import Actors, RunningResponses
 
 SUMMARY_INSTRUCTIONS = (
     "You compact conversations. The user sends the transcript of a conversation between a user "
@@ -73,13 +76,13 @@ def _exceeded(message: str) -> ApiError:
 async def compact(
     request: CreateRequest,
     prepared: PreparedPrompt,
-    services: Services,
+    actors: Actors,
     *,
     keep_tokens: int,
     summary_tokens: int,
 ) -> CompactionResult:
     """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``."""
-    model = services.model
+    model = actors.model
     window = model.info.context_window
     before = len(prepared.prompt)
     if before > window:
@@ -100,10 +103,10 @@ async def compact(
             f"The summary could not shorten the context of {before} tokens: {exc}."
         ) from None
     summary, usage = await _summarize(
-        request, transcript(split.prior_summary, split.summarized), services, summary_tokens
+        request, transcript(split.prior_summary, split.summarized), actors, summary_tokens
     )
     item = item_json(Compaction(summary, split.retained))
-    prompt = await render_items(request, services, (*prepared.all_items, item))
+    prompt = await render_items(request, actors, (*prepared.all_items, item))
     if len(prompt) >= before:
         raise _exceeded(
             f"The summary does not shorten the context: the history is {before} tokens, "
@@ -113,11 +116,11 @@ async def compact(
 
 
 async def _summarize(
-    request: CreateRequest, text: str, services: Services, max_tokens: int
+    request: CreateRequest, text: str, actors: Actors, max_tokens: int
 ) -> tuple[str, Usage]:
     """One non-streaming generation of the summary of ``text`` (a transcript)."""
     config = ResponseConfig(
-        model=services.model.info.alias,
+        model=actors.model.info.alias,
         instructions=SUMMARY_INSTRUCTIONS,
         max_output_tokens=max_tokens,
         temperature=0.0,
@@ -131,17 +134,22 @@ async def _summarize(
         owner=request.owner,
     )
     try:
-        run = await open_response(summary_request, services)
+        prepared = await prepare_prompt(summary_request, actors)
+        admission = await admit(summary_request, prepared, actors.model, None)
     except ApiError as error:
         if error.code != "context_length_exceeded":
             raise
         raise _exceeded(
             f"The summary does not fit in the context window: {error.message}"
         ) from None
+    run = ResponseRun(summary_request, prepared, actors)
+    run.attach(admission)
     try:
-        final = await run.run_to_end()
+        await run.generate()
     finally:
-        run.abandon()
+        if not run.terminal:
+            await run.end_cancelled(record=False)
+    final = run.snapshot()
     if final["status"] not in ("completed", "incomplete"):
         why = (final.get("error") or {}).get("message") or f"it ended {final['status']}"
         raise ApiError(500, "server_error", f"The summary could not be generated: {why}")
@@ -162,15 +170,15 @@ async def _summarize(
 
 
 async def compact_for_request(
-    request: CreateRequest, prepared: PreparedPrompt, services: Services
+    request: CreateRequest, prepared: PreparedPrompt, actors: Actors
 ) -> tuple[PreparedPrompt, Compacted]:
     """Automatic compaction (``context_management``): the compacted prompt to generate from,
     and the machine input that puts the compaction item first in the output."""
-    window = services.model.info.context_window
+    window = actors.model.info.context_window
     result = await compact(
         request,
         prepared,
-        services,
+        actors,
         keep_tokens=default_keep_tokens(window),
         summary_tokens=auto_summary_tokens(window),
     )
@@ -178,15 +186,17 @@ async def compact_for_request(
     return compacted, Compacted(result.item, result.tokens_before, result.tokens_after)
 
 
-async def compact_history(compact_request: CompactRequest, services: Services) -> JsonObject:
+async def compact_history(
+    compact_request: CompactRequest, actors: Actors, running: RunningResponses | None = None
+) -> JsonObject:
     """``POST /v1/responses/compact``: the ``response.compaction`` object. Stores nothing."""
     create = compact_request.create
-    prepared = await prepare_prompt(create, services)
-    window = services.model.info.context_window
+    prepared = await prepare_prompt(create, actors, running)
+    window = actors.model.info.context_window
     result = await compact(
         create,
         prepared,
-        services,
+        actors,
         keep_tokens=compact_request.keep_tokens or default_keep_tokens(window),
         summary_tokens=compact_request.max_output_tokens,
     )

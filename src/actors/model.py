@@ -1,23 +1,28 @@
 """The model actor: the single owner of the model, running continuous batching on its own thread.
 
 Invariants:
-- All MLX work happens on the ``GenerationThread`` this actor starts and joins; the Trio task
-  ``run_model_actor`` only supervises it: readiness once the model is loaded, a crash of the
-  thread is a crash of this task (and so of the server), and shutdown finishes every running
-  sequence with ``shutdown`` before the thread stops.
-- ``submit`` and ``cancel`` never block: they put a command on the thread's inbox. A cancelled
-  sequence leaves the batch at the thread's next step (one decode step or one prefill chunk).
-- After shutdown begins, ``submit`` raises ``ModelUnavailable``.
-- ``statistics()`` returns the thread's latest immutable snapshot.
+- All MLX work happens on the ``GenerationThread`` this actor starts and joins. This task owns
+  the thread, admission and the closing flag; others reach them only by message (``submit``,
+  ``cancel``, ``shutdown``), and the thread reports back by message (a sequence ended, it
+  exited), so every change of admission happens here, in one task.
+- Admission: at most ``max_sequences`` sequences are admitted; one is released when the thread
+  reports that it ended, however it ended, never by its consumer. ``submit`` refuses with
+  ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
+- A cancel puts a ``RemoveSequence`` on the thread's inbox: the sequence leaves the batch at
+  the thread's next step (one decode step or one prefill chunk).
+- If the thread dies while the server lives, its sequences end with ``error`` (those it had
+  not taken in yet too), and a new thread loads the model again: the server keeps serving.
+- ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
 
 import trio
 
@@ -26,7 +31,6 @@ from ..model.loader import LoadedModel, render_prompt
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
-    CrashForTest,
     GenerationThread,
     InsertSequence,
     ModelStatistics,
@@ -34,10 +38,13 @@ from ..model.thread import (
     StopGeneration,
     ThreadSettings,
 )
+from .kit import Reply, ask, open_mailbox
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+
+ThreadFactory = Callable[..., GenerationThread]
 
 
 class ModelUnavailable(RuntimeError):
@@ -59,6 +66,8 @@ class ModelSettings:
     # --ctx-size: the context window the server enforces and compaction plans with; None: the
     # model's own (its config's max_position_embeddings or the like).
     context_size: int | None = None
+    # The seam for fault injection: tests install a GenerationThread subclass here.
+    thread_factory: ThreadFactory = GenerationThread
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,7 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """Sender: the response actor. A rendered prompt and its sampling settings."""
+    """A rendered prompt and its sampling settings."""
 
     prompt: tuple[int, ...]
     max_tokens: int
@@ -82,37 +91,94 @@ class GenerationRequest:
     seed: int | None = None
     # Called on the generation thread to build this sequence's logits processors.
     make_processors: Callable[[], list[Any]] | None = None
+    # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
+    stop_texts: tuple[str, ...] = ()
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Sender: a response task. Admit a sequence, or refuse."""
+
+    request: GenerationRequest
+    reply: Reply[GenerationSequence]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Sender: a response task (its cancel or its cleanup). Remove a sequence from the batch."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Sender: the root at shutdown. Refuse new sequences; finish running ones; stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceEnded:
+    """Sender: the generation thread. A sequence received its finish: release its admission."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadExited:
+    """Sender: the generation thread, last."""
+
+    thread: GenerationThread
+    error: BaseException | None
+
+
+ModelMessage = Submit | Cancel | Shutdown | SequenceEnded | ThreadExited
 
 
 class GenerationSequence:
-    """A response actor's view of its sequence in the batch."""
+    """A response task's view of its sequence in the batch (its output slot)."""
 
     def __init__(self, handle: ModelHandle, seq_id: int, prompt_tokens: int, slot: SequenceSlot):
         self.seq_id = seq_id
         self.prompt_tokens = prompt_tokens
         self._handle = handle
         self._slot = slot
-        self._done = False
+
+    @property
+    def ended(self) -> bool:
+        """The thread reported the sequence's finish (it holds nothing of it any more)."""
+        return self._slot.finished
 
     async def receive(self) -> SequenceOutput:
         """The next coalesced output; ``trio.EndOfChannel`` after the finish was received."""
-        out = await self._slot.receive()
-        if out.finish is not None:
-            self._done = True
-            self._handle._release(self.seq_id)
-        return out
+        return await self._slot.receive()
 
-    def cancel(self) -> None:
-        """Remove the sequence from the batch (no-op once finished). Never blocks."""
-        if not self._done:
-            self._done = True
-            self._handle.cancel(self.seq_id)
+    async def cancel(self) -> None:
+        """Remove the sequence from the batch at the next step (no-op once it ended)."""
+        if not self._slot.finished:
+            await self._handle.cancel(self.seq_id)
+
+
+class _Board:
+    """The latest statistics snapshot: written by the generation thread and the actor (whole
+    immutable values, so a reader on any thread sees a consistent one without a lock)."""
+
+    def __init__(self) -> None:
+        self.batch = ModelStatistics()
+        self.admitted = 0
 
 
 class ModelHandle:
     """The typed handle other actors use to reach the model actor."""
 
-    def __init__(self, settings: ModelSettings, loaded: LoadedModel, thread: GenerationThread):
+    def __init__(
+        self,
+        settings: ModelSettings,
+        loaded: LoadedModel,
+        mailbox: trio.MemorySendChannel[ModelMessage],
+        board: _Board,
+    ):
         self.info = ModelInfo(
             settings.alias,
             loaded.path,
@@ -121,17 +187,13 @@ class ModelHandle:
             loaded.has_thinking,
         )
         self.constraints = loaded.constraints
-        self._settings = settings
         self._tokenizer = loaded.tokenizer
-        self._thread = thread
-        self._ids = itertools.count(1)
-        self._admitted: set[int] = set()
-        self._closing = False
-        self._trio_token = trio.lowlevel.current_trio_token()
+        self._mailbox = mailbox
+        self._board = board
         self.restarts = 0
 
     def statistics(self) -> ModelStatistics:
-        return self._thread.statistics
+        return replace(self._board.batch, admitted=self._board.admitted)
 
     async def render(
         self,
@@ -160,87 +222,68 @@ class ModelHandle:
             raise RuntimeError("this model's tokenizer does not support constrained decoding")
         return await trio.to_thread.run_sync(build, constraints)
 
-    def submit(self, request: GenerationRequest) -> GenerationSequence:
-        if self._closing:
-            raise ModelUnavailable("the server is shutting down")
-        if len(self._admitted) >= self._settings.max_sequences:
-            raise ModelOverloaded(
-                f"the generation queue is full ({self._settings.max_sequences} sequences)"
-            )
-        seq_id = next(self._ids)
-        slot = SequenceSlot(self._trio_token)
-        self._admitted.add(seq_id)
-        self._thread.send(
-            InsertSequence(
-                seq_id,
-                request.prompt,
-                request.max_tokens,
-                request.temperature,
-                request.top_p,
-                slot,
-                request.top_logprobs,
-                request.make_processors,
-                request.seed,
-            )
-        )
-        return GenerationSequence(self, seq_id, len(request.prompt), slot)
+    async def submit(self, request: GenerationRequest) -> GenerationSequence:
+        """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable``."""
+        try:
+            return await ask(self._mailbox, lambda reply: Submit(request, reply))
+        except RuntimeError as exc:
+            if isinstance(exc, ModelOverloaded | ModelUnavailable):
+                raise
+            raise ModelUnavailable("the model has stopped") from exc
 
-    def cancel(self, seq_id: int) -> None:
-        if seq_id in self._admitted:
-            self._release(seq_id)
-            self._thread.send(RemoveSequence(seq_id))
+    async def cancel(self, seq_id: int) -> None:
+        try:
+            await self._mailbox.send(Cancel(seq_id))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the actor is gone and so is its batch
 
-    def _release(self, seq_id: int) -> None:
-        self._admitted.discard(seq_id)
-
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
         """Refuse new sequences; finish running ones with ``shutdown``; stop the thread."""
-        if not self._closing:
-            self._closing = True
-            self._thread.send(StopGeneration())
-
-    def crash_for_test(self) -> None:
-        """Test hook: make the generation thread die at its next step."""
-        self._thread.send(CrashForTest())
+        try:
+            await self._mailbox.send(Shutdown())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
     async def wait_idle(self) -> None:
-        """Wait until the batch holds no sequence (used by tests and the benchmark)."""
+        """Wait until the batch holds no sequence and nothing is admitted (tests, benchmarks)."""
         # Polled: the snapshot is published by the generation thread, not by a Trio task.
-        while self.statistics().active:  # noqa: ASYNC110
+        while self.statistics().active or self._board.admitted:  # noqa: ASYNC110
             await trio.sleep(0.001)
 
 
 class _Worker:
-    """One generation thread and the Trio events that report its load and its exit."""
+    """One generation thread; its reports come back to the actor as messages."""
 
-    def __init__(self, settings: ModelSettings, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
+    def __init__(
+        self,
+        settings: ModelSettings,
+        report: Callable[[ModelMessage], None],
+        board: _Board,
+    ) -> None:
         self.loaded = trio.Event()
-        self.exited = trio.Event()
         self.result: LoadedModel | BaseException | None = None
-        self.error: BaseException | None = None
-        self.thread = GenerationThread(
+        self._token = trio.lowlevel.current_trio_token()
+
+        def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
+            self.result = loaded if loaded is not None else error or RuntimeError("load failed")
+            self._token.run_sync_soon(self.loaded.set)
+
+        def on_statistics(stats: ModelStatistics) -> None:
+            board.batch = stats
+
+        self.thread: GenerationThread = settings.thread_factory(
             ThreadSettings(
                 settings.model_path,
                 prefill_step_size=settings.prefill_step_size,
                 completion_batch_size=settings.completion_batch_size,
                 prefill_batch_size=settings.prefill_batch_size,
             ),
-            on_loaded=self._on_loaded,
-            on_exit=self._on_exit,
+            on_loaded=on_loaded,
+            on_ended=lambda seq_id: report(SequenceEnded(seq_id)),
+            on_statistics=on_statistics,
+            on_exit=lambda error: report(ThreadExited(self.thread, error)),
         )
         self.thread.start()
-
-    def _on_loaded(self, loaded: LoadedModel | None, error: BaseException | None) -> None:
-        self.result = loaded if loaded is not None else error or RuntimeError("load failed")
-        self._token.run_sync_soon(self.loaded.set)
-
-    def _on_exit(self, error: BaseException | None) -> None:
-        self.error = error
-        try:
-            self._token.run_sync_soon(self.exited.set)
-        except trio.RunFinishedError:
-            pass
 
     async def wait_loaded(self, path: str) -> LoadedModel:
         await self.loaded.wait()
@@ -254,35 +297,146 @@ async def run_model_actor(
     *,
     task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model on its own thread, report ready with a handle, supervise until cancelled.
-
-    If the generation thread dies while the server lives, its sequences have already ended
-    with ``error`` (their responses fail with ``server_error``); a new thread is started and
-    loads the model again, and the handle sends to it from then on: the server keeps serving.
-    """
+    """Load the model on its own thread, report ready with a handle, serve until shutdown."""
+    send: trio.MemorySendChannel[ModelMessage]
+    receive: trio.MemoryReceiveChannel[ModelMessage]
+    send, receive = open_mailbox()
+    # The thread's reports: at most one per admitted sequence plus one exit, so this buffer is
+    # bounded by admission; the thread never waits on it.
+    report_send, report_receive = trio.open_memory_channel[ModelMessage](math.inf)
     token = trio.lowlevel.current_trio_token()
-    worker = _Worker(settings, token)
-    handle: ModelHandle | None = None
+
+    def report(message: ModelMessage) -> None:  # on the generation thread
+        try:
+            token.run_sync_soon(_deliver, report_send, message)
+        except trio.RunFinishedError:
+            pass
+
+    board = _Board()
+    worker = _Worker(settings, report, board)
+    loaded = await worker.wait_loaded(settings.model_path)
+    handle = ModelHandle(settings, loaded, send, board)
+    log.info("model %s loaded from %s", settings.alias, loaded.path)
+    state = _ModelState(settings, worker, board)
     try:
-        loaded = await worker.wait_loaded(settings.model_path)
-        handle = ModelHandle(settings, loaded, worker.thread)
-        log.info("model %s loaded from %s", settings.alias, loaded.path)
-        task_status.started(handle)
-        while True:
-            await worker.exited.wait()
-            if handle._closing and worker.error is None:
-                return
-            log.error("the generation thread died (%r); restarting it", worker.error)
-            worker = _Worker(settings, token)
-            # Commands sent from now on queue in the new thread's inbox until it has loaded.
-            handle._thread = worker.thread
-            handle.restarts += 1
-            await worker.wait_loaded(settings.model_path)
+        async with trio.open_nursery() as nursery, receive, report_receive:
+            nursery.start_soon(_forward, report_receive, send.clone())
+            task_status.started(handle)
+            async for message in receive:
+                if await state.apply(message, handle, report):
+                    break
+            nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if handle is not None:
-                handle.shutdown()
-            else:
-                worker.thread.send(StopGeneration())
-            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                await worker.exited.wait()
+            if not state.stopped:
+                state.worker.thread.send(StopGeneration())
+                with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                    await trio.to_thread.run_sync(state.worker.thread.join, abandon_on_cancel=True)
+
+
+def _deliver(
+    channel: trio.MemorySendChannel[ModelMessage], message: ModelMessage
+) -> None:  # on the Trio thread
+    try:
+        channel.send_nowait(message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the actor is gone
+
+
+async def _forward(
+    reports: trio.MemoryReceiveChannel[ModelMessage],
+    mailbox: trio.MemorySendChannel[ModelMessage],
+) -> None:
+    """The thread's reports into the actor's own mailbox, in order."""
+    async with mailbox:
+        async for message in reports:
+            await mailbox.send(message)
+
+
+class _ModelState:
+    """What the actor task owns (touched only by ``run_model_actor``'s loop)."""
+
+    def __init__(self, settings: ModelSettings, worker: _Worker, board: _Board) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.board = board
+        self.admitted: dict[int, SequenceSlot] = {}
+        self.closing = False
+        self.stopped = False
+        self.ids = itertools.count(1)
+
+    def _publish(self) -> None:
+        self.board.admitted = len(self.admitted)
+
+    async def apply(
+        self, message: ModelMessage, handle: ModelHandle, report: Callable[[ModelMessage], None]
+    ) -> bool:
+        """Apply one message; True when the actor is done."""
+        match message:
+            case Submit(request, reply):
+                if self.closing:
+                    reply.fail(ModelUnavailable("the server is shutting down"))
+                elif len(self.admitted) >= self.settings.max_sequences:
+                    reply.fail(
+                        ModelOverloaded(
+                            "the generation queue is full "
+                            f"({self.settings.max_sequences} sequences)"
+                        )
+                    )
+                else:
+                    reply.send(self._admit(request, handle))
+            case Cancel(seq_id):
+                if seq_id in self.admitted:
+                    self.worker.thread.send(RemoveSequence(seq_id))
+            case Shutdown():
+                if not self.closing:
+                    self.closing = True
+                    self.worker.thread.send(StopGeneration())
+            case SequenceEnded(seq_id):
+                self.admitted.pop(seq_id, None)
+            case ThreadExited(thread, error):
+                if thread is not self.worker.thread:
+                    return False
+                if self.closing and error is None:
+                    self.stopped = True
+                    self._orphans("shutdown")
+                    return True
+                if not isinstance(self.worker.result, LoadedModel):
+                    raise RuntimeError(f"could not load the model again: {self.worker.result}")
+                log.error("the generation thread died (%r); restarting it", error)
+                self._orphans("error")
+                self.worker = _Worker(self.settings, report, self.board)
+                handle.restarts += 1
+                # Commands sent from now on queue in the new thread's inbox until it has
+                # loaded; the actor keeps answering meanwhile.
+            case _:
+                assert_never(message)
+        self._publish()
+        return False
+
+    def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
+        seq_id = next(self.ids)
+        slot = SequenceSlot(trio.lowlevel.current_trio_token())
+        self.admitted[seq_id] = slot
+        self.worker.thread.send(
+            InsertSequence(
+                seq_id,
+                request.prompt,
+                request.max_tokens,
+                request.temperature,
+                request.top_p,
+                slot,
+                request.top_logprobs,
+                request.make_processors,
+                request.seed,
+                request.stop_texts,
+            )
+        )
+        return GenerationSequence(handle, seq_id, len(request.prompt), slot)
+
+    def _orphans(self, reason: str) -> None:
+        """Sequences a dead thread never reported ended (it had not taken them in)."""
+        for slot in self.admitted.values():
+            slot.push(finish="error" if reason == "error" else "shutdown")
+        self.admitted.clear()
+        self._publish()

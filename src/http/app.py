@@ -1,178 +1,188 @@
 """The Quart-Trio app: HTTP in, messages to actors, events out.
 
 Invariants:
-- Thin: parse and validate at the edge, then talk to actors only through their handles.
+- Thin: parse and validate at the edge, then talk to actors only through their handles (the
+  ``Runtime`` in ``app.extensions``, read with ``common.runtime()``).
 - Every error, streaming set-up included, is OpenAI's envelope (decision 2); anything
   unexpected is a 500 ``server_error`` and the server keeps serving.
-- A streaming body only iterates the response actor; when the client hangs up, Quart cancels
-  or closes the body and its ``finally`` abandons the response, which removes the sequence from
-  the model's batch at the next step.
+- Every request's lifetime is a channel (``lifetime.RequestLifetimes`` wraps the ASGI app), so a
+  response opened by a request learns when the request ends, wherever the client left.
+- Every route reads (or discards) its request body before answering, so a keep-alive
+  connection never wedges on an unread body; a body over the limit closes the connection.
+- A WebSocket upgrade on a route without a WebSocket mode gets a 4xx in the envelope (426 on
+  ``/v1/responses``, so clients fall back to HTTP at once), never a 500.
 - Every route is mounted with and without the ``/v1`` prefix (decision 19).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quart import Response, g, request
+from quart import Response, g, has_request_context, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from ..actors.conversation_store import ConversationStoreHandle
-from ..actors.file_store import FileStoreHandle
-from ..actors.jobs import JobSupervisorHandle
-from ..actors.live import LiveRegistryHandle
-from ..actors.model import ModelHandle
-from ..actors.reasoning_echo import ReasoningEchoHandle
-from ..actors.response import Services
-from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, not_found
-from .auth import OPEN, ApiKeys, presented_key
-from .common import View, decode_json_body, error_response, json_response, mount
+from .auth import presented_key
+from .common import decode_json_body, error_response, json_response, mount, runtime
 from .conversations import register_conversation_routes
 from .files import register_file_routes
+from .lifetime import RequestLifetimes
 from .messages import register_messages_routes
 from .responses import register_response_routes
 
-__all__ = ["AppContext", "create_app", "decode_json_body"]
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+__all__ = ["create_app", "decode_json_body"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class AppContext:
-    """The handles the HTTP layer may use."""
-
-    model: ModelHandle
-    store: ResponseStoreHandle
-    conversations: ConversationStoreHandle
-    live: LiveRegistryHandle
-    jobs: JobSupervisorHandle
-    files: FileStoreHandle
-    created_at: int
-    ephemeral_ttl_seconds: float = 600.0
-    drop_unsupported_tools: bool = False
-    api_keys: ApiKeys = OPEN
-    max_request_bytes: int = 32 * 1024 * 1024
-    echo: ReasoningEchoHandle | None = None
+def _where() -> str:
+    if has_request_context():
+        return f"{request.method} {request.path}"
+    if has_websocket_context():
+        return f"WebSocket {websocket.path}"
+    return "this route"
 
 
-def create_app(ctx: AppContext) -> QuartTrio:
-    app = QuartTrio("mlx_responses")
-    # A larger body is 413 before it is read (Quart's RequestEntityTooLarge).
-    app.config["MAX_CONTENT_LENGTH"] = ctx.max_request_bytes
-
-    @app.before_request
-    async def authenticate() -> Response | None:
-        g.tenant = ""
-        if not ctx.api_keys.enabled or request.path == "/health":
-            return None
-        presented = presented_key(
-            request.headers.get("Authorization"), request.headers.get("x-api-key")
-        )
-        tenant = ctx.api_keys.tenant_of(presented)
-        if tenant is None:
-            return error_response(
-                ApiError(
-                    401,
-                    "authentication_error",
-                    "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
-                    code="invalid_api_key",
-                )
-            )
-        g.tenant = tenant
+async def authenticate() -> Response | None:
+    g.tenant = ""
+    keys = runtime().settings.api_keys
+    if not keys.enabled or request.path == "/health":
         return None
-
-    services = Services(
-        ctx.model,
-        ctx.store,
-        ctx.conversations,
-        ctx.live,
-        ctx.jobs,
-        ephemeral_ttl_seconds=ctx.ephemeral_ttl_seconds,
-        echo=ctx.echo,
+    presented = presented_key(
+        request.headers.get("Authorization"), request.headers.get("x-api-key")
     )
-
-    def route(rule: str, methods: list[str]) -> Callable[[View], View]:
-        return mount(app, rule, methods)
-
-    @app.errorhandler(ApiError)
-    async def on_api_error(error: ApiError) -> Response:
-        return error_response(error)
-
-    @app.errorhandler(HTTPException)
-    async def on_http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        kind = "not_found_error" if status == 404 else "invalid_request_error"
-        message = (
-            f"Unknown route: {request.method} {request.path}."
-            if status in (404, 405)
-            else (error.description or error.name)
-        )
-        return error_response(ApiError(status, kind, message))
-
-    @app.errorhandler(Exception)
-    async def on_unexpected(error: Exception) -> Response:
-        log.exception("unexpected error", exc_info=error)
-        return error_response(ApiError(500, "server_error", "The server had an internal error."))
-
-    @app.get("/health")
-    async def health() -> Response:
-        stats = ctx.model.statistics()
-        return json_response(
-            {
-                "status": "ok",
-                "model": ctx.model.info.alias,
-                "batch": {
-                    "active": stats.active,
-                    "queued": stats.queued,
-                    "prefilling": stats.prefilling,
-                    "decoding": stats.decoding,
-                    "tokens_generated": stats.tokens_generated,
-                    "sequences_finished": stats.sequences_finished,
-                    "sequences_cancelled": stats.sequences_cancelled,
-                },
-            }
-        )
-
-    def model_object() -> dict[str, Any]:
-        return {
-            "id": ctx.model.info.alias,
-            "object": "model",
-            "created": ctx.created_at,
-            "owned_by": "mlx-responses",
-        }
-
-    @route("/models", ["GET"])
-    async def list_models() -> Response:
-        return json_response({"object": "list", "data": [model_object()]})
-
-    @route("/models/<path:model_id>", ["GET"])
-    async def get_model(model_id: str) -> Response:
-        if model_id not in (ctx.model.info.alias, ctx.model.info.path):
-            raise not_found(
-                f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+    tenant = keys.tenant_of(presented)
+    if tenant is None:
+        return error_response(
+            ApiError(
+                401,
+                "authentication_error",
+                "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
             )
-        return json_response(model_object())
-
-    @route("/chat/completions", ["POST"])
-    async def chat_completions() -> Response:
-        # Spec 001 / decision 15: this server speaks the Responses API only.
-        raise ApiError(
-            404,
-            "invalid_request_error",
-            "The Chat Completions API is retired on this server; use POST /v1/responses.",
-            code="chat_completions_retired",
         )
+    g.tenant = tenant
+    return None
 
-    register_response_routes(
-        app, services, drop_unsupported_tools=ctx.drop_unsupported_tools, files=ctx.files
+
+async def drain_body(response: Response) -> Response:
+    """Read whatever of the body the route left unread (bounded by the size limit)."""
+    try:
+        await request.body
+    except RequestEntityTooLarge:
+        response.headers["Connection"] = "close"
+    return response
+
+
+async def on_api_error(error: ApiError) -> Response:
+    return error_response(error)
+
+
+async def on_http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    message = (
+        f"Unknown route: {_where()}." if status in (404, 405) else (error.description or error.name)
     )
-    register_conversation_routes(app, ctx)
-    register_messages_routes(app, services)
-    register_file_routes(app, ctx.files)
+    return error_response(ApiError(status, kind, message))
 
+
+async def on_unexpected(error: Exception) -> Response:
+    log.exception("unexpected error", exc_info=error)
+    return error_response(ApiError(500, "server_error", "The server had an internal error."))
+
+
+async def responses_websocket() -> Response:
+    return error_response(
+        ApiError(
+            426,
+            "invalid_request_error",
+            "This server has no WebSocket mode on /v1/responses; use HTTP: POST /v1/responses "
+            "(stream: true for events).",
+            code="websocket_not_supported",
+        )
+    )
+
+
+async def health() -> Response:
+    rt = runtime()
+    stats = rt.model.statistics()
+    return json_response(
+        {
+            "status": "ok",
+            "model": rt.model.info.alias,
+            "batch": {
+                "active": stats.active,
+                "admitted": stats.admitted,
+                "queued": stats.queued,
+                "prefilling": stats.prefilling,
+                "decoding": stats.decoding,
+                "tokens_generated": stats.tokens_generated,
+                "sequences_finished": stats.sequences_finished,
+                "sequences_cancelled": stats.sequences_cancelled,
+                "sequences_failed": stats.sequences_failed,
+            },
+        }
+    )
+
+
+def _model_object() -> dict[str, Any]:
+    rt = runtime()
+    return {
+        "id": rt.model.info.alias,
+        "object": "model",
+        "created": rt.created_at,
+        "owned_by": "mlx-responses",
+    }
+
+
+async def list_models() -> Response:
+    return json_response({"object": "list", "data": [_model_object()]})
+
+
+async def get_model(model_id: str) -> Response:
+    info = runtime().model.info
+    if model_id not in (info.alias, info.path):
+        raise not_found(
+            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+        )
+    return json_response(_model_object())
+
+
+async def chat_completions() -> Response:
+    # Spec 001 / decision 15: this server speaks the Responses API only.
+    raise ApiError(
+        404,
+        "invalid_request_error",
+        "The Chat Completions API is retired on this server; use POST /v1/responses.",
+        code="chat_completions_retired",
+    )
+
+
+def create_app(rt: Runtime) -> QuartTrio:
+    app = QuartTrio("mlx_responses")
+    app.extensions["mlx_responses"] = rt
+    app.asgi_app = RequestLifetimes(app.asgi_app)  # type: ignore[method-assign]
+    # A larger body is 413 (Quart's RequestEntityTooLarge).
+    app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
+    app.before_request(authenticate)
+    app.after_request(drain_body)
+    app.register_error_handler(ApiError, on_api_error)
+    app.register_error_handler(HTTPException, on_http_error)
+    app.register_error_handler(Exception, on_unexpected)
+    app.add_url_rule("/health", view_func=health, methods=["GET"])
+    for rule in ("/v1/responses", "/responses"):
+        app.add_websocket(rule, view_func=responses_websocket, endpoint=f"ws{rule}")
+    mount(app, "/models", ["GET"])(list_models)
+    mount(app, "/models/<path:model_id>", ["GET"])(get_model)
+    mount(app, "/chat/completions", ["POST"])(chat_completions)
+    register_response_routes(app)
+    register_conversation_routes(app, rt.conversations)
+    register_messages_routes(app)
+    register_file_routes(app, rt.files)
     return app

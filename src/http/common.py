@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from quart import Response, g
+from quart import Response, current_app, g
 from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+# The deepest nesting of arrays and objects a JSON body may have: deeper bodies are refused
+# at the edge rather than left to exhaust a recursive consumer (a JSON Schema compiler, ...).
+MAX_JSON_DEPTH = 100
 
 View = Callable[..., Awaitable[Response]]
 
@@ -43,15 +50,47 @@ def decode_json_body(raw: bytes | str) -> object:
     if not raw.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", None)
     try:
-        return json.loads(
+        decoded = json.loads(
             raw.decode("utf-8"),
             object_pairs_hook=_no_duplicates,
             parse_constant=_reject_constant,
         )
     except UnicodeDecodeError:
         raise invalid_request("The request body is not valid UTF-8.", None) from None
+    except RecursionError:
+        raise _too_deep() from None
     except ValueError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", None) from None
+    if json_depth(decoded) > MAX_JSON_DEPTH:
+        raise _too_deep()
+    return decoded
+
+
+def _too_deep() -> ApiError:
+    return invalid_request(
+        f"The request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays "
+        "and objects are accepted.",
+        None,
+    )
+
+
+def json_depth(value: object) -> int:
+    """The nesting depth of arrays and objects in a decoded JSON value (iterative)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children: Any = current.values()
+        elif isinstance(current, list):
+            children = current
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 def mount(app: QuartTrio, rule: str, methods: list[str]) -> Callable[[View], View]:
@@ -73,6 +112,11 @@ def sse_response(body: Any) -> Response:
     response.headers["X-Accel-Buffering"] = "no"
     response.timeout = None  # an event stream lasts as long as generation does
     return response
+
+
+def runtime() -> Runtime:
+    """The running server (its settings and actors), for the current request."""
+    return cast("Runtime", current_app.extensions["mlx_responses"])
 
 
 def tenant() -> str:

@@ -37,7 +37,7 @@ from .schemas import INCLUDABLE
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from .app import AppContext
+    from ..actors.conversation_store import ConversationStoreHandle
 
 DISABLED_MESSAGE: Final = (
     "The conversation store is disabled on this server (--conversation-store-max-entries 0), "
@@ -69,9 +69,8 @@ def item_not_found(conversation_id: str, item_id: str, param: str = "item_id") -
     )
 
 
-def register_conversation_routes(app: QuartTrio, ctx: AppContext) -> None:
-    """Mount the conversations routes on ``app``; ``ctx.conversations`` is their only state."""
-    store = ctx.conversations
+def register_conversation_routes(app: QuartTrio, store: ConversationStoreHandle) -> None:
+    """Mount the conversations routes on ``app``; ``store`` is their only state."""
 
     def route(rule: str, methods: list[str]) -> Callable[[View], View]:
         def register(view: View) -> View:

@@ -29,7 +29,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..actors.response import ResponseRun, Services, open_response, prepare_prompt
+from ..actors.event_log import EventLog
+from ..actors.prompt import prepare_prompt
 from ..protocol.anthropic import (
     MessagesRequest,
     parse_count_tokens_request,
@@ -40,7 +41,8 @@ from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.sse import encode_sse
-from .common import decode_json_body, json_response, mount, sse_response, tenant
+from .common import json_response, mount, runtime, sse_response, tenant
+from .pipeline import open_response, read_body
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
 
@@ -76,34 +78,23 @@ def _anthropic_errors(view: _View) -> _View:
     return guarded
 
 
-def _prompt_tokens(run: ResponseRun) -> int:
-    return run.prompt_tokens
-
-
-def _usage_so_far(run: ResponseRun) -> Usage:
-    return run.usage()
-
-
-def _translate(
-    run: ResponseRun, encoder: MessageEncoder, events: list[JsonObject]
-) -> list[JsonObject]:
-    """Our events -> Anthropic's; a matched stop sequence abandons the run at once."""
-    out: list[JsonObject] = []
-    for event in events:
-        out += encoder.feed(event)
-        if encoder.stopped_at is not None and not encoder.finished:
-            usage = _usage_so_far(run)
-            run.abandon()
-            out += encoder.stop_on_sequence(usage)
-            break
-    return out
-
-
 def _encode(events: list[JsonObject]) -> bytes:
     return b"".join(encode_sse(event) for event in events)
 
 
-def register_messages_routes(app: QuartTrio, services: Services) -> None:
+def _translate(
+    encoder: MessageEncoder, log: EventLog, events: list[JsonObject]
+) -> list[JsonObject]:
+    """Our events -> Anthropic's (a stop sequence is known once the log closed)."""
+    out: list[JsonObject] = []
+    for event in events:
+        if event["type"] == "response.completed" and log.stop_sequence is not None:
+            encoder.ended_at_stop_sequence(log.stop_sequence)
+        out += encoder.feed(event)
+    return out
+
+
+def register_messages_routes(app: QuartTrio) -> None:
     @app.after_request
     async def anthropic_envelope(response: Response) -> Response:
         """Errors answered outside these views, re-rendered in Anthropic's envelope."""
@@ -129,12 +120,10 @@ def register_messages_routes(app: QuartTrio, services: Services) -> None:
             model=request_.model,
             input_tokens=input_tokens,
             max_tokens=request_.max_tokens,
-            stop_sequences=request_.stop_sequences,
+            # Matched by the model actor on the generation thread, not here.
+            stop_sequences=(),
             omit_thinking=request_.omit_thinking,
         )
-
-    async def read_body() -> object:
-        return decode_json_body(await request.get_data(cache=False, as_text=False))
 
     @mount(app, "/messages", ["POST"])
     @_anthropic_errors
@@ -142,40 +131,20 @@ def register_messages_routes(app: QuartTrio, services: Services) -> None:
         request_ = parse_messages_request(await read_body(), owner=tenant())
         if request_.max_tokens == 0:
             return await empty_message(request_)
-        run = await open_response(request_.create, services)
-        encoder = encoder_for(request_, _prompt_tokens(run))
+        log = await open_response(request_.create)
+        encoder = encoder_for(request_, log.prompt_tokens)
         if not request_.create.stream:
-            try:
-                while not encoder.finished and (events := await run.next_events()) is not None:
-                    _translate(run, encoder, events)
-            finally:
-                run.abandon()
+            await log.wait_closed()
+            _translate(encoder, log, list(log.events))
             if encoder.error is not None:
                 return anthropic_error(500, encoder.error[1])
             return json_response(encoder.message())
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                yield _encode(encoder.start())
-                while not encoder.finished:
-                    events: list[JsonObject] | None = None
-                    with trio.move_on_after(PING_INTERVAL_SECONDS) as waited:
-                        events = await run.next_events()
-                    if waited.cancelled_caught:
-                        yield encode_sse(PING)
-                        continue
-                    if events is None:
-                        break
-                    if out := _translate(run, encoder, events):
-                        yield _encode(out)
-            finally:
-                run.abandon()
-
-        return sse_response(body())
+        return sse_response(_message_stream(encoder, log))
 
     async def empty_message(request_: MessagesRequest) -> Response:
         """``max_tokens`` 0: the prompt is validated and counted, nothing is generated."""
-        prepared = await prepare_prompt(request_.create, services)
+        rt = runtime()
+        prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
         encoder = encoder_for(request_, len(prepared.prompt))
         events = encoder.finish_empty(Usage(len(prepared.prompt), 0))
         if request_.create.stream:
@@ -186,8 +155,27 @@ def register_messages_routes(app: QuartTrio, services: Services) -> None:
     @_anthropic_errors
     async def count_message_tokens() -> Response:
         request_ = parse_count_tokens_request(await read_body(), owner=tenant())
-        prepared = await prepare_prompt(request_.create, services)
+        rt = runtime()
+        prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
         return json_response({"input_tokens": len(prepared.prompt)})
+
+
+async def _message_stream(encoder: MessageEncoder, log: EventLog) -> AsyncIterator[bytes]:
+    """The response's events in Anthropic's encoding, with a ping while none is ready."""
+    yield _encode(encoder.start())
+    position = 0
+    while not encoder.finished:
+        events: list[JsonObject] = []
+        with trio.move_on_after(PING_INTERVAL_SECONDS) as waited:
+            events = await log.wait_after(position)
+        if waited.cancelled_caught:
+            yield encode_sse(PING)
+            continue
+        if not events:
+            break
+        position += len(events)
+        if out := _translate(encoder, log, events):
+            yield _encode(out)
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

@@ -67,7 +67,8 @@ class CreateResponseBody(BaseModel):
     conversation: Any = None
     context_management: Any = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
-    seed: StrictInt | None = None
+    # mlx's random key takes a 64-bit signed seed; outside that the sampler cannot start.
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     prompt: Any = None
     stream_options: Any = None
     prompt_cache_options: Any = None

@@ -35,6 +35,8 @@ class SequenceOutput:
     error: str | None = None
     # One entry per generated token when logprobs were asked for (the SDK's Logprob shape).
     logprobs: tuple[dict[str, Any], ...] = ()
+    # The stop sequence (of the request's ``stop_texts``) that ended the sequence, if one did.
+    stop_sequence: str | None = None
 
 
 class SequenceSlot:
@@ -50,6 +52,7 @@ class SequenceSlot:
         self._prefill_reported = False
         self._finish: FinishReason | None = None
         self._error: str | None = None
+        self._stop_sequence: str | None = None
         self._finish_delivered = False
         self._wake_scheduled = False
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
@@ -66,6 +69,7 @@ class SequenceSlot:
         finish: FinishReason | None = None,
         error: str | None = None,
         logprobs: Sequence[dict[str, Any]] = (),
+        stop_sequence: str | None = None,
     ) -> None:
         with self._lock:
             if self._finish is not None:
@@ -74,6 +78,7 @@ class SequenceSlot:
                 self._text.append(text)
             self._logprobs.extend(logprobs)
             self._tokens += new_tokens
+            self._stop_sequence = self._stop_sequence or stop_sequence
             self._prefill_done = self._prefill_done or prefill_done
             if finish is not None:
                 self._finish = finish
@@ -110,6 +115,7 @@ class SequenceSlot:
                 finish=finish,
                 error=self._error if finish is not None else None,
                 logprobs=tuple(self._logprobs),
+                stop_sequence=self._stop_sequence if finish is not None else None,
             )
             self._text.clear()
             self._logprobs.clear()

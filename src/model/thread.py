@@ -9,10 +9,15 @@ Invariants:
   batch at the next step and a removed one leaves it before the next step: cancel latency is
   one step, or one prefill chunk while prefilling.
 - Output goes to each sequence's ``SequenceSlot``, which never blocks this thread.
-- Every inserted sequence receives exactly one finish on its slot: stop, length, cancelled,
-  shutdown or error.
-- ``statistics`` is an immutable snapshot replaced after each step; readers on any thread see
-  a consistent value without a lock.
+- Every inserted sequence receives exactly one finish on its slot (stop, length, cancelled,
+  shutdown or error), and the owner hears of it once through ``on_ended``: that is what
+  releases its admission in the model actor.
+- A fault stays with its sequence: whatever one sequence's setup, logits processors, sampler
+  or detokenizer raises ends that sequence alone with ``error``; the batch and the thread go
+  on. Only an error of the batch itself (the model's forward pass) ends the thread.
+- Stop sequences (``stop_texts``) belong to the sequence: the first one completed ends it with
+  ``stop`` (the matched text is not output), as the model's own end token does.
+- ``on_statistics`` receives an immutable snapshot after each step.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
+from ..protocol.stops import StopMatcher
 from .loader import LoadedModel, load_model
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .slot import FinishReason, SequenceSlot
@@ -31,12 +37,12 @@ from .slot import FinishReason, SequenceSlot
 log = logging.getLogger(__name__)
 
 
-# -- commands (sent by the model actor's handle, any thread) -----------------------------------
+# -- commands (sent by the model actor, from the Trio thread) --------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class InsertSequence:
-    """Sender: ModelHandle.submit. Add a tokenized prompt to the batch."""
+    """Sender: the model actor, for an admitted sequence. Add a tokenized prompt to the batch."""
 
     seq_id: int
     prompt: tuple[int, ...]
@@ -49,11 +55,13 @@ class InsertSequence:
     # Builds this sequence's logits processors on the generation thread (constrained decoding).
     make_processors: Callable[[], list[Any]] | None = None
     seed: int | None = None
+    stop_texts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveSequence:
-    """Sender: ModelHandle.cancel. Drop a sequence wherever it is (queued, prefill, decode)."""
+    """Sender: the model actor (a cancel). Drop a sequence wherever it is (queued, prefill,
+    decode)."""
 
     seq_id: int
 
@@ -63,17 +71,13 @@ class StopGeneration:
     """Sender: the model actor at shutdown. Finish every sequence with ``shutdown`` and exit."""
 
 
-@dataclass(frozen=True, slots=True)
-class CrashForTest:
-    """Sender: tests only (ModelHandle.crash_for_test). The thread dies as on an MLX error."""
-
-
-Command = InsertSequence | RemoveSequence | StopGeneration | CrashForTest
+Command = InsertSequence | RemoveSequence | StopGeneration
 
 
 @dataclass(frozen=True, slots=True)
 class ModelStatistics:
-    """A snapshot of the batch. ``active`` counts every admitted, unfinished sequence."""
+    """A snapshot of the batch. ``active`` counts the sequences the thread holds; ``admitted``
+    (filled in by the model actor) the sequences admitted and not yet reported ended."""
 
     active: int = 0
     queued: int = 0
@@ -84,8 +88,44 @@ class ModelStatistics:
     prompt_tokens_processed: int = 0
     sequences_finished: int = 0
     sequences_cancelled: int = 0
+    sequences_failed: int = 0
     steps: int = 0
     peak_decoding: int = 0
+    admitted: int = 0
+
+
+class _Fault:
+    """The first exception one sequence's own code raised on this thread, if any."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
+def _guard(function: Callable[..., Any], fault: _Fault, fallback: Callable[..., Any]) -> Any:
+    """``function`` for one sequence, recording its exception instead of raising it into the
+    batch step (``fallback`` gives a harmless value; the sequence is removed after the step)."""
+
+    def guarded(*args: Any) -> Any:
+        if fault.error is None:
+            try:
+                return function(*args)
+            except Exception as exc:
+                fault.error = exc
+        return fallback(*args)
+
+    return guarded
+
+
+def _keep_logits(_context: Any, logits: Any) -> Any:
+    return logits
+
+
+def _greedy(logprobs: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.argmax(logprobs, axis=-1)
 
 
 @dataclass(slots=True)
@@ -95,6 +135,8 @@ class _Live:
     slot: SequenceSlot
     detokenizer: Any
     max_tokens: int
+    fault: _Fault
+    stops: StopMatcher | None = None
     top_logprobs: int | None = None
     prefill_done: bool = False
 
@@ -107,24 +149,42 @@ class ThreadSettings:
     prefill_batch_size: int = 8
 
 
+@dataclass(slots=True)
+class _Counters:
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+
 class GenerationThread:
-    """Owns the model and the ``BatchGenerator``; driven only through ``send``."""
+    """Owns the model and the ``BatchGenerator``; driven only through ``send``.
+
+    The callbacks run on this thread and must not block: ``on_loaded`` once, ``on_ended(seq_id)``
+    once per inserted sequence, ``on_statistics`` after every step, ``on_exit`` last.
+    """
 
     def __init__(
         self,
         settings: ThreadSettings,
         *,
         on_loaded: Callable[[LoadedModel | None, BaseException | None], None],
+        on_ended: Callable[[int], None],
+        on_statistics: Callable[[ModelStatistics], None],
         on_exit: Callable[[BaseException | None], None],
     ) -> None:
         self._settings = settings
         self._on_loaded = on_loaded
+        self._on_ended = on_ended
+        self._on_statistics = on_statistics
         self._on_exit = on_exit
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="mlx-generation", daemon=True)
-        self.statistics = ModelStatistics()
+        self._statistics = ModelStatistics()
         self._samplers: dict[tuple[float, float], Any] = {}
         self._tokenizer: Any = None
+        self._live: dict[int, _Live] = {}
+        self._by_uid: dict[int, _Live] = {}
+        self._counters = _Counters()
 
     def start(self) -> None:
         self._thread.start()
@@ -170,45 +230,46 @@ class GenerationThread:
             prefill_step_size=self._settings.prefill_step_size,
             stream=stream,
         )
-        stop_sequences = make_stop_sequences(loaded.tokenizer)
+        stop_tokens = make_stop_sequences(loaded.tokenizer)
         self._tokenizer = loaded.tokenizer
-        live: dict[int, _Live] = {}
-        by_uid: dict[int, _Live] = {}
-        counters = {"finished": 0, "cancelled": 0}
         crashed: BaseException | None = None
         try:
             while True:
-                stop = self._intake(loaded, generator, stop_sequences, live, by_uid, counters)
-                if stop:
+                if self._intake(loaded, generator, stop_tokens):
                     return
-                self._publish(generator, live, counters)
-                if live:
-                    self._step(generator, live, by_uid, counters)
-                    self._publish(generator, live, counters)
+                self._publish(generator)
+                if self._live:
+                    self._step(generator)
+                    self._publish(generator)
         except BaseException as exc:
             crashed = exc
             raise
         finally:
             reason: FinishReason = "error" if crashed is not None else "shutdown"
-            for entry in live.values():
-                entry.slot.push(finish=reason, error=repr(crashed) if crashed else None)
-            live.clear()
-            by_uid.clear()
+            for entry in list(self._live.values()):
+                self._end(entry, reason, repr(crashed) if crashed else None)
             generator.close()
-            self._publish(generator, live, counters)
+            self._publish(generator)
 
-    def _intake(
-        self,
-        loaded: LoadedModel,
-        generator: Any,
-        stop_sequences: Any,
-        live: dict[int, _Live],
-        by_uid: dict[int, _Live],
-        counters: dict[str, int],
-    ) -> bool:
+    def _end(self, entry: _Live, reason: FinishReason, error: str | None = None) -> None:
+        """Take ``entry`` out of the thread's books and tell its slot and the owner."""
+        self._live.pop(entry.seq_id, None)
+        self._by_uid.pop(entry.uid, None)
+        match reason:
+            case "cancelled":
+                self._counters.cancelled += 1
+            case "error":
+                self._counters.failed += 1
+            case "stop" | "length" | "shutdown":
+                self._counters.finished += 1
+            case _:
+                assert_never(reason)
+        entry.slot.push(finish=reason, error=error)
+        self._on_ended(entry.seq_id)
+
+    def _intake(self, loaded: LoadedModel, generator: Any, stop_tokens: Any) -> bool:
         """Apply every pending command; block for one when idle. True means stop."""
-        samplers = self._samplers
-        block = not live
+        block = not self._live
         while True:
             try:
                 command = self._inbox.get(block=block)
@@ -216,93 +277,117 @@ class GenerationThread:
                 return False
             block = False
             match command:
-                case InsertSequence(
-                    seq_id, prompt, max_tokens, temperature, top_p, slot, top_logprobs, make, seed
-                ):
-                    if seed is not None:
-                        sampler = make_seeded_sampler(temperature, top_p, seed)
-                    else:
-                        shared = samplers.get((temperature, top_p))
-                        if shared is None:
-                            shared = make_shared_sampler(temperature, top_p)
-                            samplers[(temperature, top_p)] = shared
-                        sampler = shared
-                    try:
-                        processors = make() if make is not None else []
-                    except Exception as exc:
-                        log.exception("could not build logits processors")
-                        slot.push(finish="error", error=repr(exc))
-                        continue
-                    (uid,) = generator.insert(
-                        [list(prompt)],
-                        max_tokens=[max_tokens],
-                        samplers=[sampler],
-                        logits_processors=[processors],
-                        stop_sequences=[stop_sequences],
-                    )
-                    # A fresh streaming detokenizer per sequence (the property copies one).
-                    entry = _Live(
-                        seq_id, uid, slot, loaded.tokenizer.detokenizer, max_tokens, top_logprobs
-                    )
-                    live[seq_id] = entry
-                    by_uid[uid] = entry
+                case InsertSequence():
+                    self._insert(loaded, generator, stop_tokens, command)
                 case RemoveSequence(seq_id):
-                    removed = live.pop(seq_id, None)
+                    removed = self._live.get(seq_id)
                     if removed is not None:
                         generator.remove([removed.uid])
-                        del by_uid[removed.uid]
-                        counters["cancelled"] += 1
-                        removed.slot.push(finish="cancelled")
+                        self._end(removed, "cancelled")
                 case StopGeneration():
                     return True
-                case CrashForTest():
-                    raise RuntimeError("generation thread crash injected by a test")
+                case _:
+                    assert_never(command)
 
-    def _step(
-        self,
-        generator: Any,
-        live: dict[int, _Live],
-        by_uid: dict[int, _Live],
-        counters: dict[str, int],
+    def _sampler(self, command: InsertSequence, fault: _Fault) -> Any:
+        if command.seed is not None and command.temperature != 0:
+            seeded = make_seeded_sampler(command.temperature, command.top_p, command.seed)
+            return _guard(seeded, fault, _greedy)
+        # Shared per setting, unguarded: mlx-lm samples a batch in one call only when its rows
+        # share one sampler object, and these are ours and cannot fail per row.
+        key = (command.temperature, command.top_p)
+        shared = self._samplers.get(key)
+        if shared is None:
+            shared = self._samplers[key] = make_shared_sampler(*key)
+        return shared
+
+    def _insert(
+        self, loaded: LoadedModel, generator: Any, stop_tokens: Any, command: InsertSequence
     ) -> None:
+        fault = _Fault()
+        try:
+            sampler = self._sampler(command, fault)
+            processors = command.make_processors() if command.make_processors else []
+            (uid,) = generator.insert(
+                [list(command.prompt)],
+                max_tokens=[command.max_tokens],
+                samplers=[sampler],
+                logits_processors=[[_guard(p, fault, _keep_logits) for p in processors]],
+                stop_sequences=[stop_tokens],
+            )
+        except Exception as exc:
+            log.exception("sequence %d could not start", command.seq_id)
+            self._counters.failed += 1
+            command.slot.push(finish="error", error=repr(exc))
+            self._on_ended(command.seq_id)
+            return
+        entry = _Live(
+            command.seq_id,
+            uid,
+            command.slot,
+            # A fresh streaming detokenizer per sequence (the property copies one).
+            loaded.tokenizer.detokenizer,
+            command.max_tokens,
+            fault,
+            StopMatcher(command.stop_texts) if command.stop_texts else None,
+            command.top_logprobs,
+        )
+        self._live[command.seq_id] = entry
+        self._by_uid[uid] = entry
+
+    def _step(self, generator: Any) -> None:
         prompt_responses, generation_responses = generator.next()
         for progress in prompt_responses:
-            entry = by_uid.get(progress.uid)
+            entry = self._by_uid.get(progress.uid)
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)
         for response in generation_responses:
-            entry = by_uid.get(response.uid)
-            if entry is None:
+            entry = self._by_uid.get(response.uid)
+            if entry is None or entry.fault.error is not None:
                 continue
-            detokenizer = entry.detokenizer
-            finish = response.finish_reason
-            if not entry.prefill_done:
-                entry.prefill_done = True
-            if finish == "stop":
-                # The token that completes a stop sequence is not part of the output.
+            try:
+                self._deliver(generator, entry, response)
+            except Exception as exc:
+                entry.fault.error = exc
+        for entry in [e for e in self._live.values() if e.fault.error is not None]:
+            log.error("sequence %d failed: %r", entry.seq_id, entry.fault.error)
+            if entry.uid in self._by_uid:
+                generator.remove([entry.uid])
+            self._end(entry, "error", repr(entry.fault.error))
+
+    def _deliver(self, generator: Any, entry: _Live, response: Any) -> None:
+        """One generated token of ``entry``: its text to the slot, and its end if it ended."""
+        detokenizer = entry.detokenizer
+        finish = response.finish_reason
+        entry.prefill_done = True
+        if finish == "stop":
+            # The token that completes a stop sequence is not part of the output.
+            detokenizer.finalize()
+            tokens = 0
+        else:
+            detokenizer.add_token(response.token)
+            if finish == "length":
                 detokenizer.finalize()
-                entry.slot.push(detokenizer.last_segment, 0, prefill_done=True, finish="stop")
-            else:
-                detokenizer.add_token(response.token)
-                if finish == "length":
-                    detokenizer.finalize()
-                logprobs = (
-                    ()
-                    if entry.top_logprobs is None
-                    else (self._logprob_entry(response, entry.top_logprobs),)
-                )
-                entry.slot.push(
-                    detokenizer.last_segment,
-                    1,
-                    prefill_done=True,
-                    finish="length" if finish == "length" else None,
-                    logprobs=logprobs,
-                )
-            if finish is not None:
-                del live[entry.seq_id]
-                del by_uid[entry.uid]
-                counters["finished"] += 1
+            tokens = 1
+        text = detokenizer.last_segment
+        matched: str | None = None
+        if entry.stops is not None:
+            text, matched = entry.stops.feed(text)
+            if matched is None and finish is not None:
+                text += entry.stops.flush()
+        logprobs = (
+            ()
+            if entry.top_logprobs is None or not tokens
+            else (self._logprob_entry(response, entry.top_logprobs),)
+        )
+        entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
+        if matched is not None:
+            if finish is None:
+                generator.remove([entry.uid])
+            self._end(entry, "stop")
+        elif finish is not None:
+            self._end(entry, "length" if finish == "length" else "stop")
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
         """The SDK's ``Logprob`` for one generated token, with ``top`` alternatives."""
@@ -327,22 +412,22 @@ class GenerationThread:
         text = self._tokenizer.decode([int(token)])
         return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
 
-    def _publish(self, generator: Any, live: dict[int, _Live], counters: dict[str, int]) -> None:
-        queued = len(generator._unprocessed_sequences)
-        prefilling = len(generator._prompt_batch)
+    def _publish(self, generator: Any) -> None:
         decoding = len(generator._generation_batch)
         raw = generator._counters
-        previous = self.statistics
-        self.statistics = ModelStatistics(
-            active=len(live),
-            queued=queued,
-            prefilling=prefilling,
+        previous = self._statistics
+        self._statistics = ModelStatistics(
+            active=len(self._live),
+            queued=len(generator._unprocessed_sequences),
+            prefilling=len(generator._prompt_batch),
             decoding=decoding,
-            active_ids=frozenset(live),
+            active_ids=frozenset(self._live),
             tokens_generated=int(raw.generation_tokens),
             prompt_tokens_processed=int(raw.prompt_tokens),
-            sequences_finished=counters["finished"],
-            sequences_cancelled=counters["cancelled"],
+            sequences_finished=self._counters.finished,
+            sequences_cancelled=self._counters.cancelled,
+            sequences_failed=self._counters.failed,
             steps=previous.steps + 1,
             peak_decoding=max(previous.peak_decoding, decoding),
         )
+        self._on_statistics(self._statistics)

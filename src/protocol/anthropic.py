@@ -627,6 +627,7 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         user=_user_id(body.get("metadata")),
         parallel_tool_calls=parallel,
     )
+    stop_sequences = _stop_sequences(body.get("stop_sequences"))
     create = CreateRequest(
         config=config,
         input=_messages(_required(body, "messages", "")),
@@ -636,10 +637,9 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         template_kwargs=thinking.template_kwargs,
         text_format=_text_format(body.get("output_config")),
         owner=owner,
+        stop_sequences=stop_sequences,
     )
-    return MessagesRequest(
-        create, max_tokens, _stop_sequences(body.get("stop_sequences")), thinking.omit
-    )
+    return MessagesRequest(create, max_tokens, stop_sequences, thinking.omit)
 
 
 def parse_messages_request(raw: object, *, owner: str = "") -> MessagesRequest:

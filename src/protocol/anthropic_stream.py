@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from .objects import JsonObject, Usage
+from .stops import StopMatcher
 
 __all__ = [
     "PING",
@@ -99,47 +100,6 @@ def usage_json(usage: Usage) -> JsonObject:
         "output_tokens": usage.output_tokens,
         "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens},
     }
-
-
-class StopMatcher:
-    """Finds the first completed stop sequence in text that arrives in chunks."""
-
-    __slots__ = ("_held", "_sequences")
-
-    def __init__(self, sequences: Sequence[str]) -> None:
-        self._sequences = tuple(s for s in sequences if s)
-        self._held = ""
-
-    def feed(self, chunk: str) -> tuple[str, str | None]:
-        """(text safe to send now, the stop sequence completed or None)."""
-        text = self._held + chunk
-        found: tuple[int, int, str] | None = None
-        for sequence in self._sequences:
-            start = text.find(sequence)
-            if start >= 0:
-                candidate = (start + len(sequence), -len(sequence), sequence)
-                found = candidate if found is None else min(found, candidate)
-        if found is not None:
-            end, negative_length, sequence = found
-            self._held = ""
-            return text[: end + negative_length], sequence
-        keep = self._longest_open_prefix(text)
-        self._held = text[len(text) - keep :] if keep else ""
-        return text[: len(text) - keep], None
-
-    def flush(self) -> str:
-        """The held-back text, when the text it might have continued has ended."""
-        held, self._held = self._held, ""
-        return held
-
-    def _longest_open_prefix(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a sequence."""
-        longest = max((len(s) for s in self._sequences), default=1) - 1
-        for size in range(min(longest, len(text)), 0, -1):
-            tail = text[-size:]
-            if any(s.startswith(tail) and len(s) > size for s in self._sequences):
-                return size
-        return 0
 
 
 @dataclass(slots=True)
@@ -279,6 +239,11 @@ class MessageEncoder:
         """The whole stream of a message that generates nothing (``max_tokens`` 0)."""
         return self.start() + self._finish("max_tokens", usage)
 
+    def ended_at_stop_sequence(self, sequence: str) -> None:
+        """The generation ended on ``sequence`` (matched by the model actor, which output
+        nothing of it): the terminal event ends the message with ``stop_sequence``."""
+        self._stop_sequence = sequence
+
     def stop_on_sequence(self, usage: Usage) -> list[JsonObject]:
         """End the message after ``stopped_at`` matched, with the usage counted so far."""
         assert self.stopped_at is not None
@@ -359,7 +324,9 @@ class MessageEncoder:
         usage = usage_from_response(response) or Usage(self._input_tokens, 0)
         out = self._close_open()
         reason: StopReason
-        if incomplete:
+        if self._stop_sequence is not None:
+            reason = "stop_sequence"
+        elif incomplete:
             exhausted = usage.output_tokens >= self._max_tokens
             reason = "max_tokens" if exhausted else "model_context_window_exceeded"
         elif any(block.kind == "tool_use" for block in self._blocks):

@@ -55,6 +55,8 @@ class CreateRequest:
     # context_management's compact_threshold (issue 6): compact the history before generating
     # when the rendered input reaches it or leaves no room for output; None: never.
     compact_threshold: int | None = None
+    # Text that ends generation when produced (the Anthropic encoding's ``stop_sequences``).
+    stop_sequences: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,80 @@
+"""One response's event log: the events its task published, for every subscriber.
+
+Invariants:
+- An ``EventLog`` has exactly one writer, the response task that owns it; any number of
+  subscribers (an SSE body, a JSON answer, the Anthropic encoder, a replaying ``GET
+  ?stream=true``) wait on it. Events are only appended, never changed; ``close`` is final,
+  records the final object, and wakes every reader.
+- A stored response's record is in the response store before its log closes, so a
+  subscriber that saw the terminal event and then GETs the response finds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from ..storage.interface import scoped
+
+JsonObject = dict[str, Any]
+
+
+class EventLog:
+    """The events of one response, in order (single writer, many readers)."""
+
+    def __init__(
+        self, response_id: str, snapshot: Callable[[], JsonObject], owner: str = ""
+    ) -> None:
+        self.response_id = response_id
+        self.owner = owner
+        self.key = scoped(owner, response_id)
+        self._snapshot = snapshot
+        self._events: list[JsonObject] = []
+        self._closed = False
+        self._changed = trio.Event()
+        self.prompt_tokens = 0  # set by the owner once its prompt is admitted
+        self.final: JsonObject | None = None  # the final object, once closed
+        # The stop sequence that ended the generation, once closed (the Anthropic encoding).
+        self.stop_sequence: str | None = None
+
+    async def wait_closed(self) -> None:
+        while not self._closed:
+            await self._changed.wait()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def events(self) -> tuple[JsonObject, ...]:
+        return tuple(self._events)
+
+    def snapshot(self) -> JsonObject:
+        """The response object as it stands now (a fresh copy); the final one once closed."""
+        return dict(self.final) if self.final is not None else self._snapshot()
+
+    def append(self, events: Sequence[JsonObject]) -> None:
+        if self._closed:
+            raise RuntimeError(f"event log of {self.response_id} is closed")
+        if events:
+            self._events.extend(events)
+            self._wake()
+
+    def close(self, final: JsonObject, stop_sequence: str | None = None) -> None:
+        if not self._closed:
+            self.final = final
+            self.stop_sequence = stop_sequence
+            self._closed = True
+            self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def wait_after(self, position: int) -> list[JsonObject]:
+        """Events from ``position`` on, waiting for some; ``[]`` once closed and read out."""
+        while position >= len(self._events) and not self._closed:
+            await self._changed.wait()
+        return self._events[position:]

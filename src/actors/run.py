@@ -1,0 +1,240 @@
+"""One response's generation: model output -> the event machine -> the log -> the store.
+
+Invariants:
+- A ``ResponseRun`` belongs to exactly one response task (its owner); only that task feeds its
+  machine and writes its log, so numbering, pairing and the single terminal event hold by
+  construction (the pure ``ResponseMachine``).
+- Every way a run ends goes through ``_end``: the final record goes to the response store (with
+  ``store``), the turn is appended to the conversation (when there is output), then the
+  terminal event is published and the log closes. A subscriber that reads the terminal event
+  and then GETs the response finds it.
+- Storing can fail without breaking the stream: if writing the records fails (or does not
+  finish within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
+  ``server_error`` instead, and that terminal event is the one published.
+- ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from typing import assert_never
+
+import trio
+
+from ..model.constrain import Grammar
+from ..model.slot import SequenceOutput
+from ..protocol.ids import new_id
+from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
+from ..protocol.objects import JsonObject, Usage
+from ..protocol.request import CreateRequest
+from ..storage.interface import StoredResponse
+from .admission import Admission
+from .event_log import EventLog
+from .prompt import PreparedPrompt
+from .runtime import Actors
+
+log = logging.getLogger(__name__)
+
+STORE_DEADLINE_SECONDS = 5
+# The store bytes a background job is assumed to need per token of its output budget.
+BYTES_PER_TOKEN = 16
+
+
+class ResponseRun:
+    """The state of one response; driven by its owner task with ``generate`` and the ends."""
+
+    def __init__(self, request: CreateRequest, prepared: PreparedPrompt, actors: Actors) -> None:
+        self.request = request
+        self.prepared = prepared
+        self._actors = actors
+        self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
+        self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
+        self._admission: Admission | None = None
+        self._output_tokens = 0
+        self._started = False
+        self._stop_sequence: str | None = None
+        # The grammar a deferred admission (a background job's compaction) will use.
+        self.grammar: Grammar | None = None
+
+    @property
+    def response_id(self) -> str:
+        return self._machine.response_id
+
+    @property
+    def terminal(self) -> bool:
+        return self._machine.terminal
+
+    def estimated_bytes(self, max_tokens: int) -> int:
+        """What this response will roughly hold in the store: its input, and up to
+        ``max_tokens`` tokens of output in its object and its events (approximate)."""
+        return 2048 + len(json.dumps(self.prepared.all_items)) + BYTES_PER_TOKEN * max_tokens
+
+    def snapshot(self) -> JsonObject:
+        return self._machine.snapshot()
+
+    def attach(self, admission: Admission) -> None:
+        """The run's sequence is admitted: generation may start."""
+        assert self._admission is None
+        self._admission = admission
+        self.log.prompt_tokens = admission.sequence.prompt_tokens
+
+    @property
+    def admission(self) -> Admission | None:
+        return self._admission
+
+    def usage(self) -> Usage:
+        """Token counts so far (final once the terminal event was sent)."""
+        admission = self._admission
+        if admission is None:
+            return Usage(0, 0)
+        reasoning = self._actors.model.count_tokens(admission.shaper.reasoning_text)
+        return Usage(
+            input_tokens=admission.sequence.prompt_tokens,
+            output_tokens=self._output_tokens,
+            reasoning_tokens=min(reasoning, self._output_tokens),
+        )
+
+    async def generate(self) -> None:
+        """Run the admitted sequence to the terminal event (cancellable at every await)."""
+        admission = self._admission
+        assert admission is not None
+        if not self._started and not self.request.config.background:
+            # A foreground response is in progress from the start (OpenAI sends created and
+            # in_progress at once); a background one stays queued until the model reports work.
+            self._start()
+        while not self._machine.terminal:
+            await self._apply(await admission.sequence.receive())
+
+    def _start(self) -> None:
+        self._started = True
+        compaction = self._admission.compaction if self._admission is not None else None
+        self._publish(self._machine.feed(Start(compaction)))
+
+    def _publish(self, events: list[JsonObject]) -> None:
+        self.log.append(events)
+
+    async def _apply(self, output: SequenceOutput) -> None:
+        admission = self._admission
+        assert admission is not None
+        working = output.prefill_done or output.text or output.finish in ("stop", "length")
+        if not self._started and working:
+            self._start()
+        events: list[JsonObject] = []
+        for step in admission.shaper.feed(output.text, output.logprobs):
+            events += self._machine.feed(step)
+        self._output_tokens += output.new_tokens
+        self._publish(events)
+        if output.finish is None:
+            return
+        terminal: MachineInput
+        match output.finish:
+            case "stop" | "length":
+                events = []
+                for step in admission.shaper.finish():
+                    events += self._machine.feed(step)
+                self._publish(events)
+                self._stop_sequence = output.stop_sequence
+                terminal = Finish(output.finish, self.usage(), int(time.time()))
+            case "cancelled":
+                terminal = Cancel(self.usage())
+            case "shutdown":
+                terminal = Fail("server_error", "The server is shutting down.", self.usage())
+            case "error":
+                terminal = Fail("server_error", "The model failed while generating.", self.usage())
+            case _:
+                assert_never(output.finish)
+        await self.end(terminal)
+
+    async def end_cancelled(self, *, record: bool) -> None:
+        """End a run whose owner was cancelled: the sequence leaves the batch at the next step,
+        the terminal is ``response.cancelled``; stored only when ``record`` (the cancel
+        endpoint, a background job), not when the client hung up."""
+        await self._release()
+        await self.end(Cancel(self.usage() if self._admission else None), record=record)
+
+    async def end_failed(self, message: str) -> None:
+        """End a run whose owner hit an unexpected error: ``failed`` / ``server_error``."""
+        await self._release()
+        await self.end(Fail("server_error", message, self.usage()))
+
+    async def _release(self) -> None:
+        admission = self._admission
+        if admission is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+                await admission.sequence.cancel()
+
+    async def end(self, terminal: MachineInput, *, record: bool = True) -> None:
+        """Publish the terminal event after the records are written (once)."""
+        if self._machine.terminal:
+            return
+        # The machine as it was, in case the records cannot be written (its config is frozen
+        # and shared, not copied).
+        config = self.request.config
+        before = copy.deepcopy(self._machine, {id(config): config}) if record else None
+        closing = self._machine.feed(terminal)
+        if record:
+            # Shielded: a hang-up at this instant must not leave the store or the
+            # conversation half-told.
+            written = False
+            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+                try:
+                    await self._finish_records(closing)
+                    written = True
+                except Exception:
+                    log.exception("could not store response %s", self.response_id)
+            if not written and before is not None:
+                self._machine = before
+                usage = self.usage()
+                closing = self._machine.feed(
+                    Fail("server_error", "The response could not be stored.", usage)
+                )
+        self._publish(closing)
+        self.log.close(self._machine.snapshot(), self._stop_sequence)
+
+    async def _finish_records(self, closing: list[JsonObject]) -> None:
+        final = self._machine.snapshot()
+        config = self.request.config
+        actors = self._actors
+        if config.store and actors.store.enabled:
+            record = StoredResponse(
+                final, self.prepared.all_items, self.log.events + tuple(closing), self.request.owner
+            )
+            await actors.store.put(record)
+            if config.background and await actors.store.get(record.id, record.owner) is None:
+                # Spec 000: a job whose final object alone exceeds the byte budget still
+                # leaves an answer for its pollers.
+                await actors.store.put(self._too_large(final, record.owner))
+        output = final.get("output") or []
+        finished = final["status"] in ("completed", "incomplete")
+        if finished and actors.echo is not None:
+            await actors.echo.remember(self.request.owner, output)
+        if config.conversation_id is not None and output and finished:
+            await actors.conversations.append(
+                config.conversation_id, self.prepared.new_items + tuple(output), self.request.owner
+            )
+
+    def _too_large(self, final: JsonObject, owner: str) -> StoredResponse:
+        failed = {
+            **final,
+            "status": "failed",
+            "output": [],
+            "completed_at": None,
+            "incomplete_details": None,
+            "error": {
+                "code": "server_error",
+                "message": "The response finished but its final object is larger than the "
+                "response store's byte budget (--responses-store-max-bytes).",
+            },
+        }
+        events = (
+            {
+                "type": "response.created",
+                "sequence_number": 0,
+                "response": {**failed, "error": None, "status": "queued"},
+            },
+            {"type": "response.failed", "sequence_number": 1, "response": failed},
+        )
+        return StoredResponse(failed, self.prepared.all_items, events, owner)

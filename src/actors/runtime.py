@@ -1,0 +1,36 @@
+"""The handles of the actor tree, as one value: what every response task and route talks to.
+
+``serve`` builds it once the actors have started; the HTTP app, the response supervisor's
+tasks and the tests all receive this one object (with the settings it was started from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .conversation_store import ConversationStoreHandle
+from .event_log import EventLog
+from .file_store import FileStoreHandle
+from .model import ModelHandle
+from .reasoning_echo import ReasoningEchoHandle
+from .response_store import ResponseStoreHandle
+
+
+class RunningResponses(Protocol):
+    """Finds a response that is still running (the response supervisor answers)."""
+
+    async def find(self, response_id: str, owner: str = "") -> EventLog | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Actors:
+    """The handles a response task talks to."""
+
+    model: ModelHandle
+    store: ResponseStoreHandle
+    conversations: ConversationStoreHandle
+    files: FileStoreHandle
+    echo: ReasoningEchoHandle | None = None
+    # How long a store: false background job's final object stays readable (spec 000).
+    ephemeral_ttl_seconds: float = 600.0

@@ -1,0 +1,71 @@
+"""The one create pipeline every transport uses: parse -> inline files -> open -> subscribe.
+
+Invariants:
+- A transport only subscribes: it opens a response through the response supervisor and reads
+  the response's event log; it never drives generation or touches another actor's state.
+- A foreground response opened here subscribes to the request's lifetime
+  (``lifetime.presence``): when the request ends before the response does (the client left at
+  any point), the response task cancels itself with the reason "client disconnected". A
+  background response does not: its subscribers come and go.
+- Refusals (``ApiError``, the job limits as 429) are raised before any byte of the answer,
+  and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from quart import request
+
+from ..actors.event_log import EventLog
+from ..actors.supervisor import TooManyJobs
+from ..protocol.errors import ApiError
+from ..protocol.objects import JsonObject
+from ..protocol.request import CreateRequest
+from ..protocol.sse import encode_sse
+from .common import decode_json_body, runtime, tenant
+from .file_inputs import inline_file_inputs
+from .lifetime import presence
+
+
+def too_many_jobs(why: str) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limit_exceeded",
+        f"Too many active background responses: {why}; retry after one finishes.",
+        code="rate_limit_exceeded",
+    )
+
+
+async def read_body() -> object:
+    """The request's JSON body, strictly decoded (read whole: a keep-alive stays usable)."""
+    return decode_json_body(await request.get_data(cache=False, as_text=False))
+
+
+async def read_create_body() -> object:
+    """The body, with ``input_file`` parts already turned into text."""
+    return await inline_file_inputs(await read_body(), runtime().files, tenant())
+
+
+async def open_response(create: CreateRequest) -> EventLog:
+    """Start ``create`` as a response task; its log once it exists. Raises ``ApiError``."""
+    # The response task owns this clone from here (and closes it when it ends).
+    watching = None if create.config.background else presence()
+    try:
+        return await runtime().responses.open(create, watching)
+    except TooManyJobs as exc:
+        raise too_many_jobs(str(exc)) from None
+
+
+async def final_object(log: EventLog) -> JsonObject:
+    """Wait for the response's end; its final object."""
+    await log.wait_closed()
+    return log.snapshot()
+
+
+async def follow(log: EventLog, start: int = 0) -> AsyncIterator[bytes]:
+    """The log's events from ``start`` on as SSE, live, until the terminal event."""
+    position = start
+    while events := await log.wait_after(position):
+        position += len(events)
+        yield b"".join(encode_sse(event) for event in events)

@@ -1,0 +1,32 @@
+"""The server's settings: one frozen value, built by the CLI (or a test) and read by everyone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actors.model import ModelSettings
+from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
+from .http.auth import OPEN, ApiKeys
+from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
+from .storage.interface import StoreLimits
+
+# Spec 000, Storage Flags.
+DEFAULT_RESPONSE_LIMITS = StoreLimits(max_entries=1024, max_bytes=268435456, ttl_seconds=3600)
+DEFAULT_CONVERSATION_LIMITS = StoreLimits(max_entries=256, max_bytes=67108864, ttl_seconds=3600)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str
+    port: int
+    model: ModelSettings
+    graceful_timeout: float = 10.0
+    responses_store: StoreLimits = DEFAULT_RESPONSE_LIMITS
+    conversation_store: StoreLimits = DEFAULT_CONVERSATION_LIMITS
+    files: FileLimits = DEFAULT_FILE_LIMITS
+    background_max_jobs: int = 64
+    background_ephemeral_ttl_seconds: float = 600.0
+    drop_unsupported_tools: bool = False
+    api_keys: ApiKeys = OPEN
+    max_request_bytes: int = 32 * 1024 * 1024
+    reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
