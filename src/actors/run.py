@@ -158,7 +158,11 @@ class ResponseRun:
     async def end_failed(self, message: str) -> None:
         """End a run whose owner hit an unexpected error: ``failed`` / ``server_error``."""
         await self._release()
-        await self.end(Fail("server_error", message, self.usage()))
+        try:
+            usage: Usage | None = self.usage()
+        except Exception:  # the same fault may break the counts
+            usage = None
+        await self.end(Fail("server_error", message, usage))
 
     async def _release(self) -> None:
         admission = self._admission

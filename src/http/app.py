@@ -85,6 +85,11 @@ async def on_api_error(error: ApiError) -> Response:
 
 async def on_http_error(error: HTTPException) -> Response:
     status = error.code or 500
+    if has_websocket_context() and status in (400, 404, 405):
+        # An upgrade on a route that has only HTTP (werkzeug says "websocket mismatch").
+        return error_response(
+            ApiError(404, "not_found_error", f"There is no WebSocket mode at {websocket.path}.")
+        )
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     message = (
         f"Unknown route: {_where()}." if status in (404, 405) else (error.description or error.name)
