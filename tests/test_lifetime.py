@@ -99,7 +99,9 @@ async def test_a_hang_up_during_prefill_frees_the_batch(nursery: trio.Nursery) -
 async def test_a_hang_up_during_decode_frees_the_batch(server: ServerHandle, stream: bool) -> None:
     model = server.model
     with trio.fail_after(DEADLINE):
-        connection = await open_stream(server.base_url, "/v1/responses", {**COUNT, "stream": stream})
+        connection = await open_stream(
+            server.base_url, "/v1/responses", {**COUNT, "stream": stream}
+        )
         if stream:
             await read_until(connection, b"event: response.output_text.delta", count=3)
         else:
@@ -141,10 +143,9 @@ async def test_a_background_job_outlives_its_creator_hanging_up(server: ServerHa
         await connection.aclose()
         job_id = head.split(b'"id":"', 1)[1].split(b'"', 1)[0].decode()
         async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
-            while (data := (await http.get(f"/v1/responses/{job_id}")).json())["status"] in (
-                "queued",
-                "in_progress",
-            ):
+            while (data := (await http.get(f"/v1/responses/{job_id}")).json())[  # noqa: ASYNC110
+                "status"
+            ] in ("queued", "in_progress"):
                 await trio.sleep(0.01)
     assert data["status"] == "completed"
     await assert_nothing_left(server)
@@ -161,7 +162,7 @@ async def test_an_exception_inside_a_running_job_fails_it_and_it_stays_pollable(
             job = (await http.post("/v1/responses", json={**COUNT, "background": True})).json()
             await wait_until(lambda: server.model.statistics().tokens_generated > 3)
             faults.poison()
-            while (data := (await http.get(f"/v1/responses/{job['id']}")).json())[
+            while (data := (await http.get(f"/v1/responses/{job['id']}")).json())[  # noqa: ASYNC110
                 "status"
             ] in ("queued", "in_progress"):
                 await trio.sleep(0.01)
@@ -206,9 +207,7 @@ async def test_a_sequence_whose_logits_processor_raises_fails_alone(server: Serv
         return logits
 
     with trio.fail_after(DEADLINE):
-        healthy = [
-            await model.submit(GenerationRequest(prompt, 40, 0.0, 1.0)) for _ in range(3)
-        ]
+        healthy = [await model.submit(GenerationRequest(prompt, 40, 0.0, 1.0)) for _ in range(3)]
         broken = await model.submit(
             GenerationRequest(prompt, 40, 0.0, 1.0, make_processors=lambda: [processor])
         )

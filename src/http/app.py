@@ -117,6 +117,7 @@ async def responses_websocket() -> Response:
 async def health() -> Response:
     rt = runtime()
     stats = rt.model.statistics()
+    books = rt.responses.statistics()
     return json_response(
         {
             "status": "ok",
@@ -131,6 +132,12 @@ async def health() -> Response:
                 "sequences_finished": stats.sequences_finished,
                 "sequences_cancelled": stats.sequences_cancelled,
                 "sequences_failed": stats.sequences_failed,
+                "steps": stats.steps,
+            },
+            "responses": {
+                "tasks": books.tasks,
+                "running": books.running,
+                "jobs_active": books.jobs_active,
             },
         }
     )
