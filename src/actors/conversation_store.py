@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import assert_never
 
 import trio
 
@@ -208,3 +209,5 @@ def _handle(backend: ConversationStorage, message: ConversationMessage) -> None:
                     current = replace(current, items=kept)
                     backend.put(current)
             reply.send(current)
+        case _:
+            assert_never(message)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 import trio
 
@@ -165,3 +166,5 @@ def _handle(backend: FileStorage, message: FileMessage, wall_clock: Callable[[],
             reply.send(backend.list(owner, purpose))
         case DeleteFile(owner, file_id, reply):
             reply.send(backend.delete(file_id, owner))
+        case _:
+            assert_never(message)

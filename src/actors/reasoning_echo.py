@@ -18,7 +18,7 @@ import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import trio
 
@@ -133,4 +133,6 @@ async def run_reasoning_echo(
                 case Recall(keys, reply):
                     found = {k: v for k in keys if (v := memory.get(k, now)) is not None}
                     reply.send(found)
+                case _:
+                    assert_never(message)
             handle._stats = memory.statistics()

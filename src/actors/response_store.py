@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import assert_never
 
 import trio
 
@@ -119,3 +120,5 @@ def _handle(backend: ResponseStorage, message: StoreMessage) -> None:
             reply.send(backend.get(response_id))
         case DeleteResponse(response_id, reply):
             reply.send(backend.delete(response_id))
+        case _:
+            assert_never(message)

@@ -94,70 +94,76 @@ def _translate(
     return out
 
 
-def register_messages_routes(app: QuartTrio) -> None:
-    @app.after_request
-    async def anthropic_envelope(response: Response) -> Response:
-        """Errors answered outside these views, re-rendered in Anthropic's envelope."""
-        if (
-            not _is_messages_path(request.path)
-            or response.status_code < 400
-            or response.mimetype != "application/json"
-        ):
-            return response
-        try:
-            data = json.loads(await response.get_data(as_text=True))
-        except ValueError:
-            data = {}
-        if isinstance(data, dict) and data.get("type") == "error":
-            return response  # already Anthropic's
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-        return anthropic_error(response.status_code, message or "The request failed.")
+async def anthropic_envelope(response: Response) -> Response:
+    """Errors answered outside these views, re-rendered in Anthropic's envelope."""
+    if (
+        not _is_messages_path(request.path)
+        or response.status_code < 400
+        or response.mimetype != "application/json"
+    ):
+        return response
+    try:
+        data = json.loads(await response.get_data(as_text=True))
+    except ValueError:
+        data = {}
+    if isinstance(data, dict) and data.get("type") == "error":
+        return response  # already Anthropic's
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return anthropic_error(response.status_code, message or "The request failed.")
 
-    def encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder:
-        return MessageEncoder(
-            message_id=new_id("msg"),
-            model=request_.model,
-            input_tokens=input_tokens,
-            max_tokens=request_.max_tokens,
-            # Matched by the model actor on the generation thread, not here.
-            stop_sequences=(),
-            omit_thinking=request_.omit_thinking,
-        )
 
-    @mount(app, "/messages", ["POST"])
-    @_anthropic_errors
-    async def create_message() -> Response:
-        request_ = parse_messages_request(await read_body(), owner=tenant())
-        if request_.max_tokens == 0:
-            return await empty_message(request_)
-        log = await open_response(request_.create)
-        encoder = encoder_for(request_, log.prompt_tokens)
-        if not request_.create.stream:
-            await log.wait_closed()
-            _translate(encoder, log, list(log.events))
-            if encoder.error is not None:
-                return anthropic_error(500, encoder.error[1])
-            return json_response(encoder.message())
-        return sse_response(_message_stream(encoder, log))
+def _encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder:
+    return MessageEncoder(
+        message_id=new_id("msg"),
+        model=request_.model,
+        input_tokens=input_tokens,
+        max_tokens=request_.max_tokens,
+        # Matched by the model actor on the generation thread, not here.
+        stop_sequences=(),
+        omit_thinking=request_.omit_thinking,
+    )
 
-    async def empty_message(request_: MessagesRequest) -> Response:
-        """``max_tokens`` 0: the prompt is validated and counted, nothing is generated."""
-        rt = runtime()
-        prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
-        encoder = encoder_for(request_, len(prepared.prompt))
-        events = encoder.finish_empty(Usage(len(prepared.prompt), 0))
-        if request_.create.stream:
-            return sse_response(_once(_encode(events)))
+
+@_anthropic_errors
+async def create_message() -> Response:
+    request_ = parse_messages_request(await read_body(), owner=tenant())
+    if request_.max_tokens == 0:
+        return await _empty_message(request_)
+    log = await open_response(request_.create)
+    encoder = _encoder_for(request_, log.prompt_tokens)
+    if not request_.create.stream:
+        await log.wait_closed()
+        _translate(encoder, log, list(log.events))
+        if encoder.error is not None:
+            return anthropic_error(500, encoder.error[1])
         return json_response(encoder.message())
+    return sse_response(_message_stream(encoder, log))
 
-    @mount(app, "/messages/count_tokens", ["POST"])
-    @_anthropic_errors
-    async def count_message_tokens() -> Response:
-        request_ = parse_count_tokens_request(await read_body(), owner=tenant())
-        rt = runtime()
-        prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
-        return json_response({"input_tokens": len(prepared.prompt)})
+
+async def _empty_message(request_: MessagesRequest) -> Response:
+    """``max_tokens`` 0: the prompt is validated and counted, nothing is generated."""
+    rt = runtime()
+    prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
+    encoder = _encoder_for(request_, len(prepared.prompt))
+    events = encoder.finish_empty(Usage(len(prepared.prompt), 0))
+    if request_.create.stream:
+        return sse_response(_once(_encode(events)))
+    return json_response(encoder.message())
+
+
+@_anthropic_errors
+async def count_message_tokens() -> Response:
+    request_ = parse_count_tokens_request(await read_body(), owner=tenant())
+    rt = runtime()
+    prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
+    return json_response({"input_tokens": len(prepared.prompt)})
+
+
+def register_messages_routes(app: QuartTrio) -> None:
+    app.after_request(anthropic_envelope)
+    mount(app, "/messages", ["POST"])(create_message)
+    mount(app, "/messages/count_tokens", ["POST"])(count_message_tokens)
 
 
 async def _message_stream(encoder: MessageEncoder, log: EventLog) -> AsyncIterator[bytes]:

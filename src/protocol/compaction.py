@@ -26,14 +26,10 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import ApiError, invalid_request
 from .items import (
     Compaction,
     FunctionCall,
@@ -42,9 +38,8 @@ from .items import (
     InputMessage,
     Reasoning,
     TurnItem,
-    item_json,
-    json_type,
-    parse_item,
+    decode_compaction,
+    encode_compaction,
 )
 
 __all__ = [
@@ -65,7 +60,6 @@ __all__ = [
     "transcript",
 ]
 
-FORMAT_VERSION: Final = 1
 SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n"
 # Spec 000: the summary's max_output_tokens defaults to 1024, from 1 to 16384.
 DEFAULT_SUMMARY_TOKENS: Final = 1024
@@ -218,53 +212,3 @@ def split_history(
     summarized = tuple(item for i, item in enumerate(turns[:at]) if i != latest_user)
     moved = (turns[latest_user],) if 0 <= latest_user < at else ()
     return Split(kept, prior, summarized, moved + tuple(turns[at:]))
-
-
-# --- encrypted_content --------------------------------------------------------------------
-
-
-def encode_compaction(compaction: Compaction) -> str:
-    items = []
-    for item in compaction.retained:
-        shaped = item_json(item, "-")
-        del shaped["id"]  # ids are minted again on output; the content needs none
-        items.append(shaped)
-    payload = {"v": FORMAT_VERSION, "summary": compaction.summary, "items": items}
-    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _malformed(path: str, why: str) -> ApiError:
-    param = f"{path}.encrypted_content"
-    return invalid_request(f"Invalid value for '{param}': {why}.", param)
-
-
-def decode_compaction(text: str, path: str) -> Compaction:
-    """The ``encrypted_content`` of the compaction item at ``path``; raises a 400."""
-    try:
-        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
-        raise _malformed(path, "not base64url text from a compaction item") from None
-    try:
-        payload = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise _malformed(path, "the decoded content is not JSON") from None
-    if not isinstance(payload, dict):
-        raise _malformed(path, f"the decoded content is {json_type(payload)}, not an object")
-    if set(payload) != {"v", "summary", "items"}:
-        keys = ", ".join(sorted(map(repr, payload)))
-        raise _malformed(path, f"expected the keys 'v', 'summary', 'items', found {keys}")
-    if payload["v"] != FORMAT_VERSION:
-        raise _malformed(path, f"unsupported version {payload['v']!r} (expected 1)")
-    summary, items = payload["summary"], payload["items"]
-    if not isinstance(summary, str):
-        raise _malformed(path, f"'summary' is {json_type(summary)}, not a string")
-    if not isinstance(items, list):
-        raise _malformed(path, f"'items' is {json_type(items)}, not an array")
-    retained: list[TurnItem] = []
-    for index, raw_item in enumerate(items):
-        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]")
-        if isinstance(item, Compaction):
-            raise _malformed(path, f"retained item {index} is itself a compaction item")
-        retained.append(item)
-    return Compaction(summary, tuple(retained))

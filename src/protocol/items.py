@@ -16,6 +16,8 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
@@ -144,9 +146,6 @@ _COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created
 
 
 def _parse_compaction(item: JsonObject, path: str) -> Compaction:
-    # compaction.py builds on this module (it parses the retained items with ``parse_item``).
-    from .compaction import decode_compaction
-
     extra = set(item) - _COMPACTION_KEYS
     if extra:
         key = sorted(extra)[0]
@@ -290,8 +289,6 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "content": [{"type": "reasoning_text", "text": text}] if text else None,
             }
         case Compaction():
-            from .compaction import encode_compaction  # see _parse_compaction
-
             return {
                 "id": item_id or new_id("cmp"),
                 "type": "compaction",
@@ -305,3 +302,56 @@ def read_item(item: JsonObject) -> InputItem | None:
         return parse_item(item, "item")
     except ApiError:
         return None
+
+
+COMPACTION_FORMAT_VERSION: Final = 1
+
+
+# --- the compaction item's encrypted_content (base64url JSON; spec 000) --------------------------------------------------------------------
+
+
+def encode_compaction(compaction: Compaction) -> str:
+    items = []
+    for item in compaction.retained:
+        shaped = item_json(item, "-")
+        del shaped["id"]  # ids are minted again on output; the content needs none
+        items.append(shaped)
+    payload = {"v": COMPACTION_FORMAT_VERSION, "summary": compaction.summary, "items": items}
+    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _malformed(path: str, why: str) -> ApiError:
+    param = f"{path}.encrypted_content"
+    return invalid_request(f"Invalid value for '{param}': {why}.", param)
+
+
+def decode_compaction(text: str, path: str) -> Compaction:
+    """The ``encrypted_content`` of the compaction item at ``path``; raises a 400."""
+    try:
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise _malformed(path, "not base64url text from a compaction item") from None
+    try:
+        payload = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _malformed(path, "the decoded content is not JSON") from None
+    if not isinstance(payload, dict):
+        raise _malformed(path, f"the decoded content is {json_type(payload)}, not an object")
+    if set(payload) != {"v", "summary", "items"}:
+        keys = ", ".join(sorted(map(repr, payload)))
+        raise _malformed(path, f"expected the keys 'v', 'summary', 'items', found {keys}")
+    if payload["v"] != COMPACTION_FORMAT_VERSION:
+        raise _malformed(path, f"unsupported version {payload['v']!r} (expected 1)")
+    summary, items = payload["summary"], payload["items"]
+    if not isinstance(summary, str):
+        raise _malformed(path, f"'summary' is {json_type(summary)}, not a string")
+    if not isinstance(items, list):
+        raise _malformed(path, f"'items' is {json_type(items)}, not an array")
+    retained: list[TurnItem] = []
+    for index, raw_item in enumerate(items):
+        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]")
+        if isinstance(item, Compaction):
+            raise _malformed(path, f"retained item {index} is itself a compaction item")
+        retained.append(item)
+    return Compaction(summary, tuple(retained))
