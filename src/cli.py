@@ -178,6 +178,22 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         int,
         "largest request body accepted; a larger one is 413",
     ),
+    # Decision 24: the WebSocket mode of /v1/responses (docs/websocket.md).
+    Flag(
+        "--websocket-max-connections",
+        "MLX_RESPONSES_WEBSOCKET_MAX_CONNECTIONS",
+        16,
+        int,
+        "most open WebSocket connections per API key; more are refused with "
+        "websocket_connection_limit_reached",
+    ),
+    Flag(
+        "--websocket-max-seconds",
+        "MLX_RESPONSES_WEBSOCKET_MAX_SECONDS",
+        3600,
+        float,
+        "longest life of a WebSocket connection; then it closes with 1001 (clients reconnect)",
+    ),
     # Decision 13: the Files API's in-memory store (docs/files.md).
     Flag(
         "--files-max-bytes",
@@ -294,6 +310,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--reasoning-echo-max-bytes must not be negative")
     if args.max_request_bytes < 1:
         raise SystemExit("--max-request-bytes must be at least 1")
+    if args.websocket_max_connections < 0:
+        raise SystemExit("--websocket-max-connections must not be negative")
+    if args.websocket_max_seconds <= 0:
+        raise SystemExit("--websocket-max-seconds must be above 0")
     try:
         api_keys = load_api_keys(args.api_key or args.env_api_keys, args.api_keys_file)
     except OSError as exc:
@@ -320,6 +340,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         api_keys=api_keys,
         max_request_bytes=args.max_request_bytes,
         reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
+        websocket_max_connections=args.websocket_max_connections,
+        websocket_max_seconds=float(args.websocket_max_seconds),
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
     )
 

@@ -46,3 +46,7 @@ class Runtime:
 
     def shutdown(self) -> None:
         self._stop.set()
+
+    async def wait_stopping(self) -> None:
+        """Return once shutdown has begun."""
+        await self._stop.wait()

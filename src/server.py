@@ -74,6 +74,7 @@ async def serve(
                 max_jobs=settings.background_max_jobs,
                 max_job_bytes=settings.responses_store.max_bytes,
                 ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
+                max_sockets_per_tenant=settings.websocket_max_connections,
             ),
         )
         runtime = Runtime(settings, actors, responses, int(time.time()), stop)

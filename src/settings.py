@@ -30,3 +30,6 @@ class ServerSettings:
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
+    # The WebSocket mode: most open connections per tenant, and a connection's longest life.
+    websocket_max_connections: int = 16
+    websocket_max_seconds: float = 3600.0

@@ -337,9 +337,9 @@ async def test_a_body_over_the_limit_is_answered_and_the_next_request_served(
 
 
 @pytest.mark.parametrize(
-    ("path", "status"), [("/v1/responses", 426), ("/responses", 426), ("/v1/models", 404)]
+    ("path", "status"), [("/v1/models", 404), ("/v1/nowhere", 404), ("/health", 404)]
 )
-async def test_a_websocket_upgrade_gets_a_4xx_in_the_envelope(
+async def test_a_websocket_upgrade_without_a_websocket_mode_is_a_404(
     server: ServerHandle, path: str, status: int
 ) -> None:
     host = server.base_url.removeprefix("http://")
@@ -360,4 +360,5 @@ async def test_a_websocket_upgrade_gets_a_4xx_in_the_envelope(
                 seen += chunk
     assert seen.startswith(f"HTTP/1.1 {status}".encode()), seen[:200]
     envelope = json.loads(seen.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[-1].strip() or b"{}")
-    assert envelope["error"]["type"] in ("invalid_request_error", "not_found_error")
+    assert envelope["error"]["type"] == "not_found_error"
+    assert "no WebSocket mode" in envelope["error"]["message"]

@@ -35,6 +35,8 @@ class EventLog:
         self._closed = False
         self._changed = trio.Event()
         self.prompt_tokens = 0  # set by the owner once its prompt is admitted
+        # Every item the response was generated from (history and input), set by the owner.
+        self.input_items: tuple[JsonObject, ...] = ()
         self.final: JsonObject | None = None  # the final object, once closed
         # The stop sequence that ended the generation, once closed (the Anthropic encoding).
         self.stop_sequence: str | None = None

@@ -72,6 +72,8 @@ async def load_history(
 ) -> tuple[JsonObject, ...]:
     """The items a ``previous_response_id`` or ``conversation`` replays (decision 9)."""
     config = request.config
+    if request.replay is not None:
+        return request.replay
     if config.previous_response_id is not None:
         previous_id = config.previous_response_id
         if not actors.store.enabled:

@@ -52,6 +52,8 @@ class ResponseRun:
         self._actors = actors
         self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
+        self.log.input_items = prepared.all_items
+        self.log.prompt_tokens = len(prepared.prompt)
         self._admission: Admission | None = None
         self._output_tokens = 0
         self._started = False
@@ -147,6 +149,19 @@ class ResponseRun:
             case _:
                 assert_never(output.finish)
         await self.end(terminal)
+
+    async def end_without_generating(self) -> None:
+        """A warm-up (``generate: false``): a chainable response with no output."""
+        self._start()
+        usage = Usage(len(self.prepared.prompt), 0)
+        await self.end(Finish("stop", usage, int(time.time())))
+
+    async def end_steered(self) -> None:
+        """Steering input arrived for a continuation: stop here, ``incomplete`` / ``steered``."""
+        await self._release()
+        if not self._started:
+            self._start()
+        await self.end(Finish("steered", self.usage(), int(time.time())))
 
     async def end_cancelled(self, *, record: bool) -> None:
         """End a run whose owner was cancelled: the sequence leaves the batch at the next step,

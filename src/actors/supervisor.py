@@ -41,7 +41,7 @@ from .runtime import Actors
 
 log = logging.getLogger(__name__)
 
-CancelReason = Literal["cancel requested", "client disconnected", "shutdown"]
+CancelReason = Literal["cancel requested", "client disconnected", "shutdown", "steered"]
 
 
 class TooManyJobs(RuntimeError):
@@ -89,9 +89,11 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class CancelResponse:
-    """Sender: the cancel endpoint. Reply: the running response's log, None if not running."""
+    """Sender: the cancel endpoint (or a WebSocket steer, with ``reason`` "steered"). Reply:
+    the running response's log, None if not running."""
 
     key: str
+    reason: CancelReason
     reply: Reply[EventLog | None]
 
 
@@ -111,7 +113,25 @@ class Forget:
     reply: Reply[bool]
 
 
-SupervisorMessage = Open | Register | Reserve | Ended | CancelResponse | Find | Forget
+@dataclass(frozen=True, slots=True)
+class OpenSocket:
+    """Sender: the WebSocket route, on an upgrade. Reply: whether ``owner`` is under its limit
+    of open connections (then the connection counts until ``CloseSocket``)."""
+
+    owner: str
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSocket:
+    """Sender: the WebSocket route, when a counted connection ends."""
+
+    owner: str
+
+
+SupervisorMessage = (
+    Open | Register | Reserve | Ended | CancelResponse | Find | Forget | OpenSocket | CloseSocket
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -141,6 +161,7 @@ class SupervisorStatistics:
     jobs_active: int = 0
     jobs_started: int = 0
     jobs_finished: int = 0
+    sockets: int = 0  # open WebSocket connections
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +169,7 @@ class SupervisorSettings:
     max_jobs: int = 64
     max_job_bytes: int = 1 << 62
     ephemeral_ttl_seconds: float = 600.0
+    max_sockets_per_tenant: int = 16
 
 
 class ResponseSupervisorHandle:
@@ -172,7 +194,15 @@ class ResponseSupervisorHandle:
     async def cancel(self, response_id: str, owner: str = "") -> EventLog | None:
         """Cancel ``owner``'s running response; its log (None: not running)."""
         key = scoped(owner, response_id)
-        return await ask(self._mailbox, lambda reply: CancelResponse(key, reply))
+        return await ask(
+            self._mailbox, lambda reply: CancelResponse(key, "cancel requested", reply)
+        )
+
+    async def steer(self, response_id: str, owner: str = "") -> EventLog | None:
+        """End ``owner``'s running response ``incomplete`` / ``steered`` (a successor follows);
+        its log (None: not running)."""
+        key = scoped(owner, response_id)
+        return await ask(self._mailbox, lambda reply: CancelResponse(key, "steered", reply))
 
     async def find(self, response_id: str, owner: str = "") -> EventLog | None:
         """``owner``'s running (or retained) response ``response_id``."""
@@ -182,6 +212,14 @@ class ResponseSupervisorHandle:
     async def forget(self, response_id: str, owner: str = "") -> bool:
         key = scoped(owner, response_id)
         return await ask(self._mailbox, lambda reply: Forget(key, reply))
+
+    async def open_socket(self, owner: str) -> bool:
+        """Count a WebSocket connection of ``owner``; False when it is at its limit."""
+        return await ask(self._mailbox, lambda reply: OpenSocket(owner, reply))
+
+    async def close_socket(self, owner: str) -> None:
+        with trio.CancelScope(shield=True):
+            await self._mailbox.send(CloseSocket(owner))
 
     def statistics(self) -> SupervisorStatistics:
         return self._stats
@@ -228,12 +266,12 @@ async def run_response_supervisor(
                         reply.send(None)
                 case Ended(entry):
                     state.ended(entry, trio.current_time())
-                case CancelResponse(key, reply):
+                case CancelResponse(key, reason, reply):
                     found = state.entries.get(key)
                     if found is None or found.log is None or found.log.closed:
                         reply.send(None)
                     else:
-                        found.cancel("cancel requested")
+                        found.cancel(reason)
                         reply.send(found.log)
                 case Find(key, reply):
                     found = state.entries.get(key)
@@ -244,6 +282,16 @@ async def run_response_supervisor(
                     if retained:
                         del state.entries[key]
                     reply.send(retained)
+                case OpenSocket(owner, reply):
+                    count = state.sockets.get(owner, 0)
+                    allowed = count < settings.max_sockets_per_tenant
+                    if allowed:
+                        state.sockets[owner] = count + 1
+                    reply.send(allowed)
+                case CloseSocket(owner):
+                    state.sockets[owner] -= 1
+                    if not state.sockets[owner]:
+                        del state.sockets[owner]
                 case _:
                     assert_never(message)
             handle._stats = state.statistics()
@@ -260,6 +308,7 @@ class _State:
         self.jobs_started = 0
         self.jobs_finished = 0
         self.job_bytes = 0
+        self.sockets: dict[str, int] = {}  # tenant -> open WebSocket connections
 
     def admit(self, request: CreateRequest, reply: Reply[EventLog]) -> _Entry | None:
         background = request.config.background
@@ -304,6 +353,7 @@ class _State:
             jobs_active=self.jobs_active,
             jobs_started=self.jobs_started,
             jobs_finished=self.jobs_finished,
+            sockets=sum(self.sockets.values()),
         )
 
 
@@ -355,7 +405,9 @@ async def _open(
             budget = output_budget(request, len(prepared.prompt), window)
             size = run.estimated_bytes(max(budget, 0))
             await ask(mailbox, lambda reply: Reserve(entry, size, reply))
-        if compacting and entry.background:
+        if not request.generate:
+            pass  # a warm-up: nothing to admit
+        elif compacting and entry.background:
             pass  # compacted and admitted inside the job (a refusal ends it failed)
         elif compacting:
             compacted, step = await compact_for_request(request, prepared, actors)
@@ -392,6 +444,10 @@ async def _drive(
             async with trio.open_nursery() as nursery:
                 if presence is not None:
                     nursery.start_soon(_watch_presence, presence, entry)
+                if not request.generate:
+                    await run.end_without_generating()
+                    nursery.cancel_scope.cancel()
+                    return
                 if run.admission is None and not await _admit_later(run, request, actors):
                     nursery.cancel_scope.cancel()
                     return
@@ -400,7 +456,11 @@ async def _drive(
         except Exception:
             log.exception("response %s failed", run.response_id)
             await run.end_failed("The server had an internal error while generating this response.")
-    if not run.terminal:  # cancelled
+    if run.terminal:
+        return
+    if entry.reason == "steered":
+        await run.end_steered()
+    else:  # cancelled
         await run.end_cancelled(record=entry.reason != "client disconnected")
 
 

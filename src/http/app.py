@@ -9,8 +9,8 @@ Invariants:
   response opened by a request learns when the request ends, wherever the client left.
 - Every route reads (or discards) its request body before answering, so a keep-alive
   connection never wedges on an unread body; a body over the limit closes the connection.
-- A WebSocket upgrade on a route without a WebSocket mode gets a 4xx in the envelope (426 on
-  ``/v1/responses``, so clients fall back to HTTP at once), never a 500.
+- ``/v1/responses`` has a WebSocket mode (``websocket.py``); an upgrade on any other route gets
+  a 404 in the envelope, never a 500.
 - Every route is mounted with and without the ``/v1`` prefix (decision 19).
 """
 
@@ -31,6 +31,7 @@ from .files import register_file_routes
 from .lifetime import RequestLifetimes
 from .messages import register_messages_routes
 from .responses import register_response_routes
+from .websocket import responses_socket
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -49,13 +50,14 @@ def _where() -> str:
 
 
 async def authenticate() -> Response | None:
+    """HTTP requests and WebSocket upgrades alike (an upgrade refused here is an HTTP 401)."""
     g.tenant = ""
     keys = runtime().settings.api_keys
-    if not keys.enabled or request.path == "/health":
+    incoming = request if has_request_context() else websocket
+    if not keys.enabled or incoming.path == "/health":
         return None
-    presented = presented_key(
-        request.headers.get("Authorization"), request.headers.get("x-api-key")
-    )
+    headers = incoming.headers
+    presented = presented_key(headers.get("Authorization"), headers.get("x-api-key"))
     tenant = keys.tenant_of(presented)
     if tenant is None:
         return error_response(
@@ -100,18 +102,6 @@ async def on_http_error(error: HTTPException) -> Response:
 async def on_unexpected(error: Exception) -> Response:
     log.exception("unexpected error", exc_info=error)
     return error_response(ApiError(500, "server_error", "The server had an internal error."))
-
-
-async def responses_websocket() -> Response:
-    return error_response(
-        ApiError(
-            426,
-            "invalid_request_error",
-            "This server has no WebSocket mode on /v1/responses; use HTTP: POST /v1/responses "
-            "(stream: true for events).",
-            code="websocket_not_supported",
-        )
-    )
 
 
 async def health() -> Response:
@@ -183,13 +173,14 @@ def create_app(rt: Runtime) -> QuartTrio:
     # A larger body is 413 (Quart's RequestEntityTooLarge).
     app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
     app.before_request(authenticate)
+    app.before_websocket(authenticate)
     app.after_request(drain_body)
     app.register_error_handler(ApiError, on_api_error)
     app.register_error_handler(HTTPException, on_http_error)
     app.register_error_handler(Exception, on_unexpected)
     app.add_url_rule("/health", view_func=health, methods=["GET"])
     for rule in ("/v1/responses", "/responses"):
-        app.add_websocket(rule, view_func=responses_websocket, endpoint=f"ws{rule}")
+        app.add_websocket(rule, view_func=responses_socket, endpoint=f"ws{rule}")
     mount(app, "/models", ["GET"])(list_models)
     mount(app, "/models/<path:model_id>", ["GET"])(get_model)
     mount(app, "/chat/completions", ["POST"])(chat_completions)

@@ -35,6 +35,8 @@ Decisions where OpenAI leaves room:
   "max_output_tokens"``; the open item (reasoning, message, or a function call still streaming
   its arguments) is closed with item status ``incomplete``; a call keeps the arguments streamed
   so far, and gets its ``function_call_arguments.done`` with them, like text gets its ``.done``.
+- ``Finish(reason="steered")`` ends ``incomplete`` with ``incomplete_details.reason ==
+  "steered"``, closing the open item as ``length`` does.
 - ``Finish(reason="stop")`` while a call is open is illegal: the end-of-generation parse is
   authoritative, so the producer ends every call it began with ``ToolCallEnd`` first.
 - ``ToolCallEnd(arguments)`` is authoritative. When the streamed arguments are a prefix of it,
@@ -190,9 +192,10 @@ class ToolCallEnd:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The model stopped: on a stop token (``stop``) or at ``max_output_tokens`` (``length``)."""
+    """The model stopped: on a stop token (``stop``), at ``max_output_tokens`` (``length``), or
+    because steering input arrived for a continuation (``steered``, the WebSocket mode)."""
 
-    reason: Literal["stop", "length"]
+    reason: Literal["stop", "length", "steered"]
     usage: Usage
     completed_at: int
 
@@ -252,6 +255,7 @@ class _Kind(enum.Enum):
     CALL_END = "ToolCallEnd"
     FINISH_STOP = "Finish(stop)"
     FINISH_LENGTH = "Finish(length)"
+    FINISH_STEERED = "Finish(steered)"
     FAIL = "Fail"
     CANCEL = "Cancel"
 
@@ -274,6 +278,7 @@ _TRANSITIONS: Final[Mapping[tuple[State, _Kind], State]] = {
     (_S.IN_TOOL_CALL, _K.CALL_ARGS): _S.IN_TOOL_CALL,
     (_S.IN_TOOL_CALL, _K.CALL_END): _S.IN_PROGRESS,
     **{(s, _K.FINISH_LENGTH): _S.INCOMPLETE for s in _OPEN_STATES},
+    **{(s, _K.FINISH_STEERED): _S.INCOMPLETE for s in _OPEN_STATES},
     **{(s, _K.FAIL): _S.FAILED for s in _OPEN_STATES},
     **{(s, _K.CANCEL): _S.CANCELLED for s in _OPEN_STATES},
 }
@@ -322,6 +327,8 @@ def _kind(inp: MachineInput) -> _Kind:
             return _K.FINISH_STOP
         case Finish(reason="length"):
             return _K.FINISH_LENGTH
+        case Finish(reason="steered"):
+            return _K.FINISH_STEERED
         case Fail(code=code) if code in RESPONSE_ERROR_CODES:
             return _K.FAIL
         case Cancel():
@@ -514,6 +521,8 @@ class ResponseMachine:
                 self._usage = usage
                 if reason == "length":
                     self._incomplete_details = {"reason": "max_output_tokens"}
+                elif reason == "steered":
+                    self._incomplete_details = {"reason": "steered"}
                 else:
                     self._completed_at = completed_at
             case Fail(code=code, message=message, usage=usage):

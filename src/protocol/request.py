@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
-from .objects import ResponseConfig
+from .objects import JsonObject, ResponseConfig
 from .text_format import TEXT, TextFormat
 from .tools import FunctionTool, ToolChoice
 
@@ -57,6 +57,12 @@ class CreateRequest:
     compact_threshold: int | None = None
     # Text that ends generation when produced (the Anthropic encoding's ``stop_sequences``).
     stop_sequences: tuple[str, ...] = ()
+    # The history of ``previous_response_id`` when the transport holds it (a WebSocket
+    # connection's latest response, store: false included); None: from the response store.
+    replay: tuple[JsonObject, ...] | None = None
+    # False: a warm-up (the WebSocket mode's ``generate: false``): validate and render, answer
+    # a chainable response with no output, generate nothing.
+    generate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
