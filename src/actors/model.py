@@ -23,6 +23,7 @@ import trio
 
 from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
+from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
@@ -59,6 +60,10 @@ class ModelSettings:
     # --ctx-size: the context window the server enforces and compaction plans with; None: the
     # model's own (its config's max_position_embeddings or the like).
     context_size: int | None = None
+    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
+    # --prompt-cache-entries.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,8 @@ class GenerationRequest:
     seed: int | None = None
     # Called on the generation thread to build this sequence's logits processors.
     make_processors: Callable[[], list[Any]] | None = None
+    # The tenant (decision 12): scopes the prompt cache.
+    owner: str = ""
 
 
 class GenerationSequence:
@@ -93,6 +100,11 @@ class GenerationSequence:
         self._handle = handle
         self._slot = slot
         self._done = False
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prompt cache served (known once the first output arrived)."""
+        return self._slot.cached_tokens
 
     async def receive(self) -> SequenceOutput:
         """The next coalesced output; ``trio.EndOfChannel`` after the finish was received."""
@@ -181,6 +193,7 @@ class ModelHandle:
                 request.top_logprobs,
                 request.make_processors,
                 request.seed,
+                owner=request.owner,
             )
         )
         return GenerationSequence(self, seq_id, len(request.prompt), slot)
@@ -225,6 +238,8 @@ class _Worker:
                 prefill_step_size=settings.prefill_step_size,
                 completion_batch_size=settings.completion_batch_size,
                 prefill_batch_size=settings.prefill_batch_size,
+                prompt_cache_bytes=settings.prompt_cache_bytes,
+                prompt_cache_entries=settings.prompt_cache_entries,
             ),
             on_loaded=self._on_loaded,
             on_exit=self._on_exit,

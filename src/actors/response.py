@@ -280,6 +280,7 @@ class ResponseRun:
         return Usage(
             input_tokens=self._sequence.prompt_tokens,
             output_tokens=self._output_tokens,
+            cached_tokens=self._sequence.cached_tokens,
             reasoning_tokens=min(reasoning, self._output_tokens),
         )
 
@@ -543,6 +544,7 @@ def _submit(
                 top_logprobs=request.logprobs,
                 seed=request.seed,
                 make_processors=make_processors,
+                owner=request.owner,
             )
         )
     except ModelUnavailable as exc:

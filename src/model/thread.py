@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .loader import LoadedModel, load_model
+from .prefix_cache import PrefixCacheStats
+from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .slot import FinishReason, SequenceSlot
 
@@ -49,6 +51,8 @@ class InsertSequence:
     # Builds this sequence's logits processors on the generation thread (constrained decoding).
     make_processors: Callable[[], list[Any]] | None = None
     seed: int | None = None
+    # The tenant: the prompt cache serves a sequence only from its own tenant's prefixes.
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,7 @@ class ModelStatistics:
     sequences_cancelled: int = 0
     steps: int = 0
     peak_decoding: int = 0
+    prompt_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
 
 @dataclass(slots=True)
@@ -97,6 +102,7 @@ class _Live:
     max_tokens: int
     top_logprobs: int | None = None
     prefill_done: bool = False
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,9 @@ class ThreadSettings:
     prefill_step_size: int = 512
     completion_batch_size: int = 32
     prefill_batch_size: int = 8
+    # None: a fraction of the machine's memory (prompt_cache.default_max_bytes); 0 disables.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
 
 
 class GenerationThread:
@@ -125,6 +134,11 @@ class GenerationThread:
         self.statistics = ModelStatistics()
         self._samplers: dict[tuple[float, float], Any] = {}
         self._tokenizer: Any = None
+        cache_bytes = settings.prompt_cache_bytes
+        self._prompt_cache = PromptCache(
+            default_max_bytes() if cache_bytes is None else cache_bytes,
+            settings.prompt_cache_entries,
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -194,6 +208,7 @@ class GenerationThread:
                 entry.slot.push(finish=reason, error=repr(crashed) if crashed else None)
             live.clear()
             by_uid.clear()
+            self._prompt_cache.clear()  # its MLX arrays are freed on this thread
             generator.close()
             self._publish(generator, live, counters)
 
@@ -233,9 +248,14 @@ class GenerationThread:
                         log.exception("could not build logits processors")
                         slot.push(finish="error", error=repr(exc))
                         continue
+                    # Only the part of the prompt the prompt cache does not hold is prefilled.
+                    cache, cached = self._prompt_cache.fetch(command.owner, prompt)
+                    slot.cached_tokens = cached
                     (uid,) = generator.insert(
-                        [list(prompt)],
+                        [list(prompt[cached:])],
                         max_tokens=[max_tokens],
+                        caches=[cache],
+                        all_tokens=[list(prompt[:cached])],
                         samplers=[sampler],
                         logits_processors=[processors],
                         stop_sequences=[stop_sequences],
@@ -244,6 +264,7 @@ class GenerationThread:
                     entry = _Live(
                         seq_id, uid, slot, loaded.tokenizer.detokenizer, max_tokens, top_logprobs
                     )
+                    entry.owner = command.owner
                     live[seq_id] = entry
                     by_uid[uid] = entry
                 case RemoveSequence(seq_id):
@@ -271,6 +292,7 @@ class GenerationThread:
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)
+                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid)
         for response in generation_responses:
             entry = by_uid.get(response.uid)
             if entry is None:
@@ -300,6 +322,7 @@ class GenerationThread:
                     logprobs=logprobs,
                 )
             if finish is not None:
+                self._prompt_cache.store(entry.owner, response.all_tokens, response.prompt_cache)
                 del live[entry.seq_id]
                 del by_uid[entry.uid]
                 counters["finished"] += 1
@@ -345,4 +368,5 @@ class GenerationThread:
             sequences_cancelled=counters["cancelled"],
             steps=previous.steps + 1,
             peak_decoding=max(previous.peak_decoding, decoding),
+            prompt_cache=self._prompt_cache.stats,
         )
