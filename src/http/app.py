@@ -135,6 +135,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
                     "sequences_finished": stats.sequences_finished,
                     "sequences_cancelled": stats.sequences_cancelled,
                 },
+                "prompt_cache": stats.prompt_cache.to_json(),
             }
         )
 
