@@ -321,7 +321,9 @@ async def run_loop(
 
 
 @contextlib.contextmanager
-def spawn(argv: Sequence[str], log_path: Path, base: str) -> Iterator[ServerProcess]:
+def spawn(
+    argv: Sequence[str], log_path: Path, base: str, *, quiet_exit: bool = False
+) -> Iterator[ServerProcess]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
@@ -337,7 +339,16 @@ def spawn(argv: Sequence[str], log_path: Path, base: str) -> Iterator[ServerProc
         wait_ready(server, 180.0)
         yield server
     finally:
-        stop_server(server)
+        if quiet_exit and process.poll() is None:
+            # mlx_lm.server exits non-zero on SIGTERM: not worth a warning.
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        else:
+            stop_server(server)
 
 
 def ours_argv(model: str, port: int) -> list[str]:
@@ -492,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv_ = ours_argv(model, port) if kind == "ours" else peer_argv(model, port)
             log = RESULTS_DIR / f"agent-loop-{stamp}-{kind}-{agents}.log"
             record: list[Turn] = []
-            with spawn(argv_, log, base) as server:
+            with spawn(argv_, log, base, quiet_exit=kind == "peer") as server:
                 blas[kind] = maps_openblas(server.process.pid)
                 # The same filler text for every run: a fresh maker with the same seed.
                 run_maker = TextMaker(cold.tokenizer, seed=23)
