@@ -33,7 +33,7 @@ def test_fetch_trims_a_copy_and_leaves_the_entry_whole() -> None:
     assert reused == 6
     assert got is not None
     assert [layer.offset for layer in got] == [6, 6]
-    keys, _ = got[0].state
+    keys, _ = got[0].keys_and_values()
     assert keys.shape[2] == 6
     # The stored entry still serves all ten tokens.
     again, reused_again = cache.fetch("t", (*tokens, 5))
