@@ -365,6 +365,10 @@ def ours_argv(model: str, port: int) -> list[str]:
         "bench",
         "--log-level",
         "warning",
+        # The bench model's config says 4,096; its random weights do not care, and a long
+        # agent loop goes past it (mlx_lm.server enforces no window).
+        "--ctx-size",
+        "32768",
     ]
 
 
