@@ -476,10 +476,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cold-turns", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 5, 10]
     )
+    parser.add_argument(
+        "--order",
+        type=lambda s: [x for x in s.split(",") if x in ("ours", "peer")],
+        default=["ours", "peer"],
+        help="which servers run, in this order (flip it to see the machine's drift)",
+    )
+    parser.add_argument(
+        "--agent-counts",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=None,
+        help="agent counts to run (default: 1 and --agents)",
+    )
     parser.add_argument("--no-openblas", action="store_true")
     parser.add_argument("--skip-peer", action="store_true")
     args = parser.parse_args(argv)
     maybe_reexec_with_openblas(args.no_openblas)
+    if args.agent_counts is None:
+        args.agent_counts = sorted({1, args.agents})
 
     model = args.model or str(make_bench_model())
     args.model_path = model
@@ -498,10 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas: dict[str, bool] = {"bench": maps_openblas()}
 
     runs: dict[str, dict[str, Any]] = {}
-    kinds = ["ours"] + ([] if args.skip_peer else ["peer"])
+    kinds = [k for k in args.order if not (args.skip_peer and k == "peer")]
     single_convs: list[Conversation] = []
     for kind in kinds:
-        for agents in (1, args.agents):
+        for agents in args.agent_counts:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             argv_ = ours_argv(model, port) if kind == "ours" else peer_argv(model, port)
@@ -555,7 +569,7 @@ def report(
     def turns_of(name: str) -> list[Turn]:
         return [Turn(**t) for t in runs.get(name, {}).get("turns", [])]
 
-    for agents in (1, args.agents):
+    for agents in args.agent_counts:
         ours, peer = turns_of(f"ours-{agents}"), turns_of(f"peer-{agents}")
         print(f"\n{agents} agent(s): median over agents per turn")
         print(
