@@ -387,6 +387,12 @@ def peer_argv(model: str, port: int) -> list[str]:
     ]
 
 
+def health_prompt_cache(base: str) -> dict[str, Any] | None:
+    with httpx.Client(timeout=10) as client:
+        stats: dict[str, Any] | None = client.get(base + "/health").json().get("prompt_cache")
+    return stats
+
+
 # -- cold direct prefill -------------------------------------------------------------------------
 
 
@@ -538,8 +544,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     record,
                     keep,
                 )
-            runs[f"{kind}-{agents}"] = {"wall_s": wall, "turns": [asdict(t) for t in record]}
+                cache_stats = health_prompt_cache(base) if kind == "ours" else None
+            runs[f"{kind}-{agents}"] = {
+                "wall_s": wall,
+                "turns": [asdict(t) for t in record],
+                "prompt_cache": cache_stats,
+            }
             print(f"{kind} x{agents}: {wall:.1f} s for {len(record)} turns")
+            if cache_stats:
+                print(f"  /health prompt_cache: {cache_stats}")
 
     # Cold prefill of the single-agent conversation's prompts at the chosen turns.
     cold_ttft: dict[int, tuple[int, float]] = {}

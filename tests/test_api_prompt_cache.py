@@ -128,8 +128,8 @@ async def test_tenants_never_hit_each_others_prefixes(nursery: trio.Nursery) -> 
 
 
 async def test_a_tiny_budget_evicts_and_keeps_answering(nursery: trio.Nursery) -> None:
-    # The bundled model holds 1 KiB of KV per token: this budget fits one short history.
-    budget = 120_000
+    # The bundled model holds 1 KiB of KV per token: this budget holds one short history at a time, and not the longest.
+    budget = 50_000
     small = await start(nursery, prompt_cache_bytes=budget)
     cold = await start(nursery, prompt_cache_bytes=0)
     conversations = [TURNS[:3], ["Name three colors.", "Say yes.", "Reply with: hello"]]
@@ -142,9 +142,9 @@ async def test_a_tiny_budget_evicts_and_keeps_answering(nursery: trio.Nursery) -
     assert [[output_text(r) for r in c] for c in hot] == [
         [output_text(r) for r in c] for c in fresh
     ]
-    assert stats["evictions"] > 0
+    assert stats["evictions"] > 0, stats
     assert stats["bytes"] <= budget
-    assert stats["hits"] > 0
+    assert stats["hits"] > 0, stats
 
 
 async def test_four_interleaved_conversations_each_keep_their_hits(

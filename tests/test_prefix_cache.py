@@ -37,7 +37,15 @@ class Model:
     def nbytes(self) -> int:
         return sum(size for _, size in self.lru.values())
 
-    def insert(self, tenant: str, key: tuple[int, ...], value: str, size: int, sup: bool) -> None:
+    def insert(
+        self,
+        tenant: str,
+        key: tuple[int, ...],
+        value: str,
+        size: int,
+        sup: bool,
+        replaces: tuple[int, ...] | None = None,
+    ) -> None:
         if not key:
             return
         if size > self.max_bytes:
@@ -45,6 +53,8 @@ class Model:
             return
         self.lru[(tenant, key)] = (value, size)
         self.lru.move_to_end((tenant, key))
+        if sup and replaces is not None and replaces != key:
+            self.lru.pop((tenant, replaces), None)
         if sup:
             for owner, other in list(self.lru):
                 if owner == tenant and len(other) < len(key) and key[: len(other)] == other:
@@ -81,15 +91,37 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.model = Model(max_bytes, max_entries)
 
     @precondition(lambda self: self.cache is not None)
-    @rule(tenant=tenant_st, key=tokens_st, size=st.integers(0, 25), sup=st.booleans())
-    def insert(self, tenant: str, key: tuple[int, ...], size: int, sup: bool) -> None:
+    @rule(
+        tenant=tenant_st,
+        key=tokens_st,
+        size=st.integers(0, 25),
+        sup=st.booleans(),
+        replaces=st.none() | tokens_st,
+    )
+    def insert(
+        self,
+        tenant: str,
+        key: tuple[int, ...],
+        size: int,
+        sup: bool,
+        replaces: tuple[int, ...] | None,
+    ) -> None:
         assert self.cache is not None
         assert self.model is not None
         self.counter += 1
         value = f"v{self.counter}:{tenant}:{key}"
-        self.cache.insert(tenant, key, value, size, supersedes_prefixes=sup)
+        self.cache.insert(tenant, key, value, size, supersedes_prefixes=sup, replaces=replaces)
         if self.cache.enabled:
-            self.model.insert(tenant, key, value, size, sup)
+            self.model.insert(tenant, key, value, size, sup, replaces)
+
+    @precondition(lambda self: self.model is not None and bool(self.model.lru))
+    @rule(data=st.data(), extra=tokens_st, size=st.integers(0, 25))
+    def grow_from_an_entry(self, data: st.DataObject, extra: tuple[int, ...], size: int) -> None:
+        """A conversation's next turn: a key sharing part of an entry's, replacing it."""
+        assert self.model is not None
+        tenant, parent = data.draw(st.sampled_from(sorted(self.model.lru)))
+        keep = data.draw(st.integers(0, len(parent)))
+        self.insert(tenant, parent[:keep] + extra, size, True, parent)
 
     @precondition(lambda self: self.cache is not None)
     @rule(

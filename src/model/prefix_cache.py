@@ -204,10 +204,14 @@ class PrefixCache(Generic[V]):
         nbytes: int,
         *,
         supersedes_prefixes: bool = False,
+        replaces: Sequence[int] | None = None,
     ) -> None:
         """Store ``value`` under ``(tenant, tokens)``, replacing an entry with the same key.
         ``supersedes_prefixes``: the value can be trimmed, so entries under proper prefixes
-        of ``tokens`` are redundant and dropped (not counted as evictions)."""
+        of ``tokens`` are redundant and dropped (not counted as evictions); then ``replaces``
+        too, if given: the entry this one grew from, whose own continuation the
+        conversation did not follow (an agent's replayed reply that re-tokenized
+        differently), so it would only hold memory."""
         tokens = tuple(tokens)
         if not self.enabled or not tokens:
             return
@@ -222,6 +226,10 @@ class PrefixCache(Generic[V]):
         self._bytes += nbytes
         self._lru[(tenant, tokens)] = node
         self._lru.move_to_end((tenant, tokens))
+        if supersedes_prefixes and replaces is not None:
+            parent_key = tuple(replaces)
+            if parent_key != tokens and (tenant, parent_key) in self._lru:
+                self._remove(tenant, parent_key)
         if supersedes_prefixes:
             ancestor = node.parent
             depth = len(tokens) - len(node.edge)

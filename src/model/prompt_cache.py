@@ -20,6 +20,7 @@ import copy
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .prefix_cache import PrefixCache, PrefixCacheStats
@@ -58,6 +59,19 @@ def _size(cache: Sequence[Any]) -> int | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What ``fetch`` found: a fresh cache holding the prompt's first ``tokens`` tokens
+    (None: nothing reusable) and the key of the entry it came from."""
+
+    cache: list[Any] | None = None
+    tokens: int = 0
+    parent: tuple[int, ...] | None = None
+
+
+MISS = Reuse()
+
+
 class PromptCache:
     """KV caches keyed by ``(tenant, tokens)``; bounded by bytes and entries (0 disables)."""
 
@@ -72,25 +86,33 @@ class PromptCache:
     def stats(self) -> PrefixCacheStats:
         return self._core.stats
 
-    def fetch(self, tenant: str, prompt: Sequence[int]) -> tuple[list[Any] | None, int]:
-        """A cache for the longest reusable prefix of ``prompt`` and its length (None, 0 on a
-        miss). Insert the sequence with this cache and ``prompt[n:]`` as its prompt."""
+    def fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
+        """A cache for the longest reusable prefix of ``prompt``. Insert the sequence with
+        ``reuse.cache`` and ``prompt[reuse.tokens:]`` as its prompt."""
         if not self._core.enabled or len(prompt) < 2:
-            return None, 0
+            return MISS
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         match = self._core.lookup(
             tenant, prompt, limit=len(prompt) - 1, trimmable=can_trim_prompt_cache
         )
         if match is None:
-            return None, 0
+            return MISS
         cache = [_copy_layer(layer) for layer in match.value]
         if match.trim:
             trim_prompt_cache(cache, match.trim)
-        return cache, match.reused
+        return Reuse(cache, match.reused, match.key)
 
-    def store(self, tenant: str, tokens: Sequence[int], cache: Sequence[Any] | None) -> None:
-        """Keep ``cache``, which holds exactly ``tokens``, for later prompts of ``tenant``."""
+    def store(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        cache: Sequence[Any] | None,
+        replaces: tuple[int, ...] | None = None,
+    ) -> None:
+        """Keep ``cache``, which holds exactly ``tokens``, for later prompts of ``tenant``;
+        ``replaces``: the entry the sequence was served from (``Reuse.parent``), dropped when
+        this one can stand in for it (``PrefixCache.insert``)."""
         if not self._core.enabled or cache is None or not tokens:
             return
         if _size(cache) != len(tokens):
@@ -109,16 +131,19 @@ class PromptCache:
             layers,
             nbytes,
             supersedes_prefixes=can_trim_prompt_cache(layers),
+            replaces=replaces,
         )
 
-    def checkpoint(self, tenant: str, generator: Any, uid: int) -> None:
+    def checkpoint(
+        self, tenant: str, generator: Any, uid: int, replaces: tuple[int, ...] | None = None
+    ) -> None:
         """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end)."""
         if not self._core.enabled:
             return
         found = generator.extract_cache([uid]).get(uid)
         if found is not None:
             cache, tokens = found
-            self.store(tenant, tuple(tokens), cache)
+            self.store(tenant, tuple(tokens), cache, replaces)
 
     def clear(self) -> None:
         self._core.clear()

@@ -103,6 +103,7 @@ class _Live:
     top_logprobs: int | None = None
     prefill_done: bool = False
     owner: str = ""
+    cache_parent: tuple[int, ...] | None = None  # the prompt-cache entry it was served from
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,13 +250,13 @@ class GenerationThread:
                         slot.push(finish="error", error=repr(exc))
                         continue
                     # Only the part of the prompt the prompt cache does not hold is prefilled.
-                    cache, cached = self._prompt_cache.fetch(command.owner, prompt)
-                    slot.cached_tokens = cached
+                    reuse = self._prompt_cache.fetch(command.owner, prompt)
+                    slot.cached_tokens = reuse.tokens
                     (uid,) = generator.insert(
-                        [list(prompt[cached:])],
+                        [list(prompt[reuse.tokens :])],
                         max_tokens=[max_tokens],
-                        caches=[cache],
-                        all_tokens=[list(prompt[:cached])],
+                        caches=[reuse.cache],
+                        all_tokens=[list(prompt[: reuse.tokens])],
                         samplers=[sampler],
                         logits_processors=[processors],
                         stop_sequences=[stop_sequences],
@@ -264,7 +265,7 @@ class GenerationThread:
                     entry = _Live(
                         seq_id, uid, slot, loaded.tokenizer.detokenizer, max_tokens, top_logprobs
                     )
-                    entry.owner = command.owner
+                    entry.owner, entry.cache_parent = command.owner, reuse.parent
                     live[seq_id] = entry
                     by_uid[uid] = entry
                 case RemoveSequence(seq_id):
@@ -292,7 +293,7 @@ class GenerationThread:
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)
-                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid)
+                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid, entry.cache_parent)
         for response in generation_responses:
             entry = by_uid.get(response.uid)
             if entry is None:
