@@ -12,6 +12,8 @@ Invariants:
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
 - An entry's key is exactly the tokens its KV cache holds (checked on store).
+- Best effort: an exception while fetching is a miss, while storing a lost entry (both
+  logged); neither ever fails the sequence it happened for.
 """
 
 from __future__ import annotations
@@ -91,6 +93,13 @@ class PromptCache:
         ``reuse.cache`` and ``prompt[reuse.tokens:]`` as its prompt."""
         if not self._core.enabled or len(prompt) < 2:
             return MISS
+        try:
+            return self._fetch(tenant, prompt)
+        except Exception:
+            log.exception("prompt cache: lookup failed; prefilling the whole prompt")
+            return MISS
+
+    def _fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         match = self._core.lookup(
@@ -115,6 +124,18 @@ class PromptCache:
         this one can stand in for it (``PrefixCache.insert``)."""
         if not self._core.enabled or cache is None or not tokens:
             return
+        try:
+            self._store(tenant, tokens, cache, replaces)
+        except Exception:
+            log.exception("prompt cache: could not store an entry")
+
+    def _store(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        cache: Sequence[Any],
+        replaces: tuple[int, ...] | None,
+    ) -> None:
         if _size(cache) != len(tokens):
             log.debug("prompt cache: a cache of %s tokens for %d tokens", _size(cache), len(tokens))
             return
@@ -140,7 +161,11 @@ class PromptCache:
         """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end)."""
         if not self._core.enabled:
             return
-        found = generator.extract_cache([uid]).get(uid)
+        try:
+            found = generator.extract_cache([uid]).get(uid)
+        except Exception:
+            log.exception("prompt cache: could not extract a checkpoint")
+            return
         if found is not None:
             cache, tokens = found
             self.store(tenant, tuple(tokens), cache, replaces)
