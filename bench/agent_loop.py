@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -494,6 +495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="agent counts to run (default: 1 and --agents)",
     )
+    parser.add_argument(
+        "--ours-args", default="", help="extra flags for mlx-responses serve (one string)"
+    )
     parser.add_argument("--no-openblas", action="store_true")
     parser.add_argument("--skip-peer", action="store_true")
     args = parser.parse_args(argv)
@@ -524,7 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for agents in args.agent_counts:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            argv_ = ours_argv(model, port) if kind == "ours" else peer_argv(model, port)
+            argv_ = (
+                [*ours_argv(model, port), *shlex.split(args.ours_args)]
+                if kind == "ours"
+                else peer_argv(model, port)
+            )
             log = RESULTS_DIR / f"agent-loop-{stamp}-{kind}-{agents}.log"
             record: list[Turn] = []
             with spawn(argv_, log, base, quiet_exit=kind == "peer") as server:
