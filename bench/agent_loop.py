@@ -4,7 +4,8 @@ Run::
 
     .venv/bin/python bench/agent_loop.py [--model PATH] [--turns 10] [--agents 4]
         [--instructions-tokens 2000] [--item-tokens 300,600] [--output-tokens 32]
-        [--cold-turns 1,5,10] [--no-openblas] [--skip-peer]
+        [--cold-turns 1,5,10] [--order ours,peer] [--agent-counts 1,4]
+        [--ours-args "--prefill-step-size 2048"] [--no-openblas] [--skip-peer]
 
 Each turn resends the whole history with ``store: false`` (as Codex CLI does): an instruction
 block, then user messages and ``function_call`` / ``function_call_output`` pairs of
