@@ -20,6 +20,7 @@ from .actors.model import ModelSettings
 from .http.auth import load_api_keys
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
+from .model.prompt_cache import DEFAULT_MAX_ENTRIES
 from .server import (
     DEFAULT_CONVERSATION_LIMITS,
     DEFAULT_RESPONSE_LIMITS,
@@ -92,6 +93,21 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         256,
         int,
         "admitted sequences (running + waiting) before new requests get 503",
+    ),
+    Flag(
+        "--prompt-cache-bytes",
+        "MLX_RESPONSES_PROMPT_CACHE_BYTES",
+        None,
+        int,
+        "bytes of KV cache kept for reuse by later prompts of the same tenant (default: "
+        "1/8 of the machine's memory); 0 disables the prompt cache",
+    ),
+    Flag(
+        "--prompt-cache-entries",
+        "MLX_RESPONSES_PROMPT_CACHE_ENTRIES",
+        DEFAULT_MAX_ENTRIES,
+        int,
+        "most cached prompt prefixes kept (least recently used evicted first); 0 disables",
     ),
     # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
     Flag(
@@ -293,6 +309,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("prompt_cache_bytes", "prompt_cache_entries"):
+        if (value := getattr(args, name)) is not None and value < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
     if args.ctx_size is not None and args.ctx_size < 1:
         raise SystemExit("--ctx-size must be at least 1")
     if not 0 <= args.port < 65536:
@@ -331,6 +350,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             prefill_batch_size=args.prompt_concurrency,
             max_sequences=args.max_sequences,
             context_size=args.ctx_size,
+            prompt_cache_bytes=args.prompt_cache_bytes,
+            prompt_cache_entries=args.prompt_cache_entries,
         ),
         responses_store=responses_store,
         conversation_store=conversation_store,

@@ -200,10 +200,16 @@ def assert_message_stream(
 
 
 def same_message(left: Mapping[str, Any], right: Mapping[str, Any]) -> bool:
-    """Equal as the SDK reads them (unset optional fields aside)."""
+    """Equal as the SDK reads them (unset optional fields aside). Prompt tokens compare as
+    one total: the same prompt sent twice may read the prompt cache the second time."""
 
     def norm(data: Mapping[str, Any]) -> dict[str, Any]:
-        return Message.model_validate(data).model_dump(mode="json", exclude_none=True)
+        dumped = Message.model_validate(data).model_dump(mode="json", exclude_none=True)
+        usage = dumped.get("usage", {})
+        usage["input_tokens"] = usage.get("input_tokens", 0) + usage.pop(
+            "cache_read_input_tokens", 0
+        )
+        return dumped
 
     return norm(left) == norm(right)
 

@@ -127,6 +127,7 @@ async def admit(
                 seed=request.seed,
                 make_processors=make_processors,
                 stop_texts=request.stop_sequences,
+                owner=request.owner,
             )
         )
     except ModelUnavailable as exc:

@@ -28,6 +28,7 @@ import trio
 
 from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
+from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
@@ -66,6 +67,10 @@ class ModelSettings:
     # --ctx-size: the context window the server enforces and compaction plans with; None: the
     # model's own (its config's max_position_embeddings or the like).
     context_size: int | None = None
+    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
+    # --prompt-cache-entries.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
 
@@ -93,6 +98,8 @@ class GenerationRequest:
     make_processors: Callable[[], list[Any]] | None = None
     # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
     stop_texts: tuple[str, ...] = ()
+    # The tenant (decision 12): scopes the prompt cache.
+    owner: str = ""
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -144,6 +151,11 @@ class GenerationSequence:
         self.prompt_tokens = prompt_tokens
         self._handle = handle
         self._slot = slot
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prompt cache served (known once the first output arrived)."""
+        return self._slot.cached_tokens
 
     @property
     def ended(self) -> bool:
@@ -277,6 +289,8 @@ class _Worker:
                 prefill_step_size=settings.prefill_step_size,
                 completion_batch_size=settings.completion_batch_size,
                 prefill_batch_size=settings.prefill_batch_size,
+                prompt_cache_bytes=settings.prompt_cache_bytes,
+                prompt_cache_entries=settings.prompt_cache_entries,
             ),
             on_loaded=on_loaded,
             on_ended=lambda seq_id: report(SequenceEnded(seq_id)),
@@ -430,6 +444,7 @@ class _ModelState:
                 request.make_processors,
                 request.seed,
                 request.stop_texts,
+                request.owner,
             )
         )
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)

@@ -95,6 +95,7 @@ class ResponseRun:
         reasoning = self._actors.model.count_tokens(admission.shaper.reasoning_text)
         return Usage(
             input_tokens=admission.sequence.prompt_tokens,
+            cached_tokens=admission.sequence.cached_tokens,
             output_tokens=self._output_tokens,
             reasoning_tokens=min(reasoning, self._output_tokens),
         )

@@ -124,6 +124,7 @@ async def health() -> Response:
                 "sequences_failed": stats.sequences_failed,
                 "steps": stats.steps,
             },
+            "prompt_cache": stats.prompt_cache.to_json(),
             "responses": {
                 "tasks": books.tasks,
                 "running": books.running,

@@ -55,6 +55,8 @@ class SequenceSlot:
         self._stop_sequence: str | None = None
         self._finish_delivered = False
         self._wake_scheduled = False
+        # Prompt tokens served from the prompt cache: set by the producer before its first push.
+        self.cached_tokens = 0
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
         self._event = trio.Event()
 

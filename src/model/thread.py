@@ -31,6 +31,8 @@ from typing import Any, assert_never
 
 from ..protocol.stops import StopMatcher
 from .loader import LoadedModel, load_model
+from .prefix_cache import PrefixCacheStats
+from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .slot import FinishReason, SequenceSlot
 
@@ -56,6 +58,8 @@ class InsertSequence:
     make_processors: Callable[[], list[Any]] | None = None
     seed: int | None = None
     stop_texts: tuple[str, ...] = ()
+    # The tenant: the prompt cache serves a sequence only from its own tenant's prefixes.
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ class ModelStatistics:
     steps: int = 0
     peak_decoding: int = 0
     admitted: int = 0
+    prompt_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
 
 class _Fault:
@@ -139,6 +144,8 @@ class _Live:
     stops: StopMatcher | None = None
     top_logprobs: int | None = None
     prefill_done: bool = False
+    owner: str = ""
+    cache_parent: tuple[int, ...] | None = None  # the prompt-cache entry it was served from
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +154,9 @@ class ThreadSettings:
     prefill_step_size: int = 512
     completion_batch_size: int = 32
     prefill_batch_size: int = 8
+    # None: a fraction of the machine's memory (prompt_cache.default_max_bytes); 0 disables.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
 
 
 @dataclass(slots=True)
@@ -185,6 +195,11 @@ class GenerationThread:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._counters = _Counters()
+        cache_bytes = settings.prompt_cache_bytes
+        self._prompt_cache = PromptCache(
+            default_max_bytes() if cache_bytes is None else cache_bytes,
+            settings.prompt_cache_entries,
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -248,6 +263,7 @@ class GenerationThread:
             reason: FinishReason = "error" if crashed is not None else "shutdown"
             for entry in list(self._live.values()):
                 self._end(entry, reason, repr(crashed) if crashed else None)
+            self._prompt_cache.clear()  # its MLX arrays are freed on this thread
             generator.close()
             self._publish(generator)
 
@@ -308,9 +324,14 @@ class GenerationThread:
         try:
             sampler = self._sampler(command, fault)
             processors = command.make_processors() if command.make_processors else []
+            # Only the part of the prompt the prompt cache does not hold is prefilled.
+            reuse = self._prompt_cache.fetch(command.owner, command.prompt)
+            command.slot.cached_tokens = reuse.tokens
             (uid,) = generator.insert(
-                [list(command.prompt)],
+                [list(command.prompt[reuse.tokens :])],
                 max_tokens=[command.max_tokens],
+                caches=[reuse.cache],
+                all_tokens=[list(command.prompt[: reuse.tokens])],
                 samplers=[sampler],
                 logits_processors=[[_guard(p, fault, _keep_logits) for p in processors]],
                 stop_sequences=[stop_tokens],
@@ -331,6 +352,8 @@ class GenerationThread:
             fault,
             StopMatcher(command.stop_texts) if command.stop_texts else None,
             command.top_logprobs,
+            owner=command.owner,
+            cache_parent=reuse.parent,
         )
         self._live[command.seq_id] = entry
         self._by_uid[uid] = entry
@@ -342,6 +365,7 @@ class GenerationThread:
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)
+                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid, entry.cache_parent)
         for response in generation_responses:
             entry = self._by_uid.get(response.uid)
             if entry is None or entry.fault.error is not None:
@@ -384,9 +408,14 @@ class GenerationThread:
         entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
         if matched is not None:
             if finish is None:
+                # Keep what it computed for the next turn, then take it out of the batch.
+                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid, entry.cache_parent)
                 generator.remove([entry.uid])
+            else:
+                self._prompt_cache.store(entry.owner, response.all_tokens, response.prompt_cache)
             self._end(entry, "stop")
         elif finish is not None:
+            self._prompt_cache.store(entry.owner, response.all_tokens, response.prompt_cache)
             self._end(entry, "length" if finish == "length" else "stop")
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
@@ -429,5 +458,6 @@ class GenerationThread:
             sequences_failed=self._counters.failed,
             steps=previous.steps + 1,
             peak_decoding=max(previous.peak_decoding, decoding),
+            prompt_cache=self._prompt_cache.stats,
         )
         self._on_statistics(self._statistics)

@@ -1,0 +1,338 @@
+"""The prompt-prefix cache's pure core: a radix tree of token prefixes per tenant, with LRU.
+
+It stores opaque values (the generation thread stores KV caches) under ``(tenant, tokens)``
+and answers "which stored value serves the most of this prompt?". No MLX here: the caller
+copies and trims what it gets (``prompt_cache.py``).
+
+Invariants:
+- A tenant's entries are only ever found by that tenant's lookups (a hit is a timing side
+  channel, so the tenant is part of the key, not a filter applied afterwards).
+- ``bytes`` is the sum of the stored entries' sizes and never exceeds ``max_bytes`` after a
+  call returns; the entry count never exceeds ``max_entries``. Least recently used (stored or
+  served) goes first. An entry larger than ``max_bytes`` is not kept (counted as an eviction).
+- ``lookup`` reuses at most ``limit`` tokens of the prompt and picks, among
+  - an entry equal to a prefix of the prompt (used as it is),
+  - an entry that shares a longer prefix with the prompt but goes on past it or diverges
+    (used trimmed to the shared part; only when ``trimmable`` says the value allows it),
+  the one that reuses the most tokens; on a tie, the one that needs no trimming, then the
+  shortest. This is what mlx-lm's ``LRUPromptCache`` does (exact, longer trimmed, shorter).
+- Every lookup counts as exactly one hit (``reused > 0``) or one miss.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+Tokens = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Counters since start (hits, misses, tokens_reused, evictions) and the current size."""
+
+    hits: int = 0
+    misses: int = 0
+    tokens_reused: int = 0
+    evictions: int = 0
+    entries: int = 0
+    bytes: int = 0
+    max_bytes: int = 0
+    max_entries: int = 0
+
+    def to_json(self) -> dict[str, int | bool]:
+        return {
+            "enabled": self.max_bytes > 0 and self.max_entries > 0,
+            "hits": self.hits,
+            "misses": self.misses,
+            "tokens_reused": self.tokens_reused,
+            "evictions": self.evictions,
+            "entries": self.entries,
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "max_entries": self.max_entries,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch(Generic[V]):
+    """What a lookup found: ``value`` stored under ``key``; keep its first ``reused`` tokens
+    (``trim`` = ``len(key) - reused`` tokens to cut off its end first)."""
+
+    key: Tokens
+    value: V
+    reused: int
+
+    @property
+    def trim(self) -> int:
+        return len(self.key) - self.reused
+
+
+@dataclass(slots=True)
+class _Entry(Generic[V]):
+    value: V
+    nbytes: int
+
+
+@dataclass(slots=True, eq=False)
+class _Node(Generic[V]):
+    # ``edge`` is the run of tokens from the parent to this node (empty only at a root).
+    edge: Tokens
+    parent: _Node[V] | None
+    children: dict[int, _Node[V]] = field(default_factory=dict)
+    entry: _Entry[V] | None = None
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixCache(Generic[V]):
+    """LRU-bounded radix tree from ``(tenant, tokens)`` to values. Not thread-safe: owned by
+    one thread (the generation thread)."""
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        if max_bytes < 0 or max_entries < 0:
+            raise ValueError("prefix cache bounds must not be negative")
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._roots: dict[str, _Node[V]] = {}
+        self._lru: OrderedDict[tuple[str, Tokens], _Node[V]] = OrderedDict()
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._reused = 0
+        self._evictions = 0
+        self.stats = PrefixCacheStats(max_bytes=max_bytes, max_entries=max_entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0 and self.max_entries > 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def keys(self, tenant: str) -> list[Tokens]:
+        """The tenant's stored keys, least recently used first (tests and diagnostics)."""
+        return [key for owner, key in self._lru if owner == tenant]
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        *,
+        limit: int | None = None,
+        trimmable: Callable[[V], bool] = lambda _: True,
+    ) -> PrefixMatch[V] | None:
+        """The entry that serves the most of ``tokens`` (at most ``limit`` of them), or None.
+        A hit makes the entry most recently used."""
+        tokens = tuple(tokens)
+        limit = len(tokens) if limit is None else max(0, min(limit, len(tokens)))
+        match = self._find(tenant, tokens, limit, trimmable) if self.enabled else None
+        if match is None or match.reused == 0:
+            self._misses += 1
+            match = None
+        else:
+            self._hits += 1
+            self._reused += match.reused
+            self._lru.move_to_end((tenant, match.key))
+        self._refresh()
+        return match
+
+    def _find(
+        self, tenant: str, tokens: Tokens, limit: int, trimmable: Callable[[V], bool]
+    ) -> PrefixMatch[V] | None:
+        root = self._roots.get(tenant)
+        if root is None:
+            return None
+        best: PrefixMatch[V] | None = None
+        node = root
+        depth = 0  # tokens matched down to ``node``
+        # Entries on the path are prefixes of ``tokens``: usable untrimmed up to ``limit``.
+        while True:
+            if node.entry is not None and 0 < depth <= limit:
+                best = PrefixMatch(tokens[:depth], node.entry.value, depth)
+            child = node.children.get(tokens[depth]) if depth < len(tokens) else None
+            if child is None:
+                below, shared = node, depth
+                break
+            k = common_length(child.edge, tokens[depth : depth + len(child.edge)])
+            if k < len(child.edge):
+                below, shared = child, depth + k
+                break
+            node, depth = child, depth + len(child.edge)
+        # Any entry under ``below`` shares ``shared`` tokens with the prompt: trimmed, it
+        # serves ``min(shared, limit)`` of them. The shortest such entry is the cheapest.
+        reusable = min(shared, limit)
+        if best is not None and best.reused >= reusable:
+            return best
+        for found in sorted(_entries_below(below), key=lambda pair: pair[0]):
+            entry = found[1].entry
+            assert entry is not None
+            if trimmable(entry.value):
+                return PrefixMatch(_key_of(found[1]), entry.value, reusable)
+        return best
+
+    # -- insertion and eviction ------------------------------------------------------------
+
+    def insert(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        value: V,
+        nbytes: int,
+        *,
+        supersedes_prefixes: bool = False,
+        replaces: Sequence[int] | None = None,
+    ) -> None:
+        """Store ``value`` under ``(tenant, tokens)``, replacing an entry with the same key.
+        ``supersedes_prefixes``: the value can be trimmed, so entries under proper prefixes
+        of ``tokens`` are redundant and dropped (not counted as evictions); then ``replaces``
+        too, if given: the entry this one grew from, whose own continuation the
+        conversation did not follow (an agent's replayed reply that re-tokenized
+        differently), so it would only hold memory."""
+        tokens = tuple(tokens)
+        if not self.enabled or not tokens:
+            return
+        if nbytes > self.max_bytes:
+            self._evictions += 1
+            self._refresh()
+            return
+        node = self._node_for(tenant, tokens)
+        if node.entry is not None:
+            self._bytes -= node.entry.nbytes
+        node.entry = _Entry(value, nbytes)
+        self._bytes += nbytes
+        self._lru[(tenant, tokens)] = node
+        self._lru.move_to_end((tenant, tokens))
+        if supersedes_prefixes and replaces is not None:
+            parent_key = tuple(replaces)
+            if parent_key != tokens and (tenant, parent_key) in self._lru:
+                self._remove(tenant, parent_key)
+        if supersedes_prefixes:
+            ancestor = node.parent
+            depth = len(tokens) - len(node.edge)
+            while ancestor is not None:
+                parent = ancestor.parent
+                if ancestor.entry is not None:
+                    self._remove(tenant, tokens[:depth])
+                depth -= len(ancestor.edge)
+                ancestor = parent
+        while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
+            (owner, key), _ = next(iter(self._lru.items()))
+            self._remove(owner, key)
+            self._evictions += 1
+        self._refresh()
+
+    def trim_to(self, max_bytes: int) -> None:
+        """Evict least recently used entries until at most ``max_bytes`` are held."""
+        while self._lru and self._bytes > max(0, max_bytes):
+            (owner, key), _ = next(iter(self._lru.items()))
+            self._remove(owner, key)
+            self._evictions += 1
+        self._refresh()
+
+    def clear(self) -> None:
+        self._roots.clear()
+        self._lru.clear()
+        self._bytes = 0
+        self._refresh()
+
+    def _node_for(self, tenant: str, tokens: Tokens) -> _Node[V]:
+        """The node for ``tokens`` in the tenant's tree, made (splitting an edge) if needed."""
+        node = self._roots.get(tenant)
+        if node is None:
+            node = self._roots[tenant] = _Node((), None)
+        depth = 0
+        while depth < len(tokens):
+            child = node.children.get(tokens[depth])
+            if child is None:
+                leaf: _Node[V] = _Node(tokens[depth:], node)
+                node.children[tokens[depth]] = leaf
+                return leaf
+            k = common_length(child.edge, tokens[depth : depth + len(child.edge)])
+            if k < len(child.edge):
+                # Split ``child``'s edge after its first ``k`` tokens.
+                middle: _Node[V] = _Node(child.edge[:k], node)
+                node.children[tokens[depth]] = middle
+                child.edge = child.edge[k:]
+                child.parent = middle
+                middle.children[child.edge[0]] = child
+                child = middle
+            node, depth = child, depth + len(child.edge)
+        return node
+
+    def _remove(self, tenant: str, tokens: Tokens) -> None:
+        node = self._lru.pop((tenant, tokens))
+        assert node.entry is not None
+        self._bytes -= node.entry.nbytes
+        node.entry = None
+        # Prune: drop empty leaves, merge a valueless node with its only child.
+        while node.parent is not None and node.entry is None and len(node.children) <= 1:
+            parent = node.parent
+            if not node.children:
+                del parent.children[node.edge[0]]
+            else:
+                (only,) = node.children.values()
+                only.edge = node.edge + only.edge
+                only.parent = parent
+                parent.children[only.edge[0]] = only
+                # Keys held by the LRU are unchanged; only the tree's shape is.
+            node = parent
+        if node.parent is None and not node.children and node.entry is None:
+            self._roots.pop(tenant, None)
+
+    def _refresh(self) -> None:
+        self.stats = PrefixCacheStats(
+            hits=self._hits,
+            misses=self._misses,
+            tokens_reused=self._reused,
+            evictions=self._evictions,
+            entries=len(self._lru),
+            bytes=self._bytes,
+            max_bytes=self.max_bytes,
+            max_entries=self.max_entries,
+        )
+
+
+def _entries_below(start: _Node[V]) -> Iterator[tuple[int, _Node[V]]]:
+    """Nodes holding an entry in ``start``'s subtree (itself included), with their depth
+    below ``start``'s parent (only the order matters)."""
+    stack: list[tuple[_Node[V], int]] = [(start, len(start.edge))]
+    while stack:
+        node, depth = stack.pop()
+        if node.entry is not None:
+            yield depth, node
+        for child in node.children.values():
+            stack.append((child, depth + len(child.edge)))
+
+
+def _key_of(node: _Node[V]) -> Tokens:
+    """The tokens from the root to ``node``."""
+    parts: list[Tokens] = []
+    walk: _Node[V] | None = node
+    while walk is not None:
+        parts.append(walk.edge)
+        walk = walk.parent
+    return tuple(token for part in reversed(parts) for token in part)

@@ -1,0 +1,174 @@
+"""The generation thread's prompt cache: KV caches of earlier sequences, reused by new ones.
+
+Called only on the generation thread (MLX arrays belong to it). The lookup logic is the pure
+``PrefixCache``; this module adds what needs MLX: copying a stored cache so the batch never
+writes into it, trimming it to the shared prefix, evaluating what is stored so it holds its
+own buffers, and measuring it.
+
+Invariants:
+- A stored value is never handed to ``BatchGenerator`` itself: ``fetch`` returns fresh layer
+  objects (sharing the immutable key/value arrays of a plain ``KVCache``, which the batch only
+  reads when it merges caches; a deep copy for any other cache type).
+- ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
+  through the model, so the first generated token comes from fresh logits, as on a cold start.
+- An entry's key is exactly the tokens its KV cache holds (checked on store).
+- Best effort: an exception while fetching is a miss, while storing a lost entry (both
+  logged); neither ever fails the sequence it happened for.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .prefix_cache import PrefixCache, PrefixCacheStats
+
+log = logging.getLogger(__name__)
+
+# Without a --prompt-cache-bytes, the cache may hold this fraction of the machine's memory.
+DEFAULT_MEMORY_FRACTION = 0.125
+DEFAULT_MAX_ENTRIES = 64
+
+
+def default_max_bytes() -> int:
+    """A fraction of physical memory (unified memory on a Mac); 1 GiB if it cannot be read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return int(total * DEFAULT_MEMORY_FRACTION)
+
+
+def _copy_layer(layer: Any) -> Any:
+    from mlx_lm.models.cache import KVCache
+
+    if type(layer) is KVCache:
+        fresh = KVCache()
+        fresh.keys, fresh.values, fresh.offset = layer.keys, layer.values, layer.offset
+        return fresh
+    return copy.deepcopy(layer)
+
+
+def _size(cache: Sequence[Any]) -> int | None:
+    """Tokens held by a model's cache (its first layer's), None if it cannot tell."""
+    try:
+        return int(cache[0].size()) if cache else None
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What ``fetch`` found: a fresh cache holding the prompt's first ``tokens`` tokens
+    (None: nothing reusable) and the key of the entry it came from."""
+
+    cache: list[Any] | None = None
+    tokens: int = 0
+    parent: tuple[int, ...] | None = None
+
+
+MISS = Reuse()
+
+
+class PromptCache:
+    """KV caches keyed by ``(tenant, tokens)``; bounded by bytes and entries (0 disables)."""
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self._core: PrefixCache[list[Any]] = PrefixCache(max_bytes, max_entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self._core.enabled
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        return self._core.stats
+
+    def fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
+        """A cache for the longest reusable prefix of ``prompt``. Insert the sequence with
+        ``reuse.cache`` and ``prompt[reuse.tokens:]`` as its prompt."""
+        if not self._core.enabled or len(prompt) < 2:
+            return MISS
+        try:
+            return self._fetch(tenant, prompt)
+        except Exception:
+            log.exception("prompt cache: lookup failed; prefilling the whole prompt")
+            return MISS
+
+    def _fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        match = self._core.lookup(
+            tenant, prompt, limit=len(prompt) - 1, trimmable=can_trim_prompt_cache
+        )
+        if match is None:
+            return MISS
+        cache = [_copy_layer(layer) for layer in match.value]
+        if match.trim:
+            trim_prompt_cache(cache, match.trim)
+        return Reuse(cache, match.reused, match.key)
+
+    def store(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        cache: Sequence[Any] | None,
+        replaces: tuple[int, ...] | None = None,
+    ) -> None:
+        """Keep ``cache``, which holds exactly ``tokens``, for later prompts of ``tenant``;
+        ``replaces``: the entry the sequence was served from (``Reuse.parent``), dropped when
+        this one can stand in for it (``PrefixCache.insert``)."""
+        if not self._core.enabled or cache is None or not tokens:
+            return
+        try:
+            self._store(tenant, tokens, cache, replaces)
+        except Exception:
+            log.exception("prompt cache: could not store an entry")
+
+    def _store(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        cache: Sequence[Any],
+        replaces: tuple[int, ...] | None,
+    ) -> None:
+        if _size(cache) != len(tokens):
+            log.debug("prompt cache: a cache of %s tokens for %d tokens", _size(cache), len(tokens))
+            return
+        import mlx.core as mx
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        layers = list(cache)
+        # Materialise now: a lazy slice would keep the whole batch's buffers alive.
+        mx.eval([layer.state for layer in layers])
+        nbytes = sum(int(layer.nbytes) for layer in layers)
+        self._core.insert(
+            tenant,
+            tokens,
+            layers,
+            nbytes,
+            supersedes_prefixes=can_trim_prompt_cache(layers),
+            replaces=replaces,
+        )
+
+    def checkpoint(
+        self, tenant: str, generator: Any, uid: int, replaces: tuple[int, ...] | None = None
+    ) -> None:
+        """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end)."""
+        if not self._core.enabled:
+            return
+        try:
+            found = generator.extract_cache([uid]).get(uid)
+        except Exception:
+            log.exception("prompt cache: could not extract a checkpoint")
+            return
+        if found is not None:
+            cache, tokens = found
+            self.store(tenant, tuple(tokens), cache, replaces)
+
+    def clear(self) -> None:
+        self._core.clear()

@@ -1,0 +1,200 @@
+"""The prompt-prefix KV cache end to end: real model, real HTTP, every way a history returns.
+
+Each test compares against a server that never saw the prefix (``prompt_cache_bytes=0``):
+greedy text with a cache hit must equal greedy text cold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import pairwise
+from typing import Any
+
+import anthropic
+import httpx2 as httpx
+import trio
+
+from mlx_responses.http.auth import load_api_keys
+from mlx_responses.server import ServerHandle, serve
+
+from .conftest import MODEL, START_DEADLINE, output_text, server_settings
+
+DEADLINE = 90
+ALICE, BOB = "sk-alice", "sk-bob"
+GREEDY = {"temperature": 0}
+TURNS = ["Reply with: hello", "Reply with: goodbye", "Say something short.", "Say yes."]
+
+
+async def start(nursery: trio.Nursery, keys: list[str] | None = None, **model: Any) -> ServerHandle:
+    settings = server_settings(**model)
+    if keys:
+        settings = dataclasses.replace(settings, api_keys=load_api_keys(keys))
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, settings)
+    return handle
+
+
+async def create(http: httpx.AsyncClient, key: str | None = None, **body: Any) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = {"model": MODEL, "temperature": 0, "max_output_tokens": 40, **body}
+    reply = await http.post("/v1/responses", json=request, headers=headers)
+    assert reply.status_code == 200, reply.text
+    data: dict[str, Any] = reply.json()
+    # Undocumented histories may run to max_output_tokens: still greedy, still comparable.
+    assert data["status"] in ("completed", "incomplete"), data
+    return data
+
+
+def cached(data: dict[str, Any]) -> int:
+    return int(data["usage"]["input_tokens_details"]["cached_tokens"])
+
+
+async def replay_loop(
+    http: httpx.AsyncClient, turns: list[str], key: str | None = None
+) -> list[dict[str, Any]]:
+    """A Codex-shaped loop: ``store: false``, the whole history resent every turn, the
+    server's own previous outputs replayed as they came."""
+    history: list[dict[str, Any]] = []
+    responses = []
+    for text in turns:
+        history.append({"role": "user", "content": text})
+        data = await create(http, key, input=history, store=False)
+        history.extend(data["output"])
+        responses.append(data)
+    return responses
+
+
+async def health(http: httpx.AsyncClient) -> dict[str, Any]:
+    reply = await http.get("/health")
+    stats: dict[str, Any] = reply.json()["prompt_cache"]
+    return stats
+
+
+async def test_a_store_false_replay_hits_and_answers_as_cold(nursery: trio.Nursery) -> None:
+    warm = await start(nursery)
+    cold = await start(nursery, prompt_cache_bytes=0)
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=warm.base_url, timeout=60) as http:
+            hot = await replay_loop(http, TURNS)
+            stats = await health(http)
+        async with httpx.AsyncClient(base_url=cold.base_url, timeout=60) as http:
+            fresh = await replay_loop(http, TURNS)
+            cold_stats = await health(http)
+    assert [output_text(r) for r in hot] == [output_text(r) for r in fresh]
+    assert output_text(hot[1]) == "goodbye"  # the bundled model's documented multi-turn answer
+    assert cached(hot[0]) == 0
+    for previous, turn in pairwise(hot):
+        # Reuse reaches at least the end of the previous prompt, every turn.
+        assert cached(turn) >= previous["usage"]["input_tokens"]
+        assert cached(turn) < turn["usage"]["input_tokens"]
+    assert all(cached(r) == 0 for r in fresh)
+    assert stats["enabled"]
+    assert stats["hits"] >= len(TURNS) - 1
+    assert stats["tokens_reused"] >= sum(cached(r) for r in hot)
+    assert 0 < stats["bytes"] <= stats["max_bytes"]
+    assert not cold_stats["enabled"]
+    assert cold_stats["hits"] == 0
+
+
+async def test_a_previous_response_id_chain_hits_and_the_stored_object_says_so(
+    server: ServerHandle,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            first = await create(http, input=TURNS[0])
+            second = await create(http, input=TURNS[1], previous_response_id=first["id"])
+            stored = (await http.get(f"/v1/responses/{second['id']}")).json()
+    assert output_text(second) == "goodbye"
+    assert cached(second) >= first["usage"]["input_tokens"]
+    assert stored["usage"] == second["usage"]
+
+
+async def test_tenants_never_hit_each_others_prefixes(nursery: trio.Nursery) -> None:
+    server = await start(nursery, keys=[ALICE, BOB])
+    body = {"input": [{"role": "user", "content": "Name three colors."}], "store": False}
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            alice_1 = await create(http, ALICE, **body)
+            alice_2 = await create(http, ALICE, **body)
+            bob_1 = await create(http, BOB, **body)
+            bob_2 = await create(http, BOB, **body)
+    assert cached(alice_1) == 0
+    assert cached(alice_2) > 0
+    # Bob sends the very prompt Alice has cached: a miss, then his own hit.
+    assert cached(bob_1) == 0
+    assert cached(bob_2) > 0
+    texts = {output_text(r) for r in (alice_1, alice_2, bob_1, bob_2)}
+    assert texts == {"Red, green and blue."}
+
+
+async def test_a_tiny_budget_evicts_and_keeps_answering(nursery: trio.Nursery) -> None:
+    # The bundled model holds 1 KiB of KV per token: this budget holds one short history at a time, and not the longest.
+    budget = 50_000
+    small = await start(nursery, prompt_cache_bytes=budget)
+    cold = await start(nursery, prompt_cache_bytes=0)
+    conversations = [TURNS[:3], ["Name three colors.", "Say yes.", "Reply with: hello"]]
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=small.base_url, timeout=60) as http:
+            hot = [await replay_loop(http, turns) for turns in conversations * 2]
+            stats = await health(http)
+        async with httpx.AsyncClient(base_url=cold.base_url, timeout=60) as http:
+            fresh = [await replay_loop(http, turns) for turns in conversations * 2]
+    assert [[output_text(r) for r in c] for c in hot] == [
+        [output_text(r) for r in c] for c in fresh
+    ]
+    assert stats["evictions"] > 0, stats
+    assert stats["bytes"] <= budget
+    assert stats["hits"] > 0, stats
+
+
+async def test_four_interleaved_conversations_each_keep_their_hits(
+    nursery: trio.Nursery,
+) -> None:
+    warm = await start(nursery)
+    cold = await start(nursery, prompt_cache_bytes=0)
+    # Four agents, each its own history, all running at once in one batch.
+    loops = [TURNS[i:] + TURNS[:i] for i in range(4)]
+    results: dict[int, list[dict[str, Any]]] = {}
+
+    async def agent(http: httpx.AsyncClient, i: int) -> None:
+        results[i] = await replay_loop(http, loops[i])
+
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=warm.base_url, timeout=60) as http:
+            async with trio.open_nursery() as agents:
+                for i in range(4):
+                    agents.start_soon(agent, http, i)
+        hot = dict(results)
+        async with httpx.AsyncClient(base_url=cold.base_url, timeout=60) as http:
+            fresh = {i: await replay_loop(http, loops[i]) for i in range(4)}
+    for i in range(4):
+        assert [output_text(r) for r in hot[i]] == [output_text(r) for r in fresh[i]]
+        for previous, turn in pairwise(hot[i]):
+            assert cached(turn) >= previous["usage"]["input_tokens"]
+
+
+async def test_messages_report_cache_reads(server: ServerHandle) -> None:
+    client = anthropic.AsyncAnthropic(
+        base_url=server.base_url, api_key="sk-local", max_retries=0, timeout=60
+    )
+    first_turn: list[Any] = [{"role": "user", "content": TURNS[0]}]
+    with trio.fail_after(DEADLINE):
+        async with client:
+            first = await client.messages.create(
+                model=MODEL, max_tokens=40, messages=first_turn, extra_body=GREEDY
+            )
+            reply = "".join(block.text for block in first.content if block.type == "text")
+            second = await client.messages.create(
+                model=MODEL,
+                max_tokens=40,
+                extra_body=GREEDY,
+                messages=[
+                    *first_turn,
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": TURNS[1]},
+                ],
+            )
+    assert (first.usage.cache_read_input_tokens or 0) == 0
+    reads = second.usage.cache_read_input_tokens or 0
+    assert reads >= first.usage.input_tokens
+    assert "".join(block.text for block in second.content if block.type == "text") == "goodbye"

@@ -1,0 +1,82 @@
+"""The prompt cache's MLX side: what it hands out is a trimmed copy, never the stored value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from mlx_responses.model.prompt_cache import PromptCache
+
+
+def kv_cache(tokens: int, layers: int = 2) -> list[Any]:
+    cache = []
+    for layer in range(layers):
+        c = KVCache()
+        keys = mx.arange(tokens * 8, dtype=mx.float32).reshape(1, 2, tokens, 4) + layer
+        c.update_and_fetch(keys, keys * 2)
+        cache.append(c)
+    return cache
+
+
+def test_fetch_trims_a_copy_and_leaves_the_entry_whole() -> None:
+    cache = PromptCache(1 << 20, 8)
+    tokens = tuple(range(10))
+    stored = kv_cache(10)
+    cache.store("t", tokens, stored)
+    assert cache.stats.entries == 1
+    # What the arrays hold (KVCache allocates in steps of 256 tokens).
+    assert cache.stats.bytes == sum(layer.nbytes for layer in stored) > 0
+    prompt = (*tokens[:6], 99, 98)
+    reuse = cache.fetch("t", prompt)
+    got, reused = reuse.cache, reuse.tokens
+    assert reused == 6
+    assert got is not None
+    assert [layer.offset for layer in got] == [6, 6]
+    keys, _ = got[0].keys_and_values()
+    assert keys.shape[2] == 6
+    # The stored entry still serves all ten tokens.
+    reuse = cache.fetch("t", (*tokens, 5))
+    again, reused_again = reuse.cache, reuse.tokens
+    assert reused_again == 10
+    assert again is not None
+    assert [layer.offset for layer in again] == [10, 10]
+
+
+def test_the_last_prompt_token_is_never_served_from_the_cache() -> None:
+    cache = PromptCache(1 << 20, 8)
+    tokens = tuple(range(10))
+    cache.store("t", tokens, kv_cache(10))
+    reuse = cache.fetch("t", tokens)
+    got, reused = reuse.cache, reuse.tokens
+    assert reused == 9
+    assert got is not None
+    assert got[0].offset == 9
+
+
+def test_a_cache_that_does_not_hold_its_key_is_not_stored() -> None:
+    cache = PromptCache(1 << 20, 8)
+    cache.store("t", tuple(range(9)), kv_cache(10))
+    assert cache.stats.entries == 0
+    assert cache.fetch("t", tuple(range(12))).cache is None
+
+
+def test_disabled_cache_stores_and_serves_nothing() -> None:
+    cache = PromptCache(0, 8)
+    cache.store("t", tuple(range(10)), kv_cache(10))
+    assert cache.fetch("t", tuple(range(12))).cache is None
+    assert not cache.enabled
+
+
+def test_a_grown_entry_replaces_the_one_it_was_served_from() -> None:
+    cache = PromptCache(1 << 20, 8)
+    first = tuple(range(10))
+    cache.store("t", first, kv_cache(10))
+    # The next turn shares 6 tokens, then goes its own way (a reply that re-tokenized).
+    reuse = cache.fetch("t", (*first[:6], 50, 51, 52))
+    assert reuse.parent == first
+    assert reuse.tokens == 6
+    cache.store("t", (*first[:6], 50, 51, 52), kv_cache(9), replaces=reuse.parent)
+    assert cache.stats.entries == 1
+    assert cache.fetch("t", (*first[:6], 50, 51, 52, 53)).tokens == 9
