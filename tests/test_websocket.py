@@ -179,6 +179,8 @@ async def test_a_warm_up_generates_nothing_and_chains(server: ServerHandle) -> N
         {**HELLO, "input": [{"role": "developer", "content": "Be brief."}, *after_input()]},
     )
     assert output_text(continued) == output_text(expected)
+    # The warm-up prefilled: the continuation found its prefix in the prompt cache.
+    assert continued["usage"]["input_tokens_details"]["cached_tokens"] > 0
     assert server.model.statistics().tokens_generated > generated_before
 
 

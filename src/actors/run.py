@@ -151,10 +151,17 @@ class ResponseRun:
                 assert_never(output.finish)
         await self.end(terminal)
 
-    async def end_without_generating(self) -> None:
-        """A warm-up (``generate: false``): a chainable response with no output."""
+    async def warm_up(self) -> None:
+        """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates
+        one token, which is not output), and the answer is a chainable response with no
+        output."""
         self._start()
-        usage = Usage(len(self.prepared.prompt), 0)
+        admission = self._admission
+        if admission is not None:
+            while (await admission.sequence.receive()).finish is None:
+                pass
+        cached = 0 if admission is None else admission.sequence.cached_tokens
+        usage = Usage(len(self.prepared.prompt), 0, cached_tokens=cached)
         await self.end(Finish("stop", usage, int(time.time())))
 
     async def end_steered(self) -> None:

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Literal, assert_never
@@ -406,7 +407,12 @@ async def _open(
             size = run.estimated_bytes(max(budget, 0))
             await ask(mailbox, lambda reply: Reserve(entry, size, reply))
         if not request.generate:
-            pass  # a warm-up: nothing to admit
+            # A warm-up: prefill the prompt (the prompt cache keeps it for the continuation),
+            # output nothing.
+            one_token = dataclasses.replace(
+                request, config=dataclasses.replace(request.config, max_output_tokens=1)
+            )
+            admission = await admit(one_token, prepared, model, None)
         elif compacting and entry.background:
             pass  # compacted and admitted inside the job (a refusal ends it failed)
         elif compacting:
@@ -445,7 +451,7 @@ async def _drive(
                 if presence is not None:
                     nursery.start_soon(_watch_presence, presence, entry)
                 if not request.generate:
-                    await run.end_without_generating()
+                    await run.warm_up()
                     nursery.cancel_scope.cancel()
                     return
                 if run.admission is None and not await _admit_later(run, request, actors):
