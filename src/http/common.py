@@ -10,6 +10,7 @@ from quart import Response, g
 from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
+from ..protocol.text import find_unencodable
 
 View = Callable[..., Awaitable[Response]]
 
@@ -37,13 +38,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode_json_body(raw: bytes | str) -> object:
-    """Strict JSON (decision 3): no duplicate keys, no NaN/Infinity, UTF-8."""
+    """Strict JSON (decision 3): no duplicate keys, no NaN/Infinity, UTF-8; every string (keys
+    too) encodable as UTF-8, so no lone surrogate escape (``"\\ud800"``) gets past the edge."""
     if isinstance(raw, str):
         raw = raw.encode()
     if not raw.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", None)
     try:
-        return json.loads(
+        decoded = json.loads(
             raw.decode("utf-8"),
             object_pairs_hook=_no_duplicates,
             parse_constant=_reject_constant,
@@ -52,6 +54,10 @@ def decode_json_body(raw: bytes | str) -> object:
         raise invalid_request("The request body is not valid UTF-8.", None) from None
     except ValueError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", None) from None
+    bad = find_unencodable(decoded)
+    if bad is not None:
+        raise invalid_request(bad.message(), bad.path or None, code="invalid_text")
+    return decoded
 
 
 def mount(app: QuartTrio, rule: str, methods: list[str]) -> Callable[[View], View]:
