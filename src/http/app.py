@@ -34,6 +34,7 @@ from .auth import OPEN, ApiKeys, presented_key
 from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
 from .files import register_file_routes
+from .limits import CountedRequest
 from .messages import register_messages_routes
 from .responses import register_response_routes
 
@@ -64,6 +65,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     # A larger body is 413 before it is read (Quart's RequestEntityTooLarge).
     app.config["MAX_CONTENT_LENGTH"] = ctx.max_request_bytes
+    app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
 
     @app.before_request
     async def authenticate() -> Response | None:
