@@ -23,6 +23,7 @@ import trio
 
 from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
+from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
@@ -123,6 +124,7 @@ class ModelHandle:
         self.constraints = loaded.constraints
         self._settings = settings
         self._tokenizer = loaded.tokenizer
+        self._bound = measure_tokenizer(loaded.tokenizer)
         self._thread = thread
         self._ids = itertools.count(1)
         self._admitted: set[int] = set()
@@ -138,8 +140,20 @@ class ModelHandle:
         chat: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
-        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX)."""
+        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX).
+        With ``max_tokens``, a prompt provably longer raises ``PromptTooLong`` untokenized."""
+        if max_tokens is not None:  # issue 17: cheap refusals (model/prompt_bounds.py)
+            return await trio.to_thread.run_sync(
+                render_within,
+                self._tokenizer,
+                self._bound,
+                max_tokens,
+                chat,
+                tools,
+                template_kwargs,
+            )
         return await trio.to_thread.run_sync(
             render_prompt, self._tokenizer, chat, tools, template_kwargs
         )

@@ -34,6 +34,7 @@ import trio
 
 from ..model.chat import ChatMessage, to_chat
 from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
+from ..model.prompt_bounds import PromptTooLong
 from ..model.slot import SequenceOutput
 from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request, not_found
@@ -65,6 +66,7 @@ from .model import (
     ModelUnavailable,
 )
 from .output import OutputShaper
+from .prompt_limit import prompt_limit, too_long_to_tokenize
 from .response_store import ResponseStoreHandle
 
 # The temperature OpenAI applies when a request gives none.
@@ -187,9 +189,13 @@ async def render_messages(
 
 
 async def render_items(
-    request: CreateRequest, services: Services, items: tuple[JsonObject, ...]
+    request: CreateRequest,
+    services: Services,
+    items: tuple[JsonObject, ...],
+    max_tokens: int | None = None,
 ) -> tuple[int, ...]:
-    """The token ids of ``items`` rendered as ``request`` renders (instructions, tools)."""
+    """The token ids of ``items`` rendered as ``request`` renders (instructions, tools); with
+    ``max_tokens``, a prompt provably longer is refused before it is tokenized."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     try:
@@ -197,7 +203,10 @@ async def render_items(
             await render_messages(request, services, items),
             [tool.for_template() for tool in offered] or None,
             request.template_kwargs,
+            max_tokens,
         )
+    except PromptTooLong as exc:  # issue 17: refused untokenized
+        raise too_long_to_tokenize(exc, services.model.info.context_window) from None
     except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
         raise invalid_request(
             f"The model's chat template could not render this input: {exc}",
@@ -207,12 +216,14 @@ async def render_items(
     return tuple(prompt)
 
 
-async def prepare_prompt(request: CreateRequest, services: Services) -> PreparedPrompt:
+async def prepare_prompt(
+    request: CreateRequest, services: Services, max_tokens: int | None = None
+) -> PreparedPrompt:
     """Resolve history and render; raises ``ApiError`` and changes nothing."""
     check_model(request, services.model)
     history = await load_history(request, services)
     new_items = input_items(request.input)
-    prompt = await render_items(request, services, history + new_items)
+    prompt = await render_items(request, services, history + new_items, max_tokens)
     return PreparedPrompt(history, new_items, prompt)
 
 
@@ -561,7 +572,7 @@ def needs_compaction(request: CreateRequest, prompt_tokens: int, window: int) ->
 async def open_response(request: CreateRequest, services: Services) -> ResponseRun:
     """Validate, resolve history, render, (compact,) admit. Raises ``ApiError`` and changes
     nothing; a background response that needs compaction is admitted by its job instead."""
-    prepared = await prepare_prompt(request, services)
+    prepared = await prepare_prompt(request, services, prompt_limit(request, services.model))
     model = services.model
     window = model.info.context_window
     config = request.config

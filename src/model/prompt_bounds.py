@@ -1,0 +1,184 @@
+"""Cheap refusals: a prompt that cannot fit the context window is refused before it is tokenized.
+
+Tokenizing is the expensive part of refusing an over-long request: a 24 MiB ``instructions``
+made the tokenizer take gigabytes and tens of CPU seconds only to answer
+``context_length_exceeded``. Counting bytes is linear and needs no extra memory, and for the
+tokenizers this module recognises a byte count gives a *sound* lower bound on the token count:
+
+    every token stands for at most ``max_token_bytes`` bytes of the (normalized) text, and the
+    tokens together cover all of it, so ``tokens >= ceil(text_bytes / max_token_bytes)``.
+
+Invariants:
+- Sound: :func:`render_within` refuses (raises :class:`PromptTooLong`) only when the bound
+  proves the prompt has more than ``max_tokens`` tokens; anything it admits is tokenized exactly
+  as ``loader.render_prompt`` tokenizes it (the same template text, encoded without added
+  special tokens), so an accepted prompt is unchanged.
+- The bound is used only for tokenizers whose tokens cover every byte of the text: a
+  ``tokenizers`` BPE model that is byte-level (a ``ByteLevel`` pre-tokenizer) or has
+  ``byte_fallback``, with a normalizer made only of steps that cannot make the text shorter
+  than this module measures it (Unicode normal forms, ``Lowercase``, ``Prepend``, a one-character
+  ``Replace``). For any other tokenizer (WordPiece's ``[UNK]`` for a whole word, Unigram, a
+  slow tokenizer) :func:`measure_tokenizer` returns ``None`` and every prompt is tokenized.
+- ``max_token_bytes`` counts what a token stands for: for a byte-level vocabulary one byte per
+  character of the token's string; otherwise the token string's UTF-8 length (an upper bound:
+  ``▁`` is 3 bytes for one space, ``<0x0A>`` 6 for one byte); for an added token (special
+  tokens such as ``<|im_start|>``, matched in the raw text) its content's UTF-8 length.
+- The text measured is the rendered template passed through the tokenizer's own normalizer
+  (ASCII text needs no normalizing: every recognised step keeps ASCII's length or grows it).
+- Pure functions, run on a worker thread by the model handle (tokenizer only, no MLX).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from tokenizers import Tokenizer
+
+__all__ = ["PromptTooLong", "TokenBound", "measure_tokenizer", "render_within"]
+
+# Normalizer steps that never make the text shorter than the bytes counted here (see above).
+_SAFE_NORMALIZERS: Final = frozenset(
+    {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Sequence"}
+)
+
+
+def _byte_level_alphabet() -> frozenset[str]:
+    """GPT-2's ``bytes_to_unicode``: the 256 characters a ``ByteLevel`` text is spelled in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = [b for b in range(256) if b not in printable]
+    return frozenset([chr(b) for b in printable] + [chr(256 + n) for n in range(len(extra))])
+
+
+_BYTE_LEVEL_ALPHABET: Final = _byte_level_alphabet()
+_BYTE_FALLBACK_TOKENS: Final = frozenset(f"<0x{b:02X}>" for b in range(256))
+
+
+class PromptTooLong(Exception):
+    """The rendered prompt provably has more than ``max_tokens`` tokens."""
+
+    def __init__(self, at_least: int, max_tokens: int) -> None:
+        super().__init__(f"the prompt has at least {at_least} tokens, more than {max_tokens}")
+        self.at_least = at_least
+        self.max_tokens = max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBound:
+    """What one tokenizer's token can stand for, and how to measure text as it sees it."""
+
+    max_token_bytes: int
+    normalizer: Any  # a ``tokenizers`` normalizer (``normalize_str``), or None
+
+    def text_bytes(self, text: str) -> int:
+        """The UTF-8 length of ``text`` after the tokenizer's normalizer."""
+        if text.isascii():
+            return len(text)
+        if self.normalizer is not None:
+            text = self.normalizer.normalize_str(text)
+        return len(text.encode("utf-8", "surrogatepass"))
+
+    def at_least_tokens(self, text: str) -> int:
+        """A lower bound on the number of tokens ``text`` encodes to."""
+        return -(-self.text_bytes(text) // self.max_token_bytes)
+
+
+def _components(spec: Any, kind: str) -> Iterator[Mapping[str, Any]]:
+    """The steps of a ``tokenizers`` normalizer / pre-tokenizer spec (flattening Sequence)."""
+    if not isinstance(spec, Mapping):
+        return
+    yield spec
+    for child in spec.get(kind, ()) or ():
+        yield from _components(child, kind)
+
+
+def _safe_normalizer(spec: Any) -> bool:
+    if spec is None:
+        return True
+    for step in _components(spec, "normalizers"):
+        kind = step.get("type")
+        if kind not in _SAFE_NORMALIZERS:
+            return False
+        if kind == "Replace":
+            pattern = step.get("pattern", {})
+            literal = pattern.get("String") if isinstance(pattern, Mapping) else None
+            content = step.get("content", "")
+            if not isinstance(literal, str) or len(literal) != 1 or not content:
+                return False  # a regex, or a multi-character pattern, could shrink the text
+    return True
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind an mlx-lm wrapper or a Hugging Face tokenizer."""
+    for _ in range(3):
+        if isinstance(tokenizer, Tokenizer):
+            return tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if isinstance(backend, Tokenizer):
+            return backend
+        tokenizer = getattr(tokenizer, "_tokenizer", None)
+    return None
+
+
+def measure_tokenizer(tokenizer: Any) -> TokenBound | None:
+    """The bound for an mlx-lm ``TokenizerWrapper`` (or a Hugging Face tokenizer); ``None``
+    when this tokenizer's tokens are not known to cover every byte of the text."""
+    backend = _backend(tokenizer)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except (TypeError, ValueError):
+        return None
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        return None
+    byte_level = any(
+        step.get("type") == "ByteLevel"
+        for step in _components(spec.get("pre_tokenizer"), "pretokenizers")
+    )
+    if not (byte_level or model.get("byte_fallback")):
+        return None
+    if not _safe_normalizer(spec.get("normalizer")) or model.get("fuse_unk"):
+        return None
+    vocab = model.get("vocab") or {}
+    if not isinstance(vocab, Mapping) or not vocab:
+        return None
+    # Without an unknown token, a byte missing from the vocabulary would be dropped silently.
+    alphabet = _BYTE_LEVEL_ALPHABET if byte_level else _BYTE_FALLBACK_TOKENS
+    if model.get("unk_token") is None and not alphabet.issubset(vocab):
+        return None
+    if byte_level:
+        longest = max(len(token) for token in vocab)
+    else:
+        longest = max(len(token.encode("utf-8", "surrogatepass")) for token in vocab)
+    for added in spec.get("added_tokens") or ():
+        content = added.get("content", "")
+        longest = max(longest, len(content.encode("utf-8", "surrogatepass")))
+    return TokenBound(max(longest, 1), backend.normalizer)
+
+
+def render_within(
+    tokenizer: Any,
+    bound: TokenBound | None,
+    max_tokens: int,
+    chat: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """``loader.render_prompt``, but refused with :class:`PromptTooLong` before tokenizing
+    when the rendered text provably has more than ``max_tokens`` tokens."""
+    text = tokenizer.apply_chat_template(
+        [dict(m) for m in chat],
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **dict(template_kwargs or {}),
+    )
+    if bound is not None:
+        at_least = bound.at_least_tokens(text)
+        if at_least > max_tokens:
+            raise PromptTooLong(at_least, max_tokens)
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
