@@ -163,7 +163,7 @@ def main() -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (RESULTS_DIR / f"refusals-{stamp}.json").write_text(
-        json.dumps([dataclasses.asdict(settings().model)] + results, indent=2, default=str)
+        json.dumps([dataclasses.asdict(settings().model), *results], indent=2, default=str)
     )
 
 
