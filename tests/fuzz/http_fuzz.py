@@ -328,7 +328,7 @@ def response_body(draw: st.DrawFn, kind: Any = ResponseCreateParamsNonStreaming)
                     "safety_identifier",
                     "prompt_cache_key",
                     "parallel_tool_calls",
-                    "seed_like",
+                    "seed",
                     "stream_options",
                 ]
             )
