@@ -107,3 +107,30 @@ def test_a_prompt_far_over_the_limit_is_refused_untokenized(
         render_within(bundled, bundled_bound, 2047, chat)
     real = len(render_prompt(bundled, chat))
     assert 2047 < refused.value.at_least <= real
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_text)
+def test_pieces_between_added_tokens_count_exactly(
+    bundled: Any, bundled_bound: TokenBound, text: str
+) -> None:
+    def encode(piece: str) -> list[int]:
+        return list(bundled.encode(piece, add_special_tokens=False))
+
+    assert bundled_bound.count_in_pieces(encode, text, 10**9) == len(encode(text))
+
+
+def test_a_long_conversation_is_refused_piece_by_piece(
+    bundled: Any, bundled_bound: TokenBound
+) -> None:
+    # ~20 KiB of words: under the byte bound (2047 x 16 bytes), but ~5000 tokens.
+    chat = [{"role": "user" if i % 2 else "assistant", "content": "word " * 400} for i in range(10)]
+    real = len(render_prompt(bundled, chat))
+    assert bundled_bound.at_least_tokens("word " * 4000) <= 2047 < real
+    with pytest.raises(PromptTooLong) as refused:
+        render_within(bundled, bundled_bound, 2047, chat, pieces_above=0)
+    assert 2047 < refused.value.at_least <= real
+    # What fits is still tokenized whole, exactly.
+    assert render_within(bundled, bundled_bound, real, chat, pieces_above=0) == render_prompt(
+        bundled, chat
+    )

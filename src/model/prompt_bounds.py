@@ -25,19 +25,30 @@ Invariants:
   tokens such as ``<|im_start|>``, matched in the raw text) its content's UTF-8 length.
 - The text measured is the rendered template passed through the tokenizer's own normalizer
   (ASCII text needs no normalizing: every recognised step keeps ASCII's length or grows it).
+- Past the byte bound, a long prompt is tokenized in pieces: the tokenizer splits on its added
+  tokens (``<|im_start|>``, ``<|im_end|>``) before anything else and handles the pieces between
+  them independently, so the pieces' counts add up to the whole's exactly, and counting stops
+  as soon as the sum is over the limit. Only for added tokens matched as plain strings (no
+  ``lstrip``/``rstrip``/``single_word``/``normalized``); otherwise the prompt is tokenized whole.
+  A piece is at most one message, so a single huge message is still tokenized in one go.
 - Pure functions, run on a worker thread by the model handle (tokenizer only, no MLX).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from tokenizers import Tokenizer
 
-__all__ = ["PromptTooLong", "TokenBound", "measure_tokenizer", "render_within"]
+__all__ = ["PIECES_ABOVE", "PromptTooLong", "TokenBound", "measure_tokenizer", "render_within"]
+
+# A rendered prompt longer than this (in characters) that the byte bound did not refuse is
+# counted piece by piece first, so an over-long multi-turn prompt stops early.
+PIECES_ABOVE: Final = 256 * 1024
 
 # Normalizer steps that never make the text shorter than the bytes counted here (see above).
 _SAFE_NORMALIZERS: Final = frozenset(
@@ -71,6 +82,30 @@ class TokenBound:
 
     max_token_bytes: int
     normalizer: Any  # a ``tokenizers`` normalizer (``normalize_str``), or None
+    # The added tokens (``<|im_start|>`` ...) as one leftmost-longest pattern, when splitting
+    # the text at them and tokenizing the pieces apart counts exactly what the whole does.
+    added: re.Pattern[str] | None = None
+
+    def count_in_pieces(
+        self, encode: Callable[[str], Sequence[int]], text: str, max_tokens: int
+    ) -> int | None:
+        """The exact token count of ``text``, tokenized piece by piece between added tokens
+        (each piece bounded by a message, not the whole prompt); stops early and returns the
+        count so far once it exceeds ``max_tokens``. ``None`` when pieces are not exact."""
+        if self.added is None:
+            return None
+        count = 0
+        start = 0
+        for match in self.added.finditer(text):
+            if match.start() > start:
+                count += len(encode(text[start : match.start()]))
+            count += 1
+            start = match.end()
+            if count > max_tokens:
+                return count
+        if start < len(text):
+            count += len(encode(text[start:]))
+        return count
 
     def text_bytes(self, text: str) -> int:
         """The UTF-8 length of ``text`` after the tokenizer's normalizer."""
@@ -154,10 +189,31 @@ def measure_tokenizer(tokenizer: Any) -> TokenBound | None:
         longest = max(len(token) for token in vocab)
     else:
         longest = max(len(token.encode("utf-8", "surrogatepass")) for token in vocab)
-    for added in spec.get("added_tokens") or ():
+    added_tokens = spec.get("added_tokens") or ()
+    for added in added_tokens:
         content = added.get("content", "")
         longest = max(longest, len(content.encode("utf-8", "surrogatepass")))
-    return TokenBound(max(longest, 1), backend.normalizer)
+    return TokenBound(max(longest, 1), backend.normalizer, _added_pattern(added_tokens))
+
+
+def _added_pattern(added_tokens: Sequence[Mapping[str, Any]]) -> re.Pattern[str] | None:
+    """The added tokens as the tokenizer splits on them, or ``None`` if pieces would not be
+    exact: a token that strips whitespace around it, matches whole words only, or is matched
+    after normalization could split differently from a plain leftmost-longest search."""
+    contents: list[str] = []
+    for added in added_tokens:
+        content = added.get("content")
+        if not isinstance(content, str) or not content:
+            return None
+        if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
+            return None
+        if added.get("normalized"):
+            return None
+        contents.append(content)
+    if not contents:
+        return None
+    ordered = sorted(set(contents), key=len, reverse=True)  # longest first at each position
+    return re.compile("|".join(re.escape(content) for content in ordered))
 
 
 def render_within(
@@ -167,9 +223,13 @@ def render_within(
     chat: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    *,
+    pieces_above: int = PIECES_ABOVE,
 ) -> list[int]:
     """``loader.render_prompt``, but refused with :class:`PromptTooLong` before tokenizing
-    when the rendered text provably has more than ``max_tokens`` tokens."""
+    when the rendered text provably has more than ``max_tokens`` tokens: by its byte count, or
+    (a text longer than ``pieces_above`` characters) by tokenizing it message by message and
+    stopping once the count is over."""
     text = tokenizer.apply_chat_template(
         [dict(m) for m in chat],
         tools=list(tools) if tools else None,
@@ -177,8 +237,16 @@ def render_within(
         tokenize=False,
         **dict(template_kwargs or {}),
     )
+
+    def encode(piece: str) -> Sequence[int]:
+        return tokenizer.encode(piece, add_special_tokens=False)  # type: ignore[no-any-return]
+
     if bound is not None:
         at_least = bound.at_least_tokens(text)
         if at_least > max_tokens:
             raise PromptTooLong(at_least, max_tokens)
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+        if len(text) > pieces_above:
+            counted = bound.count_in_pieces(encode, text, max_tokens)
+            if counted is not None and counted > max_tokens:
+                raise PromptTooLong(counted, max_tokens)
+    return [int(t) for t in encode(text)]
