@@ -296,8 +296,18 @@ ANTHROPIC_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 @st.composite
 def response_body(draw: st.DrawFn, kind: Any = ResponseCreateParamsNonStreaming) -> dict[str, Any]:
     base: dict[str, Any] = {"model": MODEL, "input": draw(short_inputs), "max_output_tokens": 4}
-    mode = draw(st.sampled_from(["sdk", "merged", "merged", "mutated"]))
-    if mode == "sdk":
+    mode = draw(st.sampled_from(["plain", "sdk", "merged", "merged", "mutated"]))
+    if mode == "plain":  # valid: most of these run, so streams reach their terminal event
+        extras = {
+            "instructions": st.text(max_size=20),
+            "temperature": st.floats(0, 2),
+            "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+            "store": st.booleans(),
+            "background": st.booleans(),
+        }
+        chosen = draw(st.sets(st.sampled_from(sorted(extras)), max_size=2))
+        body = {**base, **{key: draw(extras[key]) for key in sorted(chosen)}}
+    elif mode == "sdk":
         body = draw(sdk(kind))
     elif mode == "merged":
         drawn = draw(sdk(kind))
