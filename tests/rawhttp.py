@@ -41,15 +41,6 @@ async def read_until(stream: trio.SocketStream, marker: bytes, count: int = 1) -
     return seen
 
 
-def resident_bytes() -> int:
-    """This process's resident set size now (Linux ``/proc``), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 async def send_chunked(
     base_url: str,
     path: str,

@@ -11,7 +11,8 @@ import trio
 from mlx_responses.server import ServerHandle
 
 from .conftest import MODEL
-from .rawhttp import resident_bytes, send_chunked
+from .memory import PeakGrowth
+from .rawhttp import send_chunked
 
 DEADLINE = 120
 MIB = 1024 * 1024
@@ -31,12 +32,6 @@ def multipart_upload(total: int, chunk: int = MIB) -> Iterator[bytes]:
     yield f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
-async def _peak_rss(done: trio.Event, peak: list[int]) -> None:
-    while not done.is_set():
-        peak[0] = max(peak[0], resident_bytes())
-        await trio.sleep(0.01)
-
-
 async def assert_still_serving(server: ServerHandle) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
         ok = await http.post(
@@ -51,25 +46,20 @@ async def test_a_200_mib_chunked_upload_is_413_without_reading_it(server: Server
     limit = 32 * MIB  # the server's default --max-request-bytes
     total = 200 * MIB
     with trio.fail_after(DEADLINE):
-        before = resident_bytes()
-        peak = [before]
-        done = trio.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_peak_rss, done, peak)
+        with PeakGrowth() as growth:
             reply, sent = await send_chunked(
                 server.base_url,
                 "/v1/files",
                 {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
                 multipart_upload(total),
             )
-            done.set()
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 413"), reply[:300]
         assert b"file_too_large" in body
         # The server stopped reading near the limit (socket buffers hold a few MiB more)...
         assert sent < total // 2, sent
         # ... and held none of it in memory: growth far below the body (and the limit).
-        assert peak[0] - before < limit // 2, (peak[0] - before) // MIB
+        assert growth.bytes < limit // 2, growth.bytes // MIB
         assert server.files.statistics().entries == 0
         await assert_still_serving(server)
 
