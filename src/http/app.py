@@ -36,6 +36,7 @@ from .conversations import register_conversation_routes
 from .files import register_file_routes
 from .limits import CountedRequest
 from .messages import register_messages_routes
+from .openapi import register_openapi_route
 from .responses import register_response_routes
 
 __all__ = ["AppContext", "create_app", "decode_json_body"]
@@ -176,5 +177,6 @@ def create_app(ctx: AppContext) -> QuartTrio:
     register_conversation_routes(app, ctx)
     register_messages_routes(app, services)
     register_file_routes(app, ctx.files)
+    register_openapi_route(app)  # last: it lists the routes above
 
     return app
