@@ -134,3 +134,57 @@ def test_a_long_conversation_is_refused_piece_by_piece(
     assert render_within(bundled, bundled_bound, real, chat, pieces_above=0) == render_prompt(
         bundled, chat
     )
+
+
+_wordy = st.lists(
+    st.characters(codec="utf-8")
+    | st.sampled_from(
+        [
+            "word",
+            " the",
+            "it's",
+            "\u212a",
+            "ａｂ",
+            "e\u0301",
+            "日本語",
+            "—,—",
+            "<|im_start|>",
+            "\n",
+            "42",
+        ]
+    ),
+    max_size=80,
+).map("".join)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_wordy)
+def test_the_word_bound_never_exceeds_the_real_count(
+    bundled: Any, bundled_bound: TokenBound, text: str
+) -> None:
+    assert bundled_bound.words  # Qwen 2's regex
+    words = bundled_bound.at_least_words(text)
+    assert words is not None
+    assert words <= len(bundled.encode(text, add_special_tokens=False))
+
+
+def test_ordinary_text_over_the_window_is_refused_by_its_words(
+    bundled: Any, bundled_bound: TokenBound
+) -> None:
+    text = "the quick brown fox jumps over the lazy dog " * 300  # 2700 words, 13 KiB
+    chat = [{"role": "user", "content": text}]
+    assert bundled_bound.at_least_tokens(text) < 2047  # the byte bound lets it through
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(bundled, name)
+
+        def encode(self, piece: str, **kwargs: Any) -> Any:
+            calls.append(piece)
+            return bundled.encode(piece, **kwargs)
+
+    with pytest.raises(PromptTooLong) as refused:
+        render_within(Counting(), bundled_bound, 2047, chat, pieces_above=0)
+    assert calls == []  # refused before any tokenization
+    assert 2047 < refused.value.at_least <= len(render_prompt(bundled, chat))

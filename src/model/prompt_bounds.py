@@ -25,7 +25,10 @@ Invariants:
   tokens such as ``<|im_start|>``, matched in the raw text) its content's UTF-8 length.
 - The text measured is the rendered template passed through the tokenizer's own normalizer
   (ASCII text needs no normalizing: every recognised step keeps ASCII's length or grows it).
-- Past the byte bound, a long prompt is tokenized in pieces: the tokenizer splits on its added
+- Past the byte bound, a long prompt (over ``PIECES_ABOVE`` characters) is bounded by its
+  words when the pre-tokenizer is a known word-splitting regex (``TokenBound.at_least_words``:
+  every piece is a token and no piece holds two words), which refuses ordinary text about a
+  quarter over the window without tokenizing; then it is tokenized in pieces: the tokenizer splits on its added
   tokens (``<|im_start|>``, ``<|im_end|>``) before anything else and handles the pieces between
   them independently, so the pieces' counts add up to the whole's exactly, and counting stops
   as soon as the sum is over the limit. Only for added tokens matched as plain strings (no
@@ -64,6 +67,21 @@ def _byte_level_alphabet() -> frozenset[str]:
 
 
 _BYTE_LEVEL_ALPHABET: Final = _byte_level_alphabet()
+# Maximal runs of ASCII letters and non-ASCII characters, and of non-ASCII characters only
+# (no ASCII letter before or after): linear-time (the lookbehind pins each run's start).
+_RUN_CHARS: Final = "A-Za-z\x80-\U0010ffff"
+_ALL_RUNS: Final = re.compile(f"(?<![{_RUN_CHARS}])[{_RUN_CHARS}]++")
+_NON_ASCII_RUNS: Final = re.compile(f"(?<![{_RUN_CHARS}])[\x80-\U0010ffff]++(?![{_RUN_CHARS}])")
+# Split regexes whose pieces hold letters only as one contiguous run of letters (after at most
+# one non-letter) or as a contraction: GPT-2 (ByteLevel's own), Llama 3 / cl100k, Qwen 2.
+_WORD_REGEXES: Final = frozenset(
+    {
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    }
+)
 _BYTE_FALLBACK_TOKENS: Final = frozenset(f"<0x{b:02X}>" for b in range(256))
 
 
@@ -85,6 +103,30 @@ class TokenBound:
     # The added tokens (``<|im_start|>`` ...) as one leftmost-longest pattern, when splitting
     # the text at them and tokenizing the pieces apart counts exactly what the whole does.
     added: re.Pattern[str] | None = None
+    # The pre-tokenizer is one of the GPT-2 / Llama 3 / Qwen 2 regexes, whose pieces never hold
+    # letters of two different words (see ``at_least_words``).
+    words: bool = False
+
+    def at_least_words(self, text: str) -> int | None:
+        """A lower bound on the token count from the words of ``text``; ``None`` if unknown.
+
+        A *word* here is a maximal run of ASCII letters and non-ASCII characters that holds at
+        least one ASCII letter. The known regexes put letters in pieces only as one contiguous
+        run of letters (plus one non-letter prefix) or a contraction, so no piece holds ASCII
+        letters of two words, and every piece is at least one token: tokens >= words. Treating
+        every non-ASCII character as a possible letter keeps this true whatever Unicode version
+        the tokenizer's regex knows. Added tokens are one token each; the words inside their
+        text (``im``, ``start``) are taken back off (merging across them only lowers the count).
+        """
+        if not self.words or self.added is None:
+            return None
+        if not text.isascii() and self.normalizer is not None:
+            text = self.normalizer.normalize_str(text)
+        words = _ALL_RUNS.subn("", text)[1] - _NON_ASCII_RUNS.subn("", text)[1]
+        for match in self.added.finditer(text):
+            inside = match.group()
+            words -= _ALL_RUNS.subn("", inside)[1] - _NON_ASCII_RUNS.subn("", inside)[1] - 1
+        return max(words, 0)
 
     def count_in_pieces(
         self, encode: Callable[[str], Sequence[int]], text: str, max_tokens: int
@@ -193,7 +235,33 @@ def measure_tokenizer(tokenizer: Any) -> TokenBound | None:
     for added in added_tokens:
         content = added.get("content", "")
         longest = max(longest, len(content.encode("utf-8", "surrogatepass")))
-    return TokenBound(max(longest, 1), backend.normalizer, _added_pattern(added_tokens))
+    return TokenBound(
+        max(longest, 1),
+        backend.normalizer,
+        _added_pattern(added_tokens),
+        _splits_words(spec.get("pre_tokenizer")),
+    )
+
+
+def _splits_words(spec: Any) -> bool:
+    """Whether the pre-tokenizer splits with a known word regex before anything rewrites the
+    text (later steps only split further, which never joins words)."""
+    for step in _components(spec, "pretokenizers"):
+        kind = step.get("type")
+        if kind == "Split":
+            pattern = step.get("pattern")
+            regex = pattern.get("Regex") if isinstance(pattern, Mapping) else None
+            if (
+                regex in _WORD_REGEXES
+                and step.get("behavior") == "Isolated"
+                and not step.get("invert")
+            ):
+                return True
+        elif kind == "ByteLevel":
+            return bool(step.get("use_regex", True))  # GPT-2's regex, on the text as given
+        elif kind == "Metaspace":
+            return False  # rewrites the text
+    return False
 
 
 def _added_pattern(added_tokens: Sequence[Mapping[str, Any]]) -> re.Pattern[str] | None:
@@ -246,6 +314,9 @@ def render_within(
         if at_least > max_tokens:
             raise PromptTooLong(at_least, max_tokens)
         if len(text) > pieces_above:
+            words = bound.at_least_words(text)
+            if words is not None and words > max_tokens:
+                raise PromptTooLong(words, max_tokens)
             counted = bound.count_in_pieces(encode, text, max_tokens)
             if counted is not None and counted > max_tokens:
                 raise PromptTooLong(counted, max_tokens)
