@@ -448,6 +448,7 @@ def run(seconds: float, seed: int | None, fresh_connections: bool = False) -> in
                         "GET /v1/responses/{id}/input_items",
                         "GET /v1/conversations/{id}/items",
                         "GET /v1/files",
+                        "GET /openapi.json",
                         "GET /v1/files/{id}/content",
                         "DELETE /v1/responses/{id}",
                         "DELETE /v1/files/{id}",
@@ -569,10 +570,9 @@ def run(seconds: float, seed: int | None, fresh_connections: bool = False) -> in
                         None,
                         shown(locals()),
                     )
-                case "GET /v1/files":
-                    return Case(
-                        route, lambda: http.get("/v1/files", params=query), None, shown(locals())
-                    )
+                case "GET /v1/files" | "GET /openapi.json":
+                    where = route.split(" ", 1)[1]
+                    return Case(route, lambda: http.get(where, params=query), None, shown(locals()))
                 case _:
                     method, template = route.split(" ", 1)
                     kind = (
