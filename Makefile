@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench clean
+.PHONY: serve test check lint typecheck unit install model bench fuzz clean
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ model: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
+
+# Property-based HTTP fuzzing against the real server (tests/fuzz/http_fuzz.py), time-bounded.
+FUZZ_SECONDS ?= 180
+FUZZ_ARGS ?=
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz.http_fuzz --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -66,16 +66,16 @@ def strict(cls: Any, data: Any, what: str) -> Any:
 
 
 def strict_list(data: dict[str, Any], what: str) -> list[dict[str, Any]]:
-    if not data["data"]:  # the SDK types first_id/last_id as str; OpenAI sends null when empty
+    strict(ConversationItemList, data, what)
+    if not data["data"]:  # the SDK types first_id/last_id as str (OpenAI's schema: nullable)
         assert data == {
             "object": "list",
             "data": [],
-            "first_id": None,
-            "last_id": None,
+            "first_id": "",
+            "last_id": "",
             "has_more": False,
         }
         return []
-    strict(ConversationItemList, data, what)
     assert data["first_id"] == data["data"][0]["id"]
     assert data["last_id"] == data["data"][-1]["id"]
     return list(data["data"])

@@ -329,8 +329,8 @@ def test_paging() -> None:
     assert empty == {
         "object": "list",
         "data": [],
-        "first_id": None,
-        "last_id": None,
+        "first_id": "",
+        "last_id": "",
         "has_more": False,
     }
     with pytest.raises(ApiError) as caught:

@@ -28,6 +28,7 @@ import trio
 
 from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
+from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
@@ -200,6 +201,7 @@ class ModelHandle:
         )
         self.constraints = loaded.constraints
         self._tokenizer = loaded.tokenizer
+        self._bound = measure_tokenizer(loaded.tokenizer)
         self._mailbox = mailbox
         self._board = board
         self.restarts = 0
@@ -212,8 +214,20 @@ class ModelHandle:
         chat: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
-        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX)."""
+        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX).
+        With ``max_tokens``, a prompt provably longer raises ``PromptTooLong`` untokenized."""
+        if max_tokens is not None:  # cheap refusals (model/prompt_bounds.py)
+            return await trio.to_thread.run_sync(
+                render_within,
+                self._tokenizer,
+                self._bound,
+                max_tokens,
+                chat,
+                tools,
+                template_kwargs,
+            )
         return await trio.to_thread.run_sync(
             render_prompt, self._tokenizer, chat, tools, template_kwargs
         )

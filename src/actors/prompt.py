@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.chat import ChatMessage, to_chat
+from ..model.prompt_bounds import PromptTooLong
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.history import input_items, items_from_json
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from .model import ModelHandle
+from .prompt_limit import too_long_to_tokenize
 from .runtime import Actors, RunningResponses
 
 
@@ -126,9 +128,13 @@ async def render_messages(
 
 
 async def render_items(
-    request: CreateRequest, actors: Actors, items: tuple[JsonObject, ...]
+    request: CreateRequest,
+    actors: Actors,
+    items: tuple[JsonObject, ...],
+    max_tokens: int | None = None,
 ) -> tuple[int, ...]:
-    """The token ids of ``items`` rendered as ``request`` renders (instructions, tools)."""
+    """The token ids of ``items`` rendered as ``request`` renders (instructions, tools); with
+    ``max_tokens``, a prompt provably longer is refused before it is tokenized."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     try:
@@ -136,7 +142,10 @@ async def render_items(
             await render_messages(request, actors, items),
             [tool.for_template() for tool in offered] or None,
             request.template_kwargs,
+            max_tokens,
         )
+    except PromptTooLong as exc:  # refused untokenized
+        raise too_long_to_tokenize(exc, actors.model.info.context_window) from None
     except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
         raise invalid_request(
             f"The model's chat template could not render this input: {exc}",
@@ -147,11 +156,15 @@ async def render_items(
 
 
 async def prepare_prompt(
-    request: CreateRequest, actors: Actors, running: RunningResponses | None = None
+    request: CreateRequest,
+    actors: Actors,
+    running: RunningResponses | None = None,
+    max_tokens: int | None = None,
 ) -> PreparedPrompt:
-    """Resolve history and render; raises ``ApiError`` and changes nothing."""
+    """Resolve history and render; raises ``ApiError`` and changes nothing. With
+    ``max_tokens`` (``prompt_limit``), a prompt provably longer is refused untokenized."""
     check_model(request, actors.model)
     history = await load_history(request, actors, running)
     new_items = input_items(request.input)
-    prompt = await render_items(request, actors, history + new_items)
+    prompt = await render_items(request, actors, history + new_items, max_tokens)
     return PreparedPrompt(history, new_items, prompt)

@@ -37,6 +37,7 @@ from .compaction import compact_for_request
 from .event_log import EventLog
 from .kit import Reply, ask, open_mailbox
 from .prompt import PreparedPrompt, context_exceeded, needs_compaction, prepare_prompt
+from .prompt_limit import prompt_limit
 from .run import ResponseRun
 from .runtime import Actors
 
@@ -394,7 +395,8 @@ async def _open(
     the opener), or None after a refusal (told to the opener; nothing is left)."""
     admission: Admission | None = None
     try:
-        prepared = await prepare_prompt(request, actors, supervisor)
+        limit = prompt_limit(request, actors.model)
+        prepared = await prepare_prompt(request, actors, supervisor, limit)
         model = actors.model
         window = model.info.context_window
         compacting = needs_compaction(request, len(prepared.prompt), window)

@@ -29,7 +29,9 @@ from .common import decode_json_body, error_response, json_response, mount, runt
 from .conversations import register_conversation_routes
 from .files import register_file_routes
 from .lifetime import RequestLifetimes
+from .limits import CountedRequest
 from .messages import register_messages_routes
+from .openapi import register_openapi_route
 from .responses import register_response_routes
 from .websocket import responses_socket
 
@@ -170,9 +172,12 @@ async def chat_completions() -> Response:
 def create_app(rt: Runtime) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     app.extensions["mlx_responses"] = rt
+    # An id with an encoded slash is an unknown id (404 in the envelope), not a 308 redirect.
+    app.url_map.merge_slashes = False
     app.asgi_app = RequestLifetimes(app.asgi_app)  # type: ignore[method-assign]
     # A larger body is 413 (Quart's RequestEntityTooLarge).
     app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
+    app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
     app.before_request(authenticate)
     app.before_websocket(authenticate)
     app.after_request(drain_body)
@@ -189,4 +194,5 @@ def create_app(rt: Runtime) -> QuartTrio:
     register_conversation_routes(app, rt.conversations)
     register_messages_routes(app)
     register_file_routes(app, rt.files)
+    register_openapi_route(app)  # last: it lists the routes above
     return app

@@ -10,6 +10,7 @@ from quart import Response, current_app, g
 from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
+from ..protocol.text import find_unencodable
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -44,7 +45,9 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode_json_body(raw: bytes | str) -> object:
-    """Strict JSON (decision 3): no duplicate keys, no NaN/Infinity, UTF-8."""
+    """Strict JSON (decision 3): no duplicate keys, no NaN/Infinity, UTF-8; at most
+    ``MAX_JSON_DEPTH`` deep; every string (keys too) encodable as UTF-8, so no lone surrogate
+    escape (``"\\ud800"``) gets past the edge."""
     if isinstance(raw, str):
         raw = raw.encode()
     if not raw.strip():
@@ -63,6 +66,9 @@ def decode_json_body(raw: bytes | str) -> object:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", None) from None
     if json_depth(decoded) > MAX_JSON_DEPTH:
         raise _too_deep()
+    bad = find_unencodable(decoded)
+    if bad is not None:
+        raise invalid_request(bad.message(), bad.path or None, code="invalid_text")
     return decoded
 
 

@@ -9,7 +9,8 @@ Invariants:
   naming it. A refused upload stores nothing.
 - A file over ``--files-max-file-bytes``, or one the store's whole budget (``--files-max-bytes``)
   cannot hold, is 413 ``file_too_large`` (param ``file``); so is a body over the server's
-  request limit, which Quart stops reading at that limit.
+  request limit, which stops being read at that limit whatever its transfer encoding
+  (``limits.CountedBody``); the part's size is checked before it is read into memory.
 - Every route acts for the request's tenant (``common.tenant()``); another tenant's file id is
   404 exactly like an unknown one.
 - ``GET /v1/files/{id}/content`` answers the stored bytes unchanged, with the upload's content
@@ -19,7 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+import os
+from typing import IO, TYPE_CHECKING, Final
 from urllib.parse import quote
 
 import trio
@@ -68,6 +70,12 @@ def register_file_routes(app: QuartTrio, files: FileStoreHandle) -> None:
 
     @mount(app, "/files", ["POST"])
     async def create_file() -> Response:
+        try:
+            return await _create_file()
+        finally:
+            await request.close()  # the parts' spool files, a cut-off one included
+
+    async def _create_file() -> Response:
         if request.mimetype != "multipart/form-data":
             raise invalid_request(
                 "POST /v1/files takes a multipart/form-data body with a 'file' part and a "
@@ -90,12 +98,14 @@ def register_file_routes(app: QuartTrio, files: FileStoreHandle) -> None:
             _field(form, "expires_after[seconds]"),
             ttl_seconds=limits.ttl_seconds,
         )
-        data = await trio.to_thread.run_sync(upload.stream.read)
-        if len(data) > limits.max_file_bytes:
+        # The parser spooled the part to a temporary file; its size is known before reading.
+        size = await trio.to_thread.run_sync(_spooled_size, upload.stream)
+        if size > limits.max_file_bytes:
             raise file_too_large(
-                f"The file {upload.filename!r} has {len(data)} bytes; files on this server may "
+                f"The file {upload.filename!r} has {size} bytes; files on this server may "
                 f"have at most {limits.max_file_bytes} bytes (--files-max-file-bytes)."
             )
+        data = await trio.to_thread.run_sync(upload.stream.read)
         filename = str(upload.filename)
         record = await files.put(
             filename=filename,
@@ -164,6 +174,13 @@ def _the_upload(form: MultiDict[str, str], uploads: MultiDict[str, FileStorage])
     if not upload.filename:
         raise invalid_request("The 'file' part has no filename.", FILE_PART)
     return upload
+
+
+def _spooled_size(stream: IO[bytes]) -> int:
+    """The size of an uploaded part's spool file, left positioned at its start."""
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(0)
+    return size
 
 
 def _field(form: MultiDict[str, str], key: str) -> str | None:

@@ -285,12 +285,13 @@ def deleted_object(conversation_id: str) -> JsonObject:
 
 
 def item_list(items: Sequence[JsonObject], *, has_more: bool) -> JsonObject:
-    """The SDK's ``ConversationItemList``; ``first_id``/``last_id`` are null when empty."""
+    """The SDK's ``ConversationItemList``; ``first_id``/``last_id`` are ``""`` when empty (the
+    SDK types them as strings; OpenAI's schema allows null)."""
     return {
         "object": "list",
         "data": list(items),
-        "first_id": items[0]["id"] if items else None,
-        "last_id": items[-1]["id"] if items else None,
+        "first_id": items[0]["id"] if items else "",
+        "last_id": items[-1]["id"] if items else "",
         "has_more": has_more,
     }
 

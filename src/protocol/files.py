@@ -8,10 +8,12 @@ Invariants:
   ``bytes``, ``created_at``, ``expires_at`` (null without a TTL), ``filename``, ``purpose``,
   ``status: "processed"`` (uploads are processed synchronously) and ``status_details: null``.
 - ``purpose`` on upload is one of ``PURPOSES`` (default ``user_data``); anything else is 400
-  naming the value. A list filter accepts those plus OpenAI's other file purposes.
+  naming the value. A list filter accepts those plus OpenAI's other file purposes. The file
+  object echoes only purposes of the SDK's ``FileObject`` literal: an ``evals`` upload (spec
+  001) is kept and filtered as ``evals`` but shown as ``user_data`` (``ECHOED_PURPOSE``).
 - Lists are OpenAI's cursor pages: ``limit`` 1-10,000 (default 10,000), ``order`` ``desc``
   (default, newest first) or ``asc`` by upload order, ``after`` an id on the list (else 404
-  naming it); ``first_id``/``last_id`` null when the page is empty; ``has_more``.
+  naming it); ``first_id``/``last_id`` ``""`` when the page is empty; ``has_more``.
 - ``extract_text`` either returns the file's whole text or raises a 400 ``ApiError`` whose
   message names the file and its type; it never guesses past what it can decode:
   * text-like (the declared type is ``text/*``, JSON, XML, YAML, JavaScript and the like, or a
@@ -59,6 +61,8 @@ __all__ = [
 
 PURPOSES: Final = ("user_data", "vision", "assistants", "fine-tune", "evals")
 DEFAULT_PURPOSE: Final = "user_data"
+# Upload purposes the pinned SDK's FileObject literal lacks, and what the object shows instead.
+ECHOED_PURPOSE: Final = {"evals": "user_data"}
 # The SDK's FileObject purposes we never mint; a list filtered by one of them is simply empty.
 _OTHER_PURPOSES: Final = ("assistants_output", "batch", "batch_output", "fine-tune-results")
 
@@ -81,7 +85,7 @@ def file_object(record: StoredFile) -> JsonObject:
         "created_at": record.created_at,
         "expires_at": record.expires_at,
         "filename": record.filename,
-        "purpose": record.purpose,
+        "purpose": ECHOED_PURPOSE.get(record.purpose, record.purpose),
         "status": "processed",
         "status_details": None,
     }

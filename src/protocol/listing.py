@@ -82,11 +82,13 @@ def page(
 
 
 def list_envelope(data: Sequence[Mapping[str, Any]], has_more: bool) -> dict[str, Any]:
-    """OpenAI's list envelope over JSON objects that carry an ``id``."""
+    """OpenAI's list envelope over JSON objects that carry an ``id``. An empty page has
+    ``first_id``/``last_id`` ``""``: the SDK types them as strings (``ResponseItemList``,
+    ``ConversationItemList``), and its cursor pages stop at a falsy ``last_id``."""
     return {
         "object": "list",
         "data": list(data),
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
+        "first_id": data[0]["id"] if data else "",
+        "last_id": data[-1]["id"] if data else "",
         "has_more": has_more,
     }
