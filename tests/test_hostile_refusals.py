@@ -21,7 +21,7 @@ def state(server: ServerHandle) -> tuple[int, ...]:
     return (
         server.store.statistics().entries,
         server.conversations.statistics().entries,
-        server.jobs.statistics().started,
+        server.responses.statistics().jobs_started,
         server.model.statistics().sequences_finished,
     )
 
