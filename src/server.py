@@ -22,6 +22,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -37,6 +38,7 @@ from .actors.reasoning_echo import run_reasoning_echo
 from .actors.response_store import ResponseStoreHandle, run_response_store
 from .http.app import AppContext, create_app
 from .http.auth import OPEN, ApiKeys
+from .storage.choice import MEMORY, StoreChoice, openers
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
 
@@ -62,6 +64,8 @@ class ServerSettings:
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
+    # Issue 15: the command line defaults to SQLite in the data dir; code and tests to memory.
+    store: StoreChoice = MEMORY
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +94,23 @@ async def serve(
     stop = trio.Event()
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(run_response_store, settings.responses_store)
-        conversations = await nursery.start(run_conversation_store, settings.conversation_store)
-        files = await nursery.start(run_file_store, settings.files)
+        # Issue 15: each store actor opens its durable backend (if any) on a thread of its own.
+        backends = openers(
+            settings.store, settings.responses_store, settings.conversation_store, settings.files
+        )
+        store = await nursery.start(
+            partial(run_response_store, settings.responses_store, open_storage=backends.responses)
+        )
+        conversations = await nursery.start(
+            partial(
+                run_conversation_store,
+                settings.conversation_store,
+                open_storage=backends.conversations,
+            )
+        )
+        files = await nursery.start(
+            partial(run_file_store, settings.files, open_storage=backends.files)
+        )
         live = await nursery.start(run_live_registry)
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         jobs = await nursery.start(

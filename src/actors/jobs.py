@@ -118,6 +118,7 @@ async def run_job_supervisor(
                             )
                         )
                         continue
+                    await run.persist_job()  # issue 15: a durable job row until its record
                     active[run.response_id] = run.estimated_bytes
                     counts["started"] += 1
                     publish()

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from ..protocol.machine import (
 from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
 from ..storage.interface import StoredResponse
+from ..storage.replay import FAILED_UNSTARTED
 from .conversation_store import ConversationStoreHandle
 from .live import EventLog, LiveRegistryHandle
 
@@ -66,6 +68,8 @@ from .model import (
 )
 from .output import OutputShaper
 from .response_store import ResponseStoreHandle
+
+log = logging.getLogger(__name__)
 
 # The temperature OpenAI applies when a request gives none.
 DEFAULT_TEMPERATURE = 1.0
@@ -408,15 +412,21 @@ class ResponseRun:
                 "response store's byte budget (--responses-store-max-bytes).",
             },
         }
-        events = (
-            {
-                "type": "response.created",
-                "sequence_number": 0,
-                "response": {**failed, "error": None, "status": "queued"},
-            },
-            {"type": "response.failed", "sequence_number": 1, "response": failed},
-        )
-        return StoredResponse(failed, self._prepared.all_items, events, owner)
+        # Issue 15: replayed by the event machine as created, queued, failed (one Fail).
+        return StoredResponse(failed, self._prepared.all_items, (), owner, FAILED_UNSTARTED)
+
+    async def persist_job(self) -> None:
+        """Issue 15: a stored background job is written to the store as it starts (its queued
+        object and input), and stays there until its record is put; a restart in between ends
+        it ``failed`` instead of leaving it queued forever. Never raises: a job whose row could
+        not be written still runs (a restart then forgets it)."""
+        if not (self._request.config.store and self._services.store.enabled):
+            return
+        queued = StoredResponse(self.snapshot(), self._prepared.all_items, (), self._request.owner)
+        try:
+            await self._services.store.job_started(queued)
+        except Exception:
+            log.exception("could not record background job %s", self.response_id)
 
     @property
     def estimated_bytes(self) -> int:

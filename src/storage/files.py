@@ -96,6 +96,7 @@ class FileStorage(Protocol):
     def list(self, owner: str = "", purpose: str | None = None) -> tuple[StoredFile, ...]: ...
     def delete(self, file_id: str, owner: str = "") -> bool: ...
     def statistics(self) -> StoreStatistics: ...
+    def close(self) -> None: ...
 
 
 _Key = tuple[str, str]  # (owner, file id)
@@ -173,6 +174,19 @@ class MemoryFileStorage:
         self._sync()
         stats = self._map.statistics()
         return replace(stats, expirations=stats.expirations + self._early_expirations)
+
+    def close(self) -> None:
+        """Nothing to release: memory goes with the process."""
+
+    def held(self) -> dict[tuple[str, str], StoredFile]:
+        """The files held now, by ``(owner, id)``, in upload order (without expiring)."""
+        self._sync()
+        return dict(self._index)
+
+    def lifetime_of(self, owner: str, file_id: str, now: float) -> float | None:
+        """Seconds left of ``expires_after`` at ``now`` (None: only the store's TTL)."""
+        deadline = self._deadline_of.get((owner, file_id))
+        return None if deadline is None else deadline - now
 
     def _sweep(self) -> float:
         """Expire by TTL and by per-file deadline at the clock's time; that time."""

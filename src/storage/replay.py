@@ -68,6 +68,9 @@ JsonObject = dict[str, Any]
 
 FORMAT: Final = 1
 DYNAMIC: Final = ("status", "output", "usage", "error", "incomplete_details", "completed_at")
+FAILED_UNSTARTED: Final[JsonObject] = {"v": FORMAT, "ops": "X"}
+"""The tape of a response that failed before it started: ``created`` (+ ``queued``), then
+``failed`` with the final object's error (a stored stand-in, e.g. after a restart)."""
 _TERMINAL_OPS: Final = {
     "response.completed": "F",
     "response.incomplete": "L",
