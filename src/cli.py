@@ -29,6 +29,7 @@ from .server import (
 from .storage.choice import default_data_dir, parse_store
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
+from .storage.sqlite import StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,8 +371,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
-    trio.run(lambda: serve(settings, handle_signals=True))
+    try:
+        trio.run(lambda: serve(settings, handle_signals=True))
+    except Exception as exc:  # issue 15: an unusable store file stops start-up with its message
+        store_error = _store_error(exc)
+        if store_error is None:
+            raise
+        raise SystemExit(f"mlx-responses: {store_error}") from None
     return 0
+
+
+def _store_error(exc: BaseException) -> StoreError | None:
+    """The ``StoreError`` inside ``exc`` (possibly nested in exception groups), if any."""
+    if isinstance(exc, StoreError):
+        return exc
+    for inner in exc.exceptions if isinstance(exc, BaseExceptionGroup) else ():
+        if (found := _store_error(inner)) is not None:
+            return found
+    return None
 
 
 if __name__ == "__main__":

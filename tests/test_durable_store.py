@@ -28,6 +28,7 @@ DEADLINE = 120
 HELLO = {"model": MODEL, "input": "Reply with: hello", "temperature": 0}
 COUNT = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0}
 TERMINAL = {"completed", "incomplete", "failed", "cancelled"}
+SERVE = [sys.executable, "-m", "mlx_responses.cli", "serve"]
 
 
 def settings(store: StoreChoice) -> ServerSettings:
@@ -292,3 +293,53 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, store: str) -
     else:
         assert failed["status"] == "failed"
         assert failed["error"]["message"] == RESTART_MESSAGE
+
+
+async def test_a_second_server_on_the_same_file_stops_with_a_message(tmp_path: Path) -> None:
+    cli = Cli(f"sqlite:{tmp_path}/one.sqlite3", tmp_path / "data")
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await cli.start(nursery)
+            second = await trio.run_process(
+                [*SERVE, "--port", "0", "--store", f"sqlite:{tmp_path}/one.sqlite3"],
+                capture_stderr=True,
+                check=False,
+                env=cli.env,
+            )
+            await cli.kill()
+            nursery.cancel_scope.cancel()
+    assert second.returncode == 1
+    assert b"is in use by another mlx-responses server" in second.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("postgresql://db/mlx", "not available in this build"),
+        ("sqlite:", "needs a file path"),
+        ("redis://x", "--store must be"),
+    ],
+)
+def test_an_unusable_store_flag_stops_start_up(value: str, message: str) -> None:
+    from mlx_responses.cli import build_parser, settings_from_args
+
+    with pytest.raises(SystemExit, match=message):
+        settings_from_args(build_parser({}).parse_args(["serve", "--store", value]))
+
+
+def test_the_default_store_is_sqlite_in_the_user_data_folder() -> None:
+    from mlx_responses.cli import build_parser, settings_from_args
+    from mlx_responses.storage.choice import default_data_dir
+
+    env = {"XDG_DATA_HOME": "/x/share", "HOME": "/home/u"}
+    if sys.platform != "darwin":
+        assert default_data_dir(env) == "/x/share/mlx-responses"
+        assert default_data_dir({"HOME": "/home/u"}) == "/home/u/.local/share/mlx-responses"
+    settings = settings_from_args(build_parser({}).parse_args(["serve"]))
+    assert settings.store == StoreChoice(
+        "sqlite", os.path.join(default_data_dir(), "store.sqlite3")
+    )
+    from_env = build_parser({"MLX_RESPONSES_STORE": "memory"}).parse_args(["serve"])
+    assert settings_from_args(from_env).store == MEMORY
+    flag = build_parser({}).parse_args(["serve", "--data-dir", "/d", "--store", "sqlite"])
+    assert settings_from_args(flag).store == StoreChoice("sqlite", "/d/store.sqlite3")

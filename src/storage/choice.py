@@ -7,10 +7,13 @@ Invariants:
 - ``postgresql://`` is refused with a message: this build has no PostgreSQL backend yet.
 - The openers returned run on the store actor's own thread (``StorageThread``), which is the
   thread that then uses the backend.
+- One server process per store file: ``openers`` locks ``PATH.lock`` for the process's life;
+  a second server on the same file stops at start with a message.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -72,6 +75,35 @@ def parse_store(value: str, data_dir: str) -> StoreChoice:
     )
 
 
+_HELD: dict[str, int] = {}
+"""Store files this process has locked (path -> lock file descriptor), for its lifetime."""
+
+
+def lock_store(path: str) -> None:
+    """Take the store file for this process (``PATH.lock``, ``flock``): one server per file.
+    Re-entrant within a process (a server restarted in-process); released by the OS when the
+    process ends, however it ends. Raises ``StoreError`` naming the holder otherwise."""
+    from .sqlite import StoreError
+
+    key = os.path.abspath(path)
+    if key in _HELD:
+        return
+    os.makedirs(os.path.dirname(key), exist_ok=True)
+    fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StoreError(
+            f"the store {path} is in use by another mlx-responses server (pid {holder}); "
+            "run one server per store file (docs/deploy.md)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
 @dataclass(frozen=True, slots=True)
 class Openers:
     """What each store actor opens on its own thread; None: its in-memory backend."""
@@ -97,6 +129,7 @@ def openers(
     )
 
     path = choice.path
+    lock_store(path)
     return Openers(
         responses=lambda: SqliteResponseStorage(Database(path), responses),
         conversations=lambda: SqliteConversationStorage(Database(path), conversations),
