@@ -199,7 +199,8 @@ class _Items:
     def __init__(self, final: JsonObject, lit: Mapping[str, JsonObject]) -> None:
         self._output: list[JsonObject] = final["output"]
         self._lit = lit
-        self._cursor: dict[int, tuple[int, int]] = {}
+        # output_index -> (text, logprobs, [text cursor, logprobs cursor])
+        self._sources: dict[int, tuple[str, list[JsonObject], list[int]]] = {}
 
     def literal(self, index: int) -> JsonObject | None:
         return self._lit.get(str(index))
@@ -212,21 +213,25 @@ class _Items:
         return str(lit[key]) if lit is not None and key in lit else str(self.held(index)[key])
 
     def take(self, index: int, chars: int, entries: int) -> tuple[str, list[JsonObject]]:
-        lit = self.literal(index)
-        if lit is not None:
-            text, lps = str(lit["text"]), list(lit["lp"])
-        else:
-            item = self.held(index)
-            text, lps = _source(item), _source_logprobs(item)
-        at, lp_at = self._cursor.get(index, (0, 0))
+        source = self._sources.get(index)
+        if source is None:
+            lit = self.literal(index)
+            if lit is not None:
+                source = self._sources[index] = (str(lit["text"]), list(lit["lp"]), [0, 0])
+            else:
+                item = self.held(index)
+                source = self._sources[index] = (_source(item), _source_logprobs(item), [0, 0])
+        text, lps, cursor = source
+        at, lp_at = cursor
         if at + chars > len(text) or lp_at + entries > len(lps) or chars <= 0:
             raise ValueError("the tape runs past the item's text")
-        self._cursor[index] = (at + chars, lp_at + entries)
-        return text[at : at + chars], lps[lp_at : lp_at + entries]
+        cursor[0], cursor[1] = at + chars, lp_at + entries
+        return text[at : at + chars], lps[lp_at : lp_at + entries] if entries else []
 
 
 def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
-    """The events ``compact_events`` compacted, rebuilt (fresh JSON each call)."""
+    """The events ``compact_events`` compacted, rebuilt: new event dicts each call, whose
+    snapshots share the final object's unchanging values (tools, metadata, ...)."""
     if tape.get("v") != FORMAT:
         raise ValueError(f"unknown replay tape format {tape.get('v')!r}")
     items = _Items(final, tape.get("lit") or {})
@@ -243,9 +248,15 @@ def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
     machine = ResponseMachine(str(final["id"]), config, int(final["created_at"]), id_factory=mint)
     events: list[JsonObject] = []
     ops = str(tape["ops"])
+    feed, take = machine.feed, items.take
     for token in ops.split(",") if ops else ():
+        op = token[0]
+        if op == "T" and machine.state is State.IN_MESSAGE and "/" not in token:
+            # The common case, inlined: more text on the open message, no logprobs.
+            events += feed(TextDelta(take(state["open"], int(token[1:]), 0)[0]))
+            continue
         for step in _inputs(token, final, machine, items, state):
-            events += machine.feed(step)
+            events += feed(step)
     static = {key: value for key, value in final.items() if key not in DYNAMIC}
     for event in events:
         snapshot = event.get("response")
