@@ -273,6 +273,7 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, store: str) -
                 async with trio.open_nursery() as creates:
                     for _ in range(12):
                         creates.start_soon(create)
+                before = await _write_everything(http)  # a chain, a conversation, a file
                 seen = (await http.get(f"/v1/responses/{job['id']}")).json()
             await cli.kill()
             nursery.cancel_scope.cancel()
@@ -284,6 +285,15 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, store: str) -
                 for response in acknowledged:
                     got = await http.get(f"/v1/responses/{response['id']}")
                     assert got.json() == response
+                second_id = before["second"]["id"]
+                assert (await http.get(f"/v1/responses/{second_id}")).json() == before["second"]
+                items = await http.get(f"/v1/responses/{second_id}/input_items")
+                assert items.json() == before["items"]
+                conv_id = before["conversation"]["id"]
+                conv_items = await http.get(f"/v1/conversations/{conv_id}/items")
+                assert conv_items.json() == before["conv_items"]
+                content = await http.get(f"/v1/files/{before['file']['id']}/content")
+                assert content.content == b"durable bytes"
                 failed = (await http.get(f"/v1/responses/{job['id']}")).json()
             await cli.kill()
             nursery.cancel_scope.cancel()
