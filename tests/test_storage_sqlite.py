@@ -248,6 +248,9 @@ def test_files_survive_reopen_with_their_deadlines(tmp_path: Path) -> None:
     long = store.get("file-long", "t")
     assert long == stored("file-long")
     assert store.get("file-long", "other") is None  # another tenant's
+    # The index holds metadata only; the bytes are read from the file by a get.
+    (listed,) = store.list("t")
+    assert (listed.id, listed.size, listed.data) == ("file-long", 4, b"")
     store.close()
 
 

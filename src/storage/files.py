@@ -73,11 +73,14 @@ class StoredFile:
     created_at: int
     expires_at: int | None
     owner: str = ""
+    # Set on a metadata-only copy whose ``data`` lives elsewhere (the SQLite file store's
+    # index): the size of the data it stands for.
+    stored_size: int | None = None
 
     @property
     def size(self) -> int:
         """The file object's ``bytes``."""
-        return len(self.data)
+        return len(self.data) if self.stored_size is None else self.stored_size
 
 
 def charged_bytes(record: StoredFile) -> int:

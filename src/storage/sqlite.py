@@ -22,9 +22,10 @@ Invariants:
   record is put (same transaction as the put). Rows left at start belong to jobs a restart
   interrupted: each becomes a ``failed`` stored response ("the server restarted") unless its
   record exists, and the rows are removed. Jobs are not resumed (docs/stores.md says why).
-- Files: metadata and bytes are rows of ``files``; the file store keeps its in-memory
-  ``MemoryFileStorage`` (budget, TTL, per-file deadlines, upload order) as the index and writes
-  through, so the Files API behaves exactly as with ``--store memory``.
+- Files: metadata and bytes are rows of ``files``; the file store keeps an in-memory
+  ``MemoryFileStorage`` of metadata-only copies (``stored_size``; budget, TTL, per-file
+  deadlines, upload order) as the index and writes through, so the Files API behaves exactly as
+  with ``--store memory``; a ``get`` reads the bytes from the file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from .budget import BudgetedMap
@@ -297,12 +299,12 @@ class SqliteFileStorage:
         self._mem = MemoryFileStorage(limits, clock=self._now)
         rows = db.conn.execute(
             "SELECT owner, id, filename, purpose, content_type, created_at, expires_at, "
-            "written_at, lifetime, data FROM files ORDER BY written_at"
+            "written_at, lifetime, length(data) FROM files ORDER BY written_at"
         ).fetchall()
-        for owner, id_, filename, purpose, ctype, created, expires, written, life, data in rows:
+        for owner, id_, filename, purpose, ctype, created, expires, written, life, size in rows:
             self._at = float(written)
-            record = StoredFile(id_, filename, purpose, ctype, bytes(data), created, expires, owner)
-            self._mem.put(record, lifetime=life)
+            stub = StoredFile(id_, filename, purpose, ctype, b"", created, expires, owner, size)
+            self._mem.put(stub, lifetime=life)
         self._at = None
         self._persisted: set[_FileKey] = {(str(row[0]), str(row[1])) for row in rows}
         with db.transaction() as conn:
@@ -325,7 +327,9 @@ class SqliteFileStorage:
     def put(self, record: StoredFile, *, lifetime: float | None = None) -> bool:
         now = self._at = self._clock()
         try:
-            kept = self._mem.put(record, lifetime=lifetime)
+            kept = self._mem.put(
+                replace(record, data=b"", stored_size=record.size), lifetime=lifetime
+            )
         finally:
             self._at = None
         with self._db.transaction() as conn:
@@ -352,7 +356,15 @@ class SqliteFileStorage:
         return kept
 
     def get(self, file_id: str, owner: str = "") -> StoredFile | None:
-        return self._mem.get(file_id, owner)
+        stub = self._mem.get(file_id, owner)
+        if stub is None:
+            return None
+        row = self._db.conn.execute(
+            "SELECT data FROM files WHERE owner = ? AND id = ?", (owner, file_id)
+        ).fetchone()
+        if row is None:  # pragma: no cover - the file changed behind our back
+            return None
+        return replace(stub, data=bytes(row[0]), stored_size=None)
 
     def list(self, owner: str = "", purpose: str | None = None) -> tuple[StoredFile, ...]:
         return self._mem.list(owner, purpose)
