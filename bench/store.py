@@ -1,11 +1,13 @@
-"""Response store throughput and memory: 10,000 stored responses against a small and a big budget.
+"""Response store throughput, memory and disk: 10,000 stored responses per backend (memory,
+SQLite) against a small and a big budget, all in one run.
 
 Run::
 
     .venv/bin/python bench/store.py [--count 10000] [--gets 2000]
-        [--small-bytes 8388608] [--big-bytes 2147483648]
+        [--small-bytes 8388608] [--big-bytes 2147483648] [--backends memory,sqlite]
 
-For each byte budget, a fresh child process (so one run's heap cannot flatter the other's):
+For each backend and byte budget, a fresh child process (so one run's heap cannot flatter the
+other's; the SQLite file is a fresh one in a temporary folder):
 
 1. starts the server in-process (``serve``: real Hypercorn, real store actors, the bundled model;
    ``--responses-store-max-entries`` = ``--count``, so only the byte budget binds);
@@ -19,10 +21,12 @@ For each byte budget, a fresh child process (so one run's heap cannot flatter th
 4. reads the resident memory again, then times ``--gets`` sequential ``GET /v1/responses/{id}``
    of held responses through one keep-alive HTTP client (httpx2) and reports p50/p99.
 
-Printed figures: put rate (time inside ``store.put`` only, not building the records), GET p50/p99 and rate, the bytes the store holds (its estimate, the
-serialised JSON size), the bytes offered, and the RSS growth; ratios: RSS growth over the budget,
-over the bytes held, and the big budget's growth over the small one's. Results are also written
-to ``bench/results/store-<timestamp>.json``.
+Printed figures: put rate and put p50/p99 (time inside ``store.put`` only, not building the
+records: the create overhead a durable commit adds), GET p50/p99 and rate, the bytes the store
+holds (its estimate, the serialised JSON size), the bytes offered, the RSS growth, and for SQLite
+the bytes on disk (the file after the store closed, WAL folded in) per response held; ratios
+against the memory backend of the same budget, and RSS growth over the budget and the bytes
+held. Results are also written to ``bench/results/store-<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -47,6 +53,7 @@ from mlx_responses.protocol.ids import new_id
 from mlx_responses.protocol.machine import Finish, ResponseMachine, Start, TextDelta
 from mlx_responses.protocol.objects import ResponseConfig, Usage
 from mlx_responses.server import ServerHandle, ServerSettings, serve
+from mlx_responses.storage.choice import MEMORY, StoreChoice
 from mlx_responses.storage.interface import StoredResponse, StoreLimits
 from mlx_responses.storage.memory import serialized_size
 
@@ -62,6 +69,7 @@ WORDS = (
 
 @dataclass(slots=True)
 class Run:
+    backend: str
     budget_bytes: int
     count: int
     gets: int
@@ -79,6 +87,9 @@ class Run:
     get_cpu_seconds: float
     get_errors: int
     mean_get_body_bytes: float
+    put_p50_ms: float = 0.0
+    put_p99_ms: float = 0.0
+    disk_bytes: int = 0
 
     @property
     def rss_growth(self) -> int:
@@ -125,11 +136,26 @@ def make_record(rng: random.Random, created_at: int) -> StoredResponse:
     return StoredResponse(machine.snapshot(), items, tuple(events))
 
 
-async def measure(budget: int, count: int, gets: int) -> Run:
+async def measure(backend: str, budget: int, count: int, gets: int) -> Run:
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as folder:
+        path = os.path.join(folder, "store.sqlite3")
+        store = MEMORY if backend == "memory" else StoreChoice("sqlite", path)
+        run = await _measure(store, budget, count, gets)
+        run.disk_bytes = 0 if backend == "memory" else folder_bytes(folder)
+        return run
+
+
+def folder_bytes(folder: str) -> int:
+    """The bytes of the files in ``folder`` (the store file, its WAL if any is left)."""
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+
+
+async def _measure(store: StoreChoice, budget: int, count: int, gets: int) -> Run:
     model = ModelSettings(model_path=str(BUNDLED_MODEL_PATH), alias=BUNDLED_ALIAS)
     settings = replace(
         ServerSettings(host="127.0.0.1", port=0, model=model, graceful_timeout=5),
         responses_store=StoreLimits(max_entries=count, max_bytes=budget, ttl_seconds=3600),
+        store=store,
     )
     rng = random.Random(1234)
     async with trio.open_nursery() as nursery:
@@ -143,13 +169,15 @@ async def measure(budget: int, count: int, gets: int) -> Run:
             ids: list[str] = []
             offered = 0
             put_seconds = 0.0
+            put_latencies: list[float] = []
             created_at = int(time.time())
             for _ in range(count):
                 record = make_record(rng, created_at)
                 offered += serialized_size(record.to_json())
                 t0 = time.perf_counter()
                 await server.store.put(record)
-                put_seconds += time.perf_counter() - t0
+                put_latencies.append(time.perf_counter() - t0)
+                put_seconds += put_latencies[-1]
                 ids.append(record.id)
             del record
             gc.collect()
@@ -177,7 +205,11 @@ async def measure(budget: int, count: int, gets: int) -> Run:
         server.shutdown()
 
     quantiles = statistics.quantiles(latencies, n=100)
+    put_quantiles = statistics.quantiles(put_latencies, n=100)
     return Run(
+        backend=store.kind,
+        put_p50_ms=put_quantiles[49] * 1000,
+        put_p99_ms=put_quantiles[98] * 1000,
         budget_bytes=budget,
         count=count,
         gets=gets,
@@ -198,13 +230,15 @@ async def measure(budget: int, count: int, gets: int) -> Run:
     )
 
 
-def run_child(budget: int, count: int, gets: int) -> Run:
+def run_child(backend: str, budget: int, count: int, gets: int) -> Run:
     """One measurement in a fresh interpreter, so earlier runs leave no heap behind."""
     command = [
         sys.executable,
         __file__,
         "--child",
         str(budget),
+        "--backends",
+        backend,
         "--count",
         str(count),
         "--gets",
@@ -221,6 +255,7 @@ def mib(n: float) -> str:
 
 
 def report(runs: list[Run]) -> None:
+    print(f"{'':28}" + "".join(f"{r.backend:>18}" for r in runs))
     print(f"{'':28}" + "".join(f"{f'budget {r.budget_bytes / MIB:g} MiB':>18}" for r in runs))
 
     def row(label: str, cells: list[str]) -> None:
@@ -230,6 +265,8 @@ def report(runs: list[Run]) -> None:
     row("bytes offered (JSON)", [mib(r.offered_bytes) for r in runs])
     row("mean record (JSON)", [f"{r.offered_bytes / r.count / 1024:.1f} KiB" for r in runs])
     row("put rate (store handle)", [f"{r.count / r.put_seconds:,.0f} /s" for r in runs])
+    row("put p50 (create overhead)", [f"{r.put_p50_ms:.2f} ms" for r in runs])
+    row("put p99", [f"{r.put_p99_ms:.2f} ms" for r in runs])
     row("entries held", [f"{r.entries}" for r in runs])
     row("bytes held (estimate)", [mib(r.held_bytes) for r in runs])
     row("evictions", [f"{r.evictions}" for r in runs])
@@ -243,13 +280,34 @@ def report(runs: list[Run]) -> None:
     row("CPU per GET (both ends)", [f"{r.get_cpu_seconds / r.gets * 1000:.2f} ms" for r in runs])
     row("GET body (final object)", [f"{r.mean_get_body_bytes / 1024:.1f} KiB" for r in runs])
     row("GET errors", [f"{r.get_errors}" for r in runs])
+    row(
+        "on disk per response held",
+        [f"{r.disk_bytes / max(1, r.entries):,.0f} B" if r.disk_bytes else "-" for r in runs],
+    )
     print()
     print("ratios")
+    base = {r.budget_bytes: r for r in runs if r.backend == "memory"}
+
+    def against(r: Run, value: float, of_base: float) -> str:
+        return f"{value / of_base:.2f}" if r.budget_bytes in base and of_base else "-"
+
+    row(
+        "put p50 / memory's",
+        [against(r, r.put_p50_ms, base.get(r.budget_bytes, r).put_p50_ms) for r in runs],
+    )
+    row(
+        "GET p50 / memory's",
+        [against(r, r.get_p50_ms, base.get(r.budget_bytes, r).get_p50_ms) for r in runs],
+    )
+    row(
+        "GET p99 / memory's",
+        [against(r, r.get_p99_ms, base.get(r.budget_bytes, r).get_p99_ms) for r in runs],
+    )
     row("RSS growth / budget", [f"{r.rss_growth / r.budget_bytes:.3f}" for r in runs])
     row("RSS growth / bytes held", [f"{r.rss_growth / max(1, r.held_bytes):.2f}" for r in runs])
     row("bytes held / budget", [f"{r.held_bytes / r.budget_bytes:.3f}" for r in runs])
     budgets = sorted({r.budget_bytes for r in runs})
-    if len(budgets) == 2:
+    if len(budgets) == 2 and len({r.backend for r in runs}) == 1:
         small, big = (
             statistics.median(r.rss_growth for r in runs if r.budget_bytes == b) for b in budgets
         )
@@ -271,20 +329,24 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs per budget, the order flipping each time"
     )
+    parser.add_argument(
+        "--backends", default="memory,sqlite", help="comma-separated: memory, sqlite"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.child is not None:
-        run = trio.run(measure, args.child, args.count, args.gets)
+        run = trio.run(measure, backends[0], args.child, args.count, args.gets)
         print(json.dumps(asdict(run)))
         return
 
     runs: list[Run] = []
     for repeat in range(args.repeats):
-        # The machine may be shared: alternate the order so that load hits both budgets alike.
-        order = (args.small_bytes, args.big_bytes)
-        for budget in order if repeat % 2 == 0 else order[::-1]:
-            runs.append(run_child(budget, args.count, args.gets))
-    runs.sort(key=lambda r: r.budget_bytes)
+        # The machine may be shared: alternate the order so that load hits all runs alike.
+        order = [(b, budget) for budget in (args.small_bytes, args.big_bytes) for b in backends]
+        for backend, budget in order if repeat % 2 == 0 else order[::-1]:
+            runs.append(run_child(backend, budget, args.count, args.gets))
+    runs.sort(key=lambda r: (r.budget_bytes, r.backend))
     report(runs)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"store-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -234,6 +234,12 @@ def running_server(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C here reaches the bench only; we stop the server
+            # Generation is measured here, not storage (bench/store.py): keep the in-memory
+            # store unless the caller's environment names another.
+            env={
+                **os.environ,
+                "MLX_RESPONSES_STORE": os.environ.get("MLX_RESPONSES_STORE", "memory"),
+            },
         )
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
     try:

@@ -27,8 +27,10 @@ from .server import (
     ServerSettings,
     serve,
 )
+from .storage.choice import default_data_dir, parse_store
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
+from .storage.sqlite import StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +244,23 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "byte budget of the reasoning echo (the reasoning of earlier plain replies, put back "
         "when a client replays a reply without it); 0 disables it",
     ),
+    # Issue 15: where state lives (docs/stores.md).
+    Flag(
+        "--store",
+        "MLX_RESPONSES_STORE",
+        "sqlite",
+        str,
+        "where responses, conversations, files and background jobs are kept: 'sqlite' (a "
+        "durable file in --data-dir), 'sqlite:PATH' or 'memory' (forgotten at exit)",
+    ),
+    Flag(
+        "--data-dir",
+        "MLX_RESPONSES_DATA_DIR",
+        None,
+        str,
+        "folder of the default SQLite store (default: the platform's user data folder, "
+        "e.g. $XDG_DATA_HOME/mlx-responses or ~/.local/share/mlx-responses)",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -339,7 +358,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit(f"--api-keys-file: {exc}") from None
     if args.unsupported_tools not in ("reject", "drop"):
         raise SystemExit("--unsupported-tools must be 'reject' or 'drop'")
+    try:
+        store = parse_store(args.store, args.data_dir or default_data_dir())
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     return ServerSettings(
+        store=store,
         host=args.host,
         port=args.port,
         model=ModelSettings(
@@ -390,8 +414,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
-    trio.run(lambda: serve(settings, handle_signals=True))
+    try:
+        trio.run(lambda: serve(settings, handle_signals=True))
+    except Exception as exc:  # issue 15: an unusable store file stops start-up with its message
+        store_error = _store_error(exc)
+        if store_error is None:
+            raise
+        raise SystemExit(f"mlx-responses: {store_error}") from None
     return 0
+
+
+def _store_error(exc: BaseException) -> StoreError | None:
+    """The ``StoreError`` inside ``exc`` (possibly nested in exception groups), if any."""
+    if isinstance(exc, StoreError):
+        return exc
+    for inner in exc.exceptions if isinstance(exc, BaseExceptionGroup) else ():
+        if (found := _store_error(inner)) is not None:
+            return found
+    return None
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import signal
 import time
+from functools import partial
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -36,6 +37,7 @@ from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
+from .storage.choice import openers
 
 __all__ = [
     "DEFAULT_CONVERSATION_LIMITS",
@@ -61,9 +63,23 @@ async def serve(
     stop = trio.Event()
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(run_response_store, settings.responses_store)
-        conversations = await nursery.start(run_conversation_store, settings.conversation_store)
-        files = await nursery.start(run_file_store, settings.files)
+        # Issue 15: each store actor opens its durable backend (if any) on a thread of its own.
+        backends = openers(
+            settings.store, settings.responses_store, settings.conversation_store, settings.files
+        )
+        store = await nursery.start(
+            partial(run_response_store, settings.responses_store, open_storage=backends.responses)
+        )
+        conversations = await nursery.start(
+            partial(
+                run_conversation_store,
+                settings.conversation_store,
+                open_storage=backends.conversations,
+            )
+        )
+        files = await nursery.start(
+            partial(run_file_store, settings.files, open_storage=backends.files)
+        )
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
         actors = Actors(model, store, conversations, files, echo)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .actors.model import ModelSettings
 from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
 from .http.auth import OPEN, ApiKeys
+from .storage.choice import MEMORY, StoreChoice
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import StoreLimits
 
@@ -30,6 +31,8 @@ class ServerSettings:
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
+    # Issue 15: the command line defaults to SQLite in the data dir; code and tests to memory.
+    store: StoreChoice = MEMORY
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.
     websocket_max_connections: int = 16
     websocket_max_seconds: float = 3600.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -12,6 +14,7 @@ from openai import AsyncOpenAI
 from mlx_responses.actors.model import ModelSettings
 from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, ServerSettings, serve
+from mlx_responses.storage.choice import MEMORY, StoreChoice
 
 from .faults import ThreadFaults
 
@@ -26,7 +29,18 @@ def server_settings(**model_overrides: object) -> ServerSettings:
         alias=BUNDLED_ALIAS,
         **model_overrides,  # type: ignore[arg-type]
     )
-    return ServerSettings(host="127.0.0.1", port=0, model=model, graceful_timeout=5)
+    return ServerSettings(
+        host="127.0.0.1", port=0, model=model, graceful_timeout=5, store=_test_store()
+    )
+
+
+def _test_store() -> StoreChoice:
+    """``memory`` (spec 000's behaviour, each server forgets), unless
+    ``MLX_RESPONSES_TEST_STORE=sqlite`` runs the suite over a fresh SQLite file per server."""
+    if os.environ.get("MLX_RESPONSES_TEST_STORE", "memory") != "sqlite":
+        return MEMORY
+    folder = tempfile.mkdtemp(prefix="mlx-responses-test-")
+    return StoreChoice("sqlite", os.path.join(folder, "store.sqlite3"))
 
 
 @pytest.fixture

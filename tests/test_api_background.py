@@ -250,14 +250,21 @@ async def test_active_jobs_bytes_are_bounded_by_the_store_budget(nursery: trio.N
 
 
 async def test_a_final_object_over_the_budget_leaves_a_failed_answer(nursery: trio.Nursery) -> None:
-    # Admitted (~8 kB estimated for 350 tokens), but the finished record cannot fit: even with
-    # every token coalesced into one delta, its events repeat the object and text (> 12 kB).
+    # Admitted (~8 kB estimated for 350 tokens), but the finished record cannot fit: its final
+    # object alone holds five top logprobs per token (> 50 kB), however the deltas coalesce.
     budget = StoreLimits(max_entries=100, max_bytes=9_000, ttl_seconds=3600)
     server = await start_server(nursery, responses_store=budget)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             created = await http.post(
-                "/v1/responses", json={**COUNT, "background": True, "max_output_tokens": 350}
+                "/v1/responses",
+                json={
+                    **COUNT,
+                    "background": True,
+                    "max_output_tokens": 350,
+                    "top_logprobs": 5,
+                    "include": ["message.output_text.logprobs"],
+                },
             )
             polls = await poll_until_terminal(http, created.json()["id"])
     final = polls[-1]

@@ -51,8 +51,15 @@ async def _read_base_url(stream: Any) -> tuple[str, bytes]:
             return found.group(1).decode(), seen
 
 
-async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0() -> None:
-    env = {**os.environ, "MLX_RESPONSES_PORT": "0", "MLX_RESPONSES_PREFILL_STEP_SIZE": "4"}
+async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "MLX_RESPONSES_PORT": "0",
+        "MLX_RESPONSES_PREFILL_STEP_SIZE": "4",
+        "MLX_RESPONSES_DATA_DIR": str(tmp_path),  # the default, durable store, in a fresh folder
+    }
     with trio.fail_after(DEADLINE):
         process = await trio.lowlevel.open_process(
             [str(SCRIPT), "serve"], env=env, stderr=subprocess.PIPE
@@ -85,3 +92,4 @@ async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0() 
     assert final["error"]["code"] == "server_error"
     assert "shutting down" in final["error"]["message"]
     assert code == 0
+    assert (tmp_path / "store.sqlite3").exists()

@@ -41,7 +41,7 @@ def record(response_id: str, text: str = "hello") -> StoredResponse:
     return StoredResponse(
         {"id": response_id, "object": "response", "status": "completed", "output": [message]},
         input_items=({"id": "msg_in", "type": "message", "role": "user", "content": "hi"},),
-        events=({"type": "response.completed", "sequence_number": 0},),
+        literal_events=({"type": "response.completed", "sequence_number": 0},),
     )
 
 

@@ -20,8 +20,9 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import assert_never
 
 import trio
@@ -36,6 +37,7 @@ from ..storage.interface import (
     scoped,
 )
 from ..storage.memory import MemoryConversationStorage
+from ..storage.thread import storage_runner
 from .kit import Reply, ask, open_mailbox, serve_requests
 
 
@@ -157,57 +159,62 @@ async def run_conversation_store(
     limits: StoreLimits,
     storage: ConversationStorage | None = None,
     *,
+    open_storage: Callable[[], ConversationStorage] | None = None,
     task_status: trio.TaskStatus[ConversationStoreHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve ``storage`` (default: in memory, in this task), or the durable backend that
+    ``open_storage`` opens on a thread of this actor's own (``StorageThread``)."""
     send: trio.MemorySendChannel[ConversationMessage]
     receive: trio.MemoryReceiveChannel[ConversationMessage]
     send, receive = open_mailbox()
-    backend = storage if storage is not None else MemoryConversationStorage(limits)
     handle = ConversationStoreHandle(send, limits)
 
-    async with receive:
+    async with receive, storage_runner("conversation-store", open_storage) as (opened, run):
+        backend: ConversationStorage = (
+            storage if storage is not None else opened or MemoryConversationStorage(limits)
+        )
+        handle._stats = backend.statistics() if run is None else await run(backend.statistics)
         task_status.started(handle)
 
         def publish() -> None:
             handle._stats = backend.statistics()
 
-        await serve_requests(receive, lambda message: _handle(backend, message), publish)
+        await serve_requests(receive, partial(_answer, backend), publish, run)
 
 
-def _handle(backend: ConversationStorage, message: ConversationMessage) -> None:
-    """Apply one request to the backend and answer it."""
+def _answer(backend: ConversationStorage, message: ConversationMessage) -> object:
+    """Apply one request to the backend; the reply's value."""
     match message:
-        case CreateConversation(metadata, items, reply, owner):
+        case CreateConversation(metadata, items, _, owner):
             record = ConversationRecord(
                 new_id("conv"), int(time.time()), dict(metadata), items, owner
             )
             backend.put(record)
-            reply.send(record)
-        case GetConversation(conversation_id, reply):
-            reply.send(backend.get(conversation_id))
-        case UpdateConversation(conversation_id, metadata, reply):
+            return record
+        case GetConversation(conversation_id, _):
+            return backend.get(conversation_id)
+        case UpdateConversation(conversation_id, metadata, _):
             current = backend.get(conversation_id)
             if current is not None:
                 current = replace(current, metadata=dict(metadata))
                 backend.put(current)
-            reply.send(current)
-        case DeleteConversation(conversation_id, reply):
-            reply.send(backend.delete(conversation_id))
-        case AppendItems(conversation_id, items, reply):
+            return current
+        case DeleteConversation(conversation_id, _):
+            return backend.delete(conversation_id)
+        case AppendItems(conversation_id, items, _):
             current = backend.get(conversation_id)
             if current is not None:
                 current = replace(current, items=current.items + items)
                 backend.put(current)
-            reply.send(current)
-        case DeleteItem(conversation_id, item_id, reply):
+            return current
+        case DeleteItem(conversation_id, item_id, _):
             current = backend.get(conversation_id)
             if current is not None:
                 kept = tuple(i for i in current.items if i.get("id") != item_id)
                 if len(kept) == len(current.items):
-                    current = None
-                else:
-                    current = replace(current, items=kept)
-                    backend.put(current)
-            reply.send(current)
+                    return None
+                current = replace(current, items=kept)
+                backend.put(current)
+            return current
         case _:
             assert_never(message)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import assert_never
 
 import trio
@@ -30,6 +31,7 @@ import trio
 from ..protocol.ids import new_id
 from ..storage.files import FileLimits, FileStorage, MemoryFileStorage, StoredFile
 from ..storage.interface import StoreStatistics
+from ..storage.thread import storage_runner
 from .kit import Reply, ask, open_mailbox, serve_requests
 
 
@@ -120,28 +122,32 @@ async def run_file_store(
     storage: FileStorage | None = None,
     wall_clock: Callable[[], float] = time.time,
     *,
+    open_storage: Callable[[], FileStorage] | None = None,
     task_status: trio.TaskStatus[FileStoreHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve ``storage`` (default: in memory, in this task), or the durable backend that
+    ``open_storage`` opens on a thread of this actor's own (``StorageThread``)."""
     send: trio.MemorySendChannel[FileMessage]
     receive: trio.MemoryReceiveChannel[FileMessage]
     send, receive = open_mailbox()
-    backend = storage if storage is not None else MemoryFileStorage(limits)
     handle = FileStoreHandle(send, limits)
-    async with receive:
+    async with receive, storage_runner("file-store", open_storage) as (opened, run):
+        backend: FileStorage = (
+            storage if storage is not None else opened or MemoryFileStorage(limits)
+        )
+        handle._stats = backend.statistics() if run is None else await run(backend.statistics)
         task_status.started(handle)
 
         def publish() -> None:
             handle._stats = backend.statistics()
 
-        await serve_requests(
-            receive, lambda message: _handle(backend, message, wall_clock), publish
-        )
+        await serve_requests(receive, partial(_answer, backend, wall_clock), publish, run)
 
 
-def _handle(backend: FileStorage, message: FileMessage, wall_clock: Callable[[], float]) -> None:
-    """Apply one request to the backend and answer it."""
+def _answer(backend: FileStorage, wall_clock: Callable[[], float], message: FileMessage) -> object:
+    """Apply one request to the backend; the reply's value."""
     match message:
-        case PutFile(owner, filename, purpose, content_type, data, expires_after, reply):
+        case PutFile(owner, filename, purpose, content_type, data, expires_after, _):
             ttl = backend.limits.ttl_seconds
             lifetime = None if expires_after is None else float(expires_after)
             if lifetime is not None and ttl > 0 and lifetime >= ttl:
@@ -159,12 +165,12 @@ def _handle(backend: FileStorage, message: FileMessage, wall_clock: Callable[[],
                 owner=owner,
             )
             kept = backend.put(record, lifetime=lifetime)
-            reply.send(record if kept else None)
-        case GetFile(owner, file_id, reply):
-            reply.send(backend.get(file_id, owner))
-        case ListFiles(owner, purpose, reply):
-            reply.send(backend.list(owner, purpose))
-        case DeleteFile(owner, file_id, reply):
-            reply.send(backend.delete(file_id, owner))
+            return record if kept else None
+        case GetFile(owner, file_id, _):
+            return backend.get(file_id, owner)
+        case ListFiles(owner, purpose, _):
+            return backend.list(owner, purpose)
+        case DeleteFile(owner, file_id, _):
+            return backend.delete(file_id, owner)
         case _:
             assert_never(message)

@@ -11,8 +11,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import outcome
@@ -43,6 +44,10 @@ class Reply(Generic[T]):
 
     def send(self, value: T) -> None:
         self._deliver(outcome.Value(value))
+
+    def deliver(self, result: outcome.Outcome[T]) -> None:
+        """Answer with a value or an exception already captured."""
+        self._deliver(result)
 
     def fail(self, error: BaseException) -> None:
         self._deliver(outcome.Error(error))
@@ -81,16 +86,32 @@ class Request(Protocol):
 R = TypeVar("R", bound=Request)
 
 
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs a blocking call somewhere else and waits for it (a ``StorageThread.run``)."""
+
+
 async def serve_requests(
     mailbox: trio.MemoryReceiveChannel[R],
-    apply: Callable[[R], None],
+    answer: Callable[[R], object],
     after_each: Callable[[], None],
+    run: Runner | None = None,
 ) -> None:
-    """The loop of an actor whose every message carries a ``Reply``: ``apply`` answers it; an
-    exception it raises goes to the asker instead, and the actor keeps serving."""
-    async for message in mailbox:
-        try:
-            apply(message)
-        except Exception as exc:
-            message.reply.fail(exc)
+    """The loop of an actor whose every message carries a ``Reply``: ``answer`` computes the
+    reply's value; an exception it raises goes to the asker instead, and the actor keeps
+    serving. ``after_each`` runs after each answer is computed, before it is sent (statistics
+    are current when the asker resumes). With ``run`` (a durable backend's thread) both run
+    there, one message at a time, so the actor's Trio task never blocks on I/O."""
+
+    def step(message: R) -> outcome.Outcome[object]:
+        result = outcome.capture(answer, message)
         after_each()
+        return result
+
+    async for message in mailbox:
+        if run is None:
+            result = step(message)
+        else:
+            result = await run(partial(step, message))
+        if isinstance(result, outcome.Error) and not isinstance(result.error, Exception):
+            raise result.error
+        message.reply.deliver(result)

@@ -19,7 +19,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import assert_never
 
 import trio
@@ -32,6 +34,7 @@ from ..storage.interface import (
     scoped,
 )
 from ..storage.memory import MemoryResponseStorage
+from ..storage.thread import storage_runner
 from .kit import Reply, ask, open_mailbox, serve_requests
 
 
@@ -59,7 +62,17 @@ class DeleteResponse:
     reply: Reply[bool]
 
 
-StoreMessage = PutResponse | GetResponse | DeleteResponse
+@dataclass(frozen=True, slots=True)
+class PutJob:
+    """Sender: the job supervisor, as a stored background job starts (its queued object and
+    input). A durable backend keeps it until the job's record is put; a restart finds the
+    unfinished ones and stores them ``failed`` (the server restarted)."""
+
+    record: StoredResponse
+    reply: Reply[None]
+
+
+StoreMessage = PutResponse | GetResponse | DeleteResponse | PutJob
 
 
 class ResponseStoreHandle:
@@ -86,6 +99,11 @@ class ResponseStoreHandle:
         key = scoped(owner, response_id)
         return await ask(self._mailbox, lambda reply: DeleteResponse(key, reply))
 
+    async def job_started(self, record: StoredResponse) -> None:
+        """A stored background job began (``record``: its queued object and input items);
+        durable before this returns."""
+        await ask(self._mailbox, lambda reply: PutJob(record, reply))
+
     def statistics(self) -> StoreStatistics:
         return self._stats
 
@@ -94,31 +112,40 @@ async def run_response_store(
     limits: StoreLimits,
     storage: ResponseStorage | None = None,
     *,
+    open_storage: Callable[[], ResponseStorage] | None = None,
     task_status: trio.TaskStatus[ResponseStoreHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve ``storage`` (default: in memory, in this task), or the durable backend that
+    ``open_storage`` opens on a thread of this actor's own (``StorageThread``)."""
     send: trio.MemorySendChannel[StoreMessage]
     receive: trio.MemoryReceiveChannel[StoreMessage]
     send, receive = open_mailbox()
-    backend = storage if storage is not None else MemoryResponseStorage(limits)
     handle = ResponseStoreHandle(send, limits)
-    async with receive:
+    async with receive, storage_runner("response-store", open_storage) as (opened, run):
+        backend: ResponseStorage = (
+            storage if storage is not None else opened or MemoryResponseStorage(limits)
+        )
+        handle._stats = backend.statistics() if run is None else await run(backend.statistics)
         task_status.started(handle)
 
         def publish() -> None:
             handle._stats = backend.statistics()
 
-        await serve_requests(receive, lambda message: _handle(backend, message), publish)
+        await serve_requests(receive, partial(_answer, backend), publish, run)
 
 
-def _handle(backend: ResponseStorage, message: StoreMessage) -> None:
-    """Apply one request to the backend and answer it."""
+def _answer(backend: ResponseStorage, message: StoreMessage) -> object:
+    """Apply one request to the backend; the reply's value."""
     match message:
-        case PutResponse(record, reply):
+        case PutResponse(record, _):
             backend.put(record)
-            reply.send(None)
-        case GetResponse(response_id, reply):
-            reply.send(backend.get(response_id))
-        case DeleteResponse(response_id, reply):
-            reply.send(backend.delete(response_id))
+            return None
+        case GetResponse(response_id, _):
+            return backend.get(response_id)
+        case DeleteResponse(response_id, _):
+            return backend.delete(response_id)
+        case PutJob(record, _):
+            backend.job_started(record)
+            return None
         case _:
             assert_never(message)

@@ -31,6 +31,7 @@ from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachi
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.request import CreateRequest
 from ..storage.interface import StoredResponse
+from ..storage.replay import FAILED_UNSTARTED
 from .admission import Admission
 from .event_log import EventLog
 from .prompt import PreparedPrompt
@@ -68,6 +69,20 @@ class ResponseRun:
     @property
     def terminal(self) -> bool:
         return self._machine.terminal
+
+    async def persist_job(self) -> None:
+        """Issue 15: a stored background job is written to the store as it starts (its queued
+        object and input), and stays there until its record is put; a restart in between ends
+        it ``failed`` instead of leaving it queued forever. Never raises: a job whose row could
+        not be written still runs (a restart then forgets it)."""
+        store = self._actors.store
+        if not (self.request.config.store and store.enabled):
+            return
+        queued = StoredResponse(self.snapshot(), self.prepared.all_items, (), self.request.owner)
+        try:
+            await store.job_started(queued)
+        except Exception:
+            log.exception("could not record background job %s", self.response_id)
 
     def estimated_bytes(self, max_tokens: int) -> int:
         """What this response will roughly hold in the store: its input, and up to
@@ -256,12 +271,5 @@ class ResponseRun:
                 "response store's byte budget (--responses-store-max-bytes).",
             },
         }
-        events = (
-            {
-                "type": "response.created",
-                "sequence_number": 0,
-                "response": {**failed, "error": None, "status": "queued"},
-            },
-            {"type": "response.failed", "sequence_number": 1, "response": failed},
-        )
-        return StoredResponse(failed, self.prepared.all_items, events, owner)
+        # Issue 15: replayed by the event machine as created, queued, failed (one Fail).
+        return StoredResponse(failed, self.prepared.all_items, (), owner, FAILED_UNSTARTED)

@@ -425,6 +425,8 @@ async def _open(
         if admission is not None:
             run.attach(admission)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
+        if entry.background:
+            await run.persist_job()  # issue 15: a durable job row before the create answers
     except BaseException as exc:
         if admission is not None:
             with trio.CancelScope(shield=True):

@@ -145,6 +145,9 @@ async def get_response(response_id: str) -> Response:
         with trio.move_on_after(CANCEL_WAIT_SECONDS):
             await log.wait_closed()
         record = await rt.store.get(response_id, tenant())
+    elif record is None and log is not None and log.closed:
+        # It finished between the two lookups: its record (if stored) is the answer.
+        record = await rt.store.get(response_id, tenant())
     # A closed log answers for a store: false background job kept for its ephemeral TTL.
     if record is None and log is None:
         raise _missing(response_id)

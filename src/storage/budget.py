@@ -27,7 +27,7 @@ time; the TTL is the same for every entry, so write order is expiry order.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -47,7 +47,9 @@ class _Entry(Generic[V]):
 class BudgetedMap(Generic[K, V]):
     """An LRU map bounded by entries and bytes, with a TTL from the last write."""
 
-    def __init__(self, limits: StoreLimits) -> None:
+    def __init__(self, limits: StoreLimits, *, track_removals: bool = False) -> None:
+        """``track_removals``: remember every key removed (evicted, expired, deleted or
+        replaced) until ``drain_removed``, for a backend that mirrors the map on disk."""
         if limits.max_entries < 0 or limits.max_bytes < 0 or limits.ttl_seconds < 0:
             raise ValueError(f"store limits must not be negative: {limits}")
         self._limits = limits
@@ -58,6 +60,7 @@ class BudgetedMap(Generic[K, V]):
         self._evictions = 0
         self._expirations = 0
         self._rejections = 0
+        self._removed: list[K] | None = [] if track_removals else None
 
     # -- queries --
 
@@ -112,6 +115,36 @@ class BudgetedMap(Generic[K, V]):
         )
 
     # -- commands --
+
+    def drain_removed(self) -> list[K]:
+        """The keys removed since the last call, in order (``track_removals`` only). A key
+        replaced by a put appears here too: delete these first, then write what was kept."""
+        if self._removed is None:
+            return []
+        removed, self._removed = self._removed, []
+        return removed
+
+    def restore(self, entries: Iterable[tuple[K, V, int, float]]) -> None:
+        """Load ``(key, value, nbytes, written_at)`` entries, least recently used first (a
+        durable backend at start), then evict least recently used ones until both limits hold
+        (the flags may be smaller than when they were written). Expiry happens on the next
+        operation, as ever."""
+        loaded = list(entries)
+        for key, value, nbytes, written_at in loaded:
+            self._remove(key)
+            self._recency[key] = _Entry(value, nbytes, written_at)
+            self._bytes += nbytes
+        if self._limits.ttl_seconds > 0:
+            self._writes = OrderedDict(
+                (key, None)
+                for key, _ in sorted(self._recency.items(), key=lambda kv: kv[1].written_at)
+            )
+        limits = self._limits
+        while self._recency and (
+            len(self._recency) > limits.max_entries or self._bytes > limits.max_bytes
+        ):
+            self._remove(next(iter(self._recency)))
+            self._evictions += 1
 
     def put(self, key: K, value: V, nbytes: int, now: float) -> bool:
         """Store ``value`` as the most recent entry; False if it was refused (not kept)."""
@@ -168,6 +201,8 @@ class BudgetedMap(Generic[K, V]):
         entry = self._recency.pop(key, None)
         if entry is None:
             return False
+        if self._removed is not None:
+            self._removed.append(key)
         self._writes.pop(key, None)
         self._bytes -= entry.nbytes
         return True

@@ -73,11 +73,14 @@ class StoredFile:
     created_at: int
     expires_at: int | None
     owner: str = ""
+    # Set on a metadata-only copy whose ``data`` lives elsewhere (the SQLite file store's
+    # index): the size of the data it stands for.
+    stored_size: int | None = None
 
     @property
     def size(self) -> int:
         """The file object's ``bytes``."""
-        return len(self.data)
+        return len(self.data) if self.stored_size is None else self.stored_size
 
 
 def charged_bytes(record: StoredFile) -> int:
@@ -96,6 +99,7 @@ class FileStorage(Protocol):
     def list(self, owner: str = "", purpose: str | None = None) -> tuple[StoredFile, ...]: ...
     def delete(self, file_id: str, owner: str = "") -> bool: ...
     def statistics(self) -> StoreStatistics: ...
+    def close(self) -> None: ...
 
 
 _Key = tuple[str, str]  # (owner, file id)
@@ -173,6 +177,19 @@ class MemoryFileStorage:
         self._sync()
         stats = self._map.statistics()
         return replace(stats, expirations=stats.expirations + self._early_expirations)
+
+    def close(self) -> None:
+        """Nothing to release: memory goes with the process."""
+
+    def held(self) -> dict[tuple[str, str], StoredFile]:
+        """The files held now, by ``(owner, id)``, in upload order (without expiring)."""
+        self._sync()
+        return dict(self._index)
+
+    def lifetime_of(self, owner: str, file_id: str, now: float) -> float | None:
+        """Seconds left of ``expires_after`` at ``now`` (None: only the store's TTL)."""
+        deadline = self._deadline_of.get((owner, file_id))
+        return None if deadline is None else deadline - now
 
     def _sweep(self) -> float:
         """Expire by TTL and by per-file deadline at the clock's time; that time."""

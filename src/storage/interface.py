@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .replay import compact_events, expand_events
+
 JsonObject = dict[str, Any]
 
 
@@ -47,12 +49,21 @@ class StoreStatistics:
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A finished response: its final object, the full input it was rendered from (the
-    rehydrated chain included, each item with its id) and its SSE events for replay."""
+    rehydrated chain included, each item with its id) and its SSE events for replay.
+
+    The events are given literally when the record is made (``literal_events``, the third
+    field) and read back through ``events``. The serialised form (``to_json``) keeps them as a
+    compact replay tape (``storage.replay``: the delta boundaries, a few bytes per delta) when
+    the tape rebuilds them exactly, which is always the case for events made by the
+    ``ResponseMachine``; a record read back from a store holds the tape (``replay``) and
+    rebuilds the events, same types, ids and sequence numbers, when ``events`` is read.
+    """
 
     response: JsonObject
     input_items: tuple[JsonObject, ...] = ()
-    events: tuple[JsonObject, ...] = ()
+    literal_events: tuple[JsonObject, ...] = ()
     owner: str = ""
+    replay: JsonObject | None = None
 
     @property
     def id(self) -> str:
@@ -62,22 +73,38 @@ class StoredResponse:
     def key(self) -> str:
         return scoped(self.owner, self.id)
 
+    @property
+    def events(self) -> tuple[JsonObject, ...]:
+        """The response's SSE events, in order (rebuilt afresh from the tape if it has one)."""
+        if self.replay is None:
+            return self.literal_events
+        return tuple(expand_events(self.response, self.replay))
+
     def copy(self) -> StoredResponse:
         return StoredResponse(
             copy.deepcopy(self.response),
             tuple(copy.deepcopy(list(self.input_items))),
-            tuple(copy.deepcopy(list(self.events))),
+            tuple(copy.deepcopy(list(self.literal_events))),
             self.owner,
+            copy.deepcopy(self.replay),
         )
 
     def to_json(self) -> JsonObject:
-        """One JSON object holding the record; shares structure with it (no copy)."""
-        return {
+        """One JSON object holding the record; shares structure with it (no copy). The events
+        go in as a replay tape when one rebuilds them exactly, else literally."""
+        data: JsonObject = {
             "response": self.response,
             "input_items": list(self.input_items),
-            "events": list(self.events),
             "owner": self.owner,
         }
+        replay = self.replay
+        if replay is None and self.literal_events:
+            replay = compact_events(self.response, self.literal_events)
+        if replay is not None:
+            data["replay"] = replay
+        else:
+            data["events"] = list(self.literal_events)
+        return data
 
     @staticmethod
     def from_json(data: JsonObject) -> StoredResponse:
@@ -85,8 +112,9 @@ class StoredResponse:
         return StoredResponse(
             data["response"],
             tuple(data["input_items"]),
-            tuple(data["events"]),
+            tuple(data.get("events", ())),
             str(data.get("owner", "")),
+            data.get("replay"),
         )
 
 
@@ -136,10 +164,17 @@ class ConversationRecord:
 
 
 class ResponseStorage(Protocol):
+    """A response backend. ``put`` returns once the record is kept (durable, for a durable
+    backend) or refused by the budget; it also ends the job row of the same key, if any.
+    ``job_started`` keeps a stored background job's queued object until then (a no-op in
+    memory, where a restart forgets everything anyway); ``close`` releases what it holds."""
+
     def put(self, record: StoredResponse) -> None: ...
     def get(self, response_id: str) -> StoredResponse | None: ...
     def delete(self, response_id: str) -> bool: ...
+    def job_started(self, record: StoredResponse) -> None: ...
     def statistics(self) -> StoreStatistics: ...
+    def close(self) -> None: ...
 
 
 class ConversationStorage(Protocol):
@@ -147,3 +182,4 @@ class ConversationStorage(Protocol):
     def get(self, conversation_id: str) -> ConversationRecord | None: ...
     def delete(self, conversation_id: str) -> bool: ...
     def statistics(self) -> StoreStatistics: ...
+    def close(self) -> None: ...

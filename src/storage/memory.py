@@ -85,12 +85,18 @@ class _MemoryRecords(Generic[R]):
         self._map.expire(self._clock())
         return self._map.statistics()
 
+    def close(self) -> None:
+        """Nothing to release: memory goes with the process."""
+
 
 class MemoryResponseStorage(_MemoryRecords[StoredResponse]):
     """Stored responses in memory, least recently used evicted first, under ``limits``."""
 
     def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
         super().__init__(limits, StoredResponse.from_json, clock)
+
+    def job_started(self, record: StoredResponse) -> None:
+        """Nothing to keep: a restart forgets every job with the rest of memory."""
 
 
 class MemoryConversationStorage(_MemoryRecords[ConversationRecord]):

@@ -1,0 +1,137 @@
+"""Which store backs the server (``--store``, ``--data-dir``), and the backends it opens.
+
+Invariants:
+- ``memory`` is spec 000's in-memory behaviour exactly: no file is touched, a restart forgets
+  everything. ``sqlite`` (the command line's default) is one SQLite file, ``store.sqlite3`` in
+  the data directory, or the file named by ``sqlite:PATH``.
+- ``postgresql://`` is refused with a message: this build has no PostgreSQL backend yet.
+- The openers returned run on the store actor's own thread (``StorageThread``), which is the
+  thread that then uses the backend.
+- One server process per store file: ``openers`` locks ``PATH.lock`` for the process's life;
+  a second server on the same file stops at start with a message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .files import FileLimits, FileStorage
+from .interface import ConversationStorage, ResponseStorage, StoreLimits
+
+STORE_FILE = "store.sqlite3"
+APP_DIR = "mlx-responses"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChoice:
+    kind: Literal["memory", "sqlite"]
+    path: str = ""
+
+    def describe(self) -> str:
+        return "memory" if self.kind == "memory" else f"sqlite:{self.path}"
+
+
+MEMORY = StoreChoice("memory")
+
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> str:
+    """The platform's user data directory for the server: ``~/Library/Application
+    Support/mlx-responses`` on macOS, ``$XDG_DATA_HOME/mlx-responses`` (default
+    ``~/.local/share/mlx-responses``) elsewhere."""
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    if sys.platform == "darwin":
+        return os.path.join(home, "Library", "Application Support", APP_DIR)
+    base = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    return os.path.join(base, APP_DIR)
+
+
+def parse_store(value: str, data_dir: str) -> StoreChoice:
+    """``memory``, ``sqlite`` (in ``data_dir``) or ``sqlite:PATH``; ValueError otherwise."""
+    text = value.strip()
+    if text == "memory":
+        return MEMORY
+    if text == "sqlite":
+        return StoreChoice("sqlite", os.path.join(data_dir, STORE_FILE))
+    if text.startswith("sqlite:"):
+        path = text.removeprefix("sqlite:")
+        path = path.removeprefix("//") if path.startswith("///") else path
+        if not path:
+            raise ValueError("--store sqlite:PATH needs a file path")
+        return StoreChoice("sqlite", os.path.expanduser(path))
+    if text.startswith(("postgresql://", "postgres://")):
+        raise ValueError(
+            "--store postgresql://... is not available in this build: the PostgreSQL backend "
+            "(replicas) is not implemented yet; use 'memory', 'sqlite' or 'sqlite:PATH' "
+            "(docs/stores.md)"
+        )
+    raise ValueError(
+        f"--store must be 'memory', 'sqlite', 'sqlite:PATH' (got {value!r}; docs/stores.md)"
+    )
+
+
+_HELD: dict[str, int] = {}
+"""Store files this process has locked (path -> lock file descriptor), for its lifetime."""
+
+
+def lock_store(path: str) -> None:
+    """Take the store file for this process (``PATH.lock``, ``flock``): one server per file.
+    Re-entrant within a process (a server restarted in-process); released by the OS when the
+    process ends, however it ends. Raises ``StoreError`` naming the holder otherwise."""
+    from .sqlite import StoreError
+
+    key = os.path.abspath(path)
+    if key in _HELD:
+        return
+    os.makedirs(os.path.dirname(key), exist_ok=True)
+    fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StoreError(
+            f"the store {path} is in use by another mlx-responses server (pid {holder}); "
+            "run one server per store file (docs/deploy.md)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
+@dataclass(frozen=True, slots=True)
+class Openers:
+    """What each store actor opens on its own thread; None: its in-memory backend."""
+
+    responses: Callable[[], ResponseStorage] | None = None
+    conversations: Callable[[], ConversationStorage] | None = None
+    files: Callable[[], FileStorage] | None = None
+
+
+def openers(
+    choice: StoreChoice,
+    responses: StoreLimits,
+    conversations: StoreLimits,
+    files: FileLimits,
+) -> Openers:
+    if choice.kind == "memory":
+        return Openers()
+    from .sqlite import (
+        Database,
+        SqliteConversationStorage,
+        SqliteFileStorage,
+        SqliteResponseStorage,
+    )
+
+    path = choice.path
+    lock_store(path)
+    return Openers(
+        responses=lambda: SqliteResponseStorage(Database(path), responses),
+        conversations=lambda: SqliteConversationStorage(Database(path), conversations),
+        files=lambda: SqliteFileStorage(Database(path), files),
+    )
