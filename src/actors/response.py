@@ -34,6 +34,7 @@ import trio
 
 from ..model.chat import ChatMessage, to_chat
 from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
+from ..model.penalties import sampling_adjust, with_adjustments
 from ..model.slot import SequenceOutput
 from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request, not_found
@@ -527,6 +528,7 @@ def _submit(
     if grammar is not None and constraints is not None:
         # Bound now, called on the generation thread: the processor holds MLX state.
         make_processors = partial(_processors, constraints, grammar)
+    make_processors = with_adjustments(sampling_adjust(request), make_processors)  # issue 13
 
     config = request.config
     # Generation is capped at the context left after the prompt (spec 000).

@@ -76,6 +76,16 @@ class CreateResponseBody(BaseModel):
     background_options: Any = None
     image: Any = None
     moderation: Any = None
+    # Sent by real clients and accepted by OpenAI before an SDK types them (decision 3).
+    client_metadata: (
+        dict[
+            Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]
+        ]
+        | None
+    ) = None
+    # Open Responses sampling fields (decision 21), honoured by logits processors.
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
 
 
 # OpenAI's ResponseIncludable values; only the logprobs one changes what we send.
@@ -239,6 +249,8 @@ def parse_create_request(
         reasoning_summary=summary,  # type: ignore[arg-type]
         text_format=text_format.to_json(),
         verbosity=verbosity,  # type: ignore[arg-type]
+        presence_penalty=float(body.presence_penalty or 0),
+        frequency_penalty=float(body.frequency_penalty or 0),
     )
     return CreateRequest(
         config=config,

@@ -21,8 +21,8 @@ Invariants:
 - What the server cannot honour and would change the answer is a 400, never silently
   dropped: image and non-text document sources (the model is text-only), server tools,
   containers, deferred tools, a final assistant turn (prefill: the chat template always opens
-  a new assistant turn), and ``top_k`` with a temperature other than 0 (under greedy decoding
-  ``top_k`` changes nothing). Hints with no effect on one local model (``cache_control``,
+  a new assistant turn). ``top_k`` is honoured (a logits processor keeps the k most likely
+  tokens). Hints with no effect on one local model (``cache_control``,
   ``output_config.effort``, ``speed``, ``service_tier``, ...) are type-checked and ignored.
 
 Longer than most modules on purpose: it is Anthropic's whole request grammar, kept in one place
@@ -598,16 +598,11 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         temperature = _number(body["temperature"], "temperature", 0.0, 1.0)
     if body.get("top_p") is not None:
         top_p = _number(body["top_p"], "top_p", 0.0, 1.0)
+    top_k = 0
     if body.get("top_k") is not None:
         top_k = _typed(body["top_k"], "top_k", int, "an integer")
         if top_k < 0:
             raise _bad("top_k", f"must be at least 0, but got {top_k}.")
-        if temperature != 0:
-            raise _bad(
-                "top_k",
-                "top_k is not supported by this server's sampler; it is accepted only with "
-                "temperature 0 (greedy decoding), where it changes nothing.",
-            )
     thinking = _thinking(body.get("thinking"))
     if thinking.budget is not None and not counting and thinking.budget >= max_tokens:
         raise _bad(
@@ -636,6 +631,7 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         template_kwargs=thinking.template_kwargs,
         text_format=_text_format(body.get("output_config")),
         owner=owner,
+        top_k=top_k,
     )
     return MessagesRequest(
         create, max_tokens, _stop_sequences(body.get("stop_sequences")), thinking.omit

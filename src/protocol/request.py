@@ -55,6 +55,8 @@ class CreateRequest:
     # context_management's compact_threshold (issue 6): compact the history before generating
     # when the rendered input reaches it or leaves no room for output; None: never.
     compact_threshold: int | None = None
+    # Anthropic's top_k (issue 13): keep the k most likely tokens; 0: off.
+    top_k: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,100 @@
+"""Issue 13's request surface, end to end: keys real clients send (client_metadata), the Open
+Responses fields (store, presence_penalty, frequency_penalty) and their honouring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+import trio
+
+from mlx_responses.server import ServerHandle
+from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
+
+from .conftest import MODEL, output_text
+
+DEADLINE = 60
+
+
+async def post(server: ServerHandle, path: str, body: dict[str, Any]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        return await http.post(path, json=body)
+
+
+async def create(server: ServerHandle, **body: Any) -> dict[str, Any]:
+    reply = await post(
+        server, "/v1/responses", {"model": MODEL, "temperature": 0, "max_output_tokens": 40, **body}
+    )
+    assert reply.status_code == 200, reply.text
+    data: dict[str, Any] = reply.json()
+    assert_strict_response(data)
+    return data
+
+
+async def test_client_metadata_is_accepted(server: ServerHandle) -> None:
+    with trio.fail_after(DEADLINE):
+        data = await create(
+            server,
+            input="Reply with: hello",
+            client_metadata={"thread_id": "t1", "session_id": "s1", "turn_id": "u1"},
+        )
+    assert output_text(data) == "hello"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"client_metadata": {"a": 1}}, "client_metadata.a"),
+        ({"client_metadata": "x"}, "client_metadata"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"frequency_penalty": "1"}, "frequency_penalty"),
+    ],
+)
+async def test_bad_surface_values_name_their_key(
+    server: ServerHandle, body: dict[str, Any], param: str
+) -> None:
+    with trio.fail_after(DEADLINE):
+        reply = await post(server, "/v1/responses", {"model": MODEL, "input": "hi", **body})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert param in error["message"]
+
+
+async def test_open_responses_fields_on_every_object_and_event(server: ServerHandle) -> None:
+    body = {
+        "model": MODEL,
+        "input": "Reply with: hello",
+        "temperature": 0,
+        "store": False,
+        "presence_penalty": 0.5,
+        "stream": True,
+    }
+    with trio.fail_after(DEADLINE):
+        async with (
+            httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http,
+            http.stream("POST", "/v1/responses", json=body) as reply,
+        ):
+            raw = b"".join([c async for c in reply.aiter_bytes()])
+    events = parse_sse(raw)
+    assert_stream_invariants(events)
+    with_response = [data["response"] for _, data in events if "response" in data]
+    assert len(with_response) >= 3
+    for response in with_response:
+        assert response["store"] is False
+        assert response["presence_penalty"] == 0.5
+        assert response["frequency_penalty"] == 0.0
+        assert "background" not in response  # spec 000: a foreground response has none
+
+
+async def test_frequency_penalty_changes_greedy_output(server: ServerHandle) -> None:
+    with trio.fail_after(DEADLINE):
+        plain = await create(server, input="Count from 1 to 110.")
+        penalised = await create(server, input="Count from 1 to 110.", frequency_penalty=2)
+        again = await create(server, input="Count from 1 to 110.", frequency_penalty=2)
+    assert output_text(plain).startswith("1 2 3 4 5")
+    assert output_text(penalised) != output_text(plain)
+    assert output_text(penalised) == output_text(again)  # greedy stays deterministic
+    assert penalised["frequency_penalty"] == 2
