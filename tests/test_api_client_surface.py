@@ -98,3 +98,75 @@ async def test_frequency_penalty_changes_greedy_output(server: ServerHandle) -> 
     assert output_text(penalised) != output_text(plain)
     assert output_text(penalised) == output_text(again)  # greedy stays deterministic
     assert penalised["frequency_penalty"] == 2
+
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+MCP_NAMESPACE: dict[str, Any] = {
+    "type": "namespace",
+    "name": "mcp__weather",
+    "description": "The weather MCP server.",
+    "tools": [WEATHER_TOOL],
+}
+
+
+async def test_namespaced_call_carries_namespace_and_replays(server: ServerHandle) -> None:
+    question = "What is the weather in Paris?"
+    with trio.fail_after(DEADLINE):
+        first = await create(
+            server,
+            input=question,
+            tools=[MCP_NAMESPACE],
+            tool_choice={"type": "function", "name": "get_weather"},
+            store=False,
+        )
+        (call,) = [item for item in first["output"] if item["type"] == "function_call"]
+        assert call["name"] == "get_weather"
+        assert call["namespace"] == "mcp__weather"
+        assert first["tools"][0]["type"] == "namespace"
+        # Codex's follow-up turn: the whole history again, the call with its namespace.
+        reply = await post(
+            server,
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "temperature": 0,
+                "max_output_tokens": 40,
+                "store": False,
+                "tools": [MCP_NAMESPACE],
+                "input": [
+                    {"role": "user", "content": question},
+                    call,
+                    {
+                        "type": "function_call_output",
+                        "id": "fco_1",
+                        "call_id": call["call_id"],
+                        "output": "sunny, 18C",
+                    },
+                ],
+            },
+        )
+    assert reply.status_code == 200, reply.text
+    assert_strict_response(reply.json())
+
+
+def test_namespaced_function_is_offered_under_its_qualified_name() -> None:
+    from mlx_responses.model.chat import to_chat
+    from mlx_responses.protocol.items import FunctionCall
+    from mlx_responses.protocol.tools import parse_tools
+
+    (tool,) = parse_tools([MCP_NAMESPACE])
+    assert tool.name == "mcp__weather__get_weather"
+    assert tool.for_template()["function"]["name"] == "mcp__weather__get_weather"
+    chat = to_chat(None, [FunctionCall("c1", "get_weather", "{}", "mcp__weather")])
+    assert chat[0]["tool_calls"][0]["function"]["name"] == "mcp__weather__get_weather"

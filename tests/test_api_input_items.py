@@ -209,10 +209,12 @@ async def test_unsupported_tools_drop_ignores_hosted_tools(nursery: trio.Nursery
     assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]
 
 
-async def test_namespace_tools_are_flattened(server: ServerHandle) -> None:
-    namespace = {"type": "namespace", "name": "weather", "tools": [WEATHER_TOOL]}
+async def test_namespace_tools_are_echoed_as_sent(server: ServerHandle) -> None:
+    namespace = {"type": "namespace", "name": "weather", "description": "", "tools": [WEATHER_TOOL]}
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             reply = await post(http, input="Reply with: hello", tools=[namespace])
     assert reply.status_code == 200, reply.text
-    assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]
+    (echoed,) = reply.json()["tools"]
+    assert echoed["type"] == "namespace"
+    assert [tool["name"] for tool in echoed["tools"]] == ["get_weather"]

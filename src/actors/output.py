@@ -7,12 +7,14 @@ Invariants:
 - Logprobs belong to visible text: the logprobs of one batch of tokens go on the first text
   delta of that batch; a batch that produced no visible text (reasoning, a tool call, text
   still held back by the parser) contributes none.
+- A call to a namespaced function (its qualified name) begins an item with ``name`` and
+  ``namespace`` apart (issue 13).
 - ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..model.stream_parse import (
@@ -28,9 +30,17 @@ from ..protocol import machine as m
 
 
 class OutputShaper:
-    def __init__(self, parser: StreamParser, *, max_calls: int | None) -> None:
+    def __init__(
+        self,
+        parser: StreamParser,
+        *,
+        max_calls: int | None,
+        namespaces: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
         self._parser = parser
         self._max_calls = max_calls
+        # Qualified name -> (namespace, name): a namespaced call's item carries both apart.
+        self._namespaces = namespaces or {}
         self._reasoning: list[str] = []
 
     @property
@@ -60,7 +70,11 @@ class OutputShaper:
                     self._reasoning.append(text)
                     inputs.append(m.ReasoningDelta(text))
                 case ToolCallStart(index=index, name=name) if self._accepted(index):
-                    inputs.append(m.ToolCallBegin(name))
+                    if name in self._namespaces:
+                        namespace, local = self._namespaces[name]
+                        inputs.append(m.ToolCallBegin(local, namespace=namespace))
+                    else:
+                        inputs.append(m.ToolCallBegin(name))
                 case ToolCallArgs(index=index, delta=delta) if self._accepted(index) and delta:
                     inputs.append(m.ToolCallArgs(delta))
                 case ToolCallEnd(index=index, arguments=arguments) if self._accepted(index):

@@ -51,6 +51,7 @@ from ..protocol.machine import (
 )
 from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
+from ..protocol.tools import namespace_map
 from ..storage.interface import StoredResponse
 from .conversation_store import ConversationStoreHandle
 from .live import EventLog, LiveRegistryHandle
@@ -498,7 +499,11 @@ def output_shaper(
         starts_in_reasoning=model.opens_reasoning(prompt),
         tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
     )
-    return OutputShaper(parser, max_calls=min(limits) if limits else None)
+    return OutputShaper(
+        parser,
+        max_calls=min(limits) if limits else None,
+        namespaces=namespace_map(request.tools),  # issue 13
+    )
 
 
 def _context_exceeded(prompt: tuple[int, ...], window: int) -> ApiError:

@@ -23,7 +23,7 @@ from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
 from ..protocol.text_format import parse_text_format
-from ..protocol.tools import parse_tool_choice, parse_tools
+from ..protocol.tools import echo_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
 
@@ -241,7 +241,7 @@ def parse_create_request(
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
-        tools=tuple(t.to_json() for t in tools),
+        tools=tuple(echo_tools(tools)),
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,

@@ -39,6 +39,7 @@ class FunctionCall:
     call_id: str
     name: str
     arguments: str  # a JSON object, as text
+    namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,18 @@ def parse_item(item: object, path: str) -> InputItem:
         case "function_call":
             arguments = _require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.namespace': expected a string, but got "
+                    f"{json_type(namespace)}.",
+                    f"{path}.namespace",
+                )
             return FunctionCall(
-                _require_str(item, "call_id", path), _require_str(item, "name", path), arguments
+                _require_str(item, "call_id", path),
+                _require_str(item, "name", path),
+                arguments,
+                namespace or None,
             )
         case "function_call_output":
             output = item.get("output")
@@ -265,8 +276,8 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "status": "completed",
                 "content": [part],
             }
-        case FunctionCall(call_id, name, arguments):
-            return {
+        case FunctionCall(call_id, name, arguments, namespace):
+            call: JsonObject = {
                 "id": item_id or new_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,
@@ -274,6 +285,9 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "arguments": arguments,
                 "status": "completed",
             }
+            if namespace is not None:
+                call["namespace"] = namespace
+            return call
         case FunctionCallOutput(call_id, output):
             return {
                 "id": item_id or new_id("fco"),

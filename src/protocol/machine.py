@@ -172,6 +172,7 @@ class ToolCallBegin:
 
     name: str
     call_id: str | None = None
+    namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +352,7 @@ class _OpenItem:
     logprobs: list[JsonObject] = field(default_factory=list)  # part-shaped (messages only)
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
 
     @property
     def text(self) -> str:
@@ -365,7 +367,12 @@ class _OpenItem:
         """A fresh JSON copy of the item as it stands, with ``status``."""
         if self.type == "function_call":
             return function_call_item(
-                self.id, call_id=self.call_id, name=self.name, arguments=self.text, status=status
+                self.id,
+                call_id=self.call_id,
+                name=self.name,
+                arguments=self.text,
+                status=status,
+                namespace=self.namespace,
             )
         builder = message_item if self.type == "message" else reasoning_item
         return builder(self.id, status, [self.part()])
@@ -497,9 +504,9 @@ class ResponseMachine:
             case ReasoningDelta(text=text) if text:
                 events += self._switch_to("reasoning")
                 events += self._delta(text)
-            case ToolCallBegin(name=name, call_id=call_id):
+            case ToolCallBegin(name=name, call_id=call_id, namespace=namespace):
                 events += self._close("completed")
-                events += self._open_item("function_call", name, call_id)
+                events += self._open_item("function_call", name, call_id, namespace)
             case ToolCallArgs(delta=delta) if delta:
                 events += self._delta(delta)
             case ToolCallEnd(arguments=arguments):
@@ -584,13 +591,16 @@ class ResponseMachine:
         type_: Literal["message", "reasoning", "function_call"],
         name: str = "",
         call_id: str | None = None,
+        namespace: str | None = None,
     ) -> list[JsonObject]:
         assert self._open is None
         item_id = self._id_factory(_ID_PREFIX[type_])
         if type_ == "function_call" and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
-        opened = _OpenItem(type_, item_id, index, call_id=call_id or "", name=name)
+        opened = _OpenItem(
+            type_, item_id, index, call_id=call_id or "", name=name, namespace=namespace
+        )
         self._open = opened
         added = opened.item("in_progress")
         if type_ == "function_call":

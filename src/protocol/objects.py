@@ -213,10 +213,17 @@ def reasoning_item(item_id: str, status: ItemStatus, content: Sequence[JsonObjec
 
 
 def function_call_item(
-    item_id: str, *, call_id: str, name: str, arguments: str, status: ItemStatus
+    item_id: str,
+    *,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: ItemStatus,
+    namespace: str | None = None,
 ) -> JsonObject:
-    """A ``function_call`` output item; ``arguments`` is JSON text (possibly partial)."""
-    return {
+    """A ``function_call`` output item; ``arguments`` is JSON text (possibly partial);
+    ``namespace`` only for a function of a namespace tool."""
+    item: JsonObject = {
         "id": item_id,
         "type": "function_call",
         "call_id": call_id,
@@ -224,6 +231,9 @@ def function_call_item(
         "arguments": arguments,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 _PART_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes", "top_logprobs"})

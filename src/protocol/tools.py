@@ -8,6 +8,10 @@ Invariants:
   (``{"type": "function", "name": ...}``) or the nested (``{"type": "function", "function":
   {"name": ...}}``) form; a named function must be one of ``tools``.
 - Tool names are unique; ``parameters`` is a JSON-schema object.
+- A function inside a ``namespace`` tool keeps its namespace: the model sees it under its
+  qualified name (``qualified_name``: ``mcp__weather`` + ``get_weather`` ->
+  ``mcp__weather__get_weather``), the ``function_call`` item carries ``name`` and ``namespace``
+  apart, and the Response echoes the namespace tool as it was sent (``echo_tools``).
 """
 
 from __future__ import annotations
@@ -26,15 +30,30 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
+def qualified_name(namespace: str | None, name: str) -> str:
+    """The name the model sees for function ``name`` of ``namespace`` (itself when None)."""
+    if not namespace:
+        return name
+    return f"{namespace}{'' if namespace.endswith('_') else '__'}{name}"
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionTool:
-    name: str
+    name: str  # the name the model sees and calls: qualified when in a namespace
     description: str | None
     parameters: Mapping[str, Any]
     strict: bool
+    namespace: str | None = None
+    namespace_description: str = ""
+    local_name: str = ""  # the name inside its namespace ("" when not in one)
+
+    @property
+    def call_name(self) -> str:
+        """The ``name`` of a ``function_call`` item calling this tool."""
+        return self.local_name or self.name
 
     def to_json(self) -> dict[str, Any]:
-        """As a Response object echoes it (the SDK's ``FunctionTool``)."""
+        """The SDK's ``FunctionTool`` shape, under the name the model sees."""
         return {
             "type": "function",
             "name": self.name,
@@ -42,6 +61,10 @@ class FunctionTool:
             "parameters": dict(self.parameters),
             "strict": self.strict,
         }
+
+    def echo_json(self) -> dict[str, Any]:
+        """As a Response object echoes it (inside its namespace tool when it has one)."""
+        return {**self.to_json(), "name": self.call_name}
 
     def for_template(self) -> dict[str, Any]:
         """As chat templates expect it (the Chat Completions tool shape)."""
@@ -97,6 +120,72 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     return FunctionTool(name, description, parameters, strict)
 
 
+def echo_tools(tools: tuple[FunctionTool, ...]) -> list[dict[str, Any]]:
+    """The ``tools`` a Response echoes: namespaced functions regrouped into their namespace."""
+    echoed: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        if tool.namespace is None:
+            echoed.append(tool.echo_json())
+            continue
+        group = groups.get(tool.namespace)
+        if group is None:
+            group = {
+                "type": "namespace",
+                "name": tool.namespace,
+                "description": tool.namespace_description,
+                "tools": [],
+            }
+            groups[tool.namespace] = group
+            echoed.append(group)
+        group["tools"].append(tool.echo_json())
+    return echoed
+
+
+def namespace_map(tools: tuple[FunctionTool, ...]) -> dict[str, tuple[str, str]]:
+    """Qualified name -> (namespace, name) for every namespaced function."""
+    return {t.name: (t.namespace, t.call_name) for t in tools if t.namespace is not None}
+
+
+def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
+    namespace = tool.get("name")
+    if not isinstance(namespace, str) or not _NAME.match(namespace):
+        raise invalid_request(
+            f"Invalid value for '{path}.name': expected a namespace name of 1-128 letters, "
+            f"digits, '_', '-', '.' or ':', but got {namespace!r}.",
+            f"{path}.name",
+        )
+    description = tool.get("description", "")
+    if not isinstance(description, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.description': expected a string, but got "
+            f"{json_type(description)}.",
+            f"{path}.description",
+        )
+    inner: list[FunctionTool] = []
+    for j, entry in enumerate(tool["tools"]):
+        function = _function_tool(entry, f"{path}.tools[{j}]")
+        qualified = qualified_name(namespace, function.name)
+        if not _NAME.match(qualified):
+            raise invalid_request(
+                f"Invalid value for '{path}.tools[{j}].name': the qualified name {qualified!r} "
+                "is longer than 128 characters.",
+                f"{path}.tools[{j}].name",
+            )
+        inner.append(
+            FunctionTool(
+                qualified,
+                function.description,
+                function.parameters,
+                function.strict,
+                namespace=namespace,
+                namespace_description=description,
+                local_name=function.name,
+            )
+        )
+    return inner
+
+
 def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
     if raw is None:
         return ()
@@ -117,7 +206,7 @@ def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[Functio
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
             inner = tool["tools"]
             if all(isinstance(t, dict) and t.get("type") == "function" for t in inner):
-                tools.extend(_function_tool(t, f"{path}.tools[{j}]") for j, t in enumerate(inner))
+                tools.extend(_namespace_tools(tool, path))
             elif drop_unsupported:
                 log.warning("dropping namespace tool %s with non-function tools", path)
             else:
@@ -170,10 +259,14 @@ def parse_tool_choice(raw: object, tools: tuple[FunctionTool, ...]) -> ToolChoic
                 "Missing required parameter: 'tool_choice.name'.", "tool_choice.name"
             )
         if name not in {t.name for t in tools}:
-            raise invalid_request(
-                f"Invalid value for 'tool_choice.name': {name!r} is not one of the tools.",
-                "tool_choice.name",
-            )
+            # A namespaced function may be named by its own name when that is unambiguous.
+            matches = [t.name for t in tools if t.namespace is not None and t.call_name == name]
+            if len(matches) != 1:
+                raise invalid_request(
+                    f"Invalid value for 'tool_choice.name': {name!r} is not one of the tools.",
+                    "tool_choice.name",
+                )
+            return ToolChoice("required", matches[0])
         return ToolChoice("required", name)
     raise invalid_request(
         f"Invalid value for 'tool_choice': expected a string or a function object, but got "
