@@ -170,3 +170,76 @@ def test_namespaced_function_is_offered_under_its_qualified_name() -> None:
     assert tool.for_template()["function"]["name"] == "mcp__weather__get_weather"
     chat = to_chat(None, [FunctionCall("c1", "get_weather", "{}", "mcp__weather")])
     assert chat[0]["tool_calls"][0]["function"]["name"] == "mcp__weather__get_weather"
+
+
+# --- Sealed reasoning (decision 23) ------------------------------------------------------------
+
+THINK = "Think, then answer: what is 2 + 2?"
+
+
+@pytest.fixture
+def secret_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.delenv("MLX_RESPONSES_REASONING_SECRET", raising=False)
+    monkeypatch.delenv("MLX_RESPONSES_REASONING_SECRET_FILE", raising=False)
+    monkeypatch.setenv("MLX_RESPONSES_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+async def input_tokens(server: ServerHandle, items: list[dict[str, Any]]) -> int:
+    reply = await post(server, "/v1/responses/input_tokens", {"model": MODEL, "input": items})
+    assert reply.status_code == 200, reply.text
+    count: int = reply.json()["input_tokens"]
+    return count
+
+
+async def test_sealed_reasoning_replays_like_its_text(
+    server: ServerHandle, secret_dir: Any
+) -> None:
+    with trio.fail_after(DEADLINE):
+        first = await create(
+            server, input=THINK, store=False, include=["reasoning.encrypted_content"]
+        )
+        (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
+        (message,) = [item for item in first["output"] if item["type"] == "message"]
+        blob = reasoning["encrypted_content"]
+        assert blob.startswith("mlxr1.") and "2 plus 2" not in blob
+        assert (secret_dir / "reasoning-secret").exists()
+        user = {"role": "user", "content": THINK}
+        follow = {"role": "user", "content": "Reply with: goodbye"}
+        full = await input_tokens(server, [user, reasoning, message, follow])
+        sealed_only = {**reasoning, "content": None}
+        blob_alone = await input_tokens(server, [user, sealed_only, message, follow])
+        other = {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "x"}],
+        }
+        other_text = await input_tokens(server, [user, other, message, follow])
+        replay = await create(server, input=[user, sealed_only, message, follow], store=False)
+    assert blob_alone == full
+    assert other_text < full  # the blob's text is really rendered
+    assert output_text(replay) == "goodbye"
+
+
+async def test_tampered_or_foreign_blob_is_a_typed_400(
+    server: ServerHandle, secret_dir: Any
+) -> None:
+    from mlx_responses.protocol.sealed import Sealer
+
+    with trio.fail_after(DEADLINE):
+        first = await create(server, input=THINK, include=["reasoning.encrypted_content"])
+        (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
+        blob = reasoning["encrypted_content"]
+        flipped = blob[:-3] + ("A" if blob[-3] != "A" else "B") + blob[-2:]
+        foreign = Sealer(lambda: b"another server", MODEL).seal("2 plus 2 makes 4.")
+        for bad in (flipped, foreign, "opaque"):
+            items = [
+                {"role": "user", "content": THINK},
+                {**reasoning, "content": None, "encrypted_content": bad},
+                {"role": "user", "content": "Reply with: goodbye"},
+            ]
+            reply = await post(server, "/v1/responses", {"model": MODEL, "input": items})
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["code"] == "invalid_encrypted_content"
+            assert error["param"] == "input[1].encrypted_content"

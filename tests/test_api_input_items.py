@@ -110,8 +110,8 @@ async def test_system_and_developer_messages_merge_into_one_system_message(
 async def test_reasoning_items_are_accepted_in_every_shape_codex_sends(
     server: ServerHandle,
 ) -> None:
+    # (content: null with a sealed blob: tests/test_api_client_surface.py)
     shapes = [
-        {"type": "reasoning", "summary": [], "content": None, "encrypted_content": "opaque"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]},
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
     ]

@@ -244,7 +244,12 @@ class ResponseRun:
         self._admit = admit
         self._admitting = trio.CancelScope()  # cancelled by the cancel endpoint while admitting
         self._services = services
-        self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
+        self._machine = ResponseMachine(
+            new_id("resp"),
+            request.config,
+            int(time.time()),
+            seal=request.seal,  # issue 13
+        )
         self.log = EventLog(
             self._machine.response_id, self._machine.snapshot, self.cancel, request.owner
         )

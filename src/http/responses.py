@@ -31,6 +31,7 @@ from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import decode_json_body, json_response, mount, sse_response, tenant
 from .file_inputs import inline_file_inputs
+from .reasoning_secret import reasoning_sealer
 from .schemas import parse_compact_request, parse_create_request
 
 # How long the cancel endpoint waits for the response to reach its terminal event.
@@ -89,6 +90,7 @@ def register_response_routes(
     files: FileStoreHandle | None = None,
 ) -> None:
     store, live, jobs = services.store, services.live, services.jobs
+    sealer = reasoning_sealer(services.model.info.alias)  # issue 13: sealed reasoning
 
     async def read_create_body() -> object:
         """The body, with ``input_file`` parts already turned into text."""
@@ -98,7 +100,10 @@ def register_response_routes(
     @mount(app, "/responses", ["POST"])
     async def create_response() -> Response:
         create = parse_create_request(
-            await read_create_body(), drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
+            await read_create_body(),
+            drop_unsupported_tools=drop_unsupported_tools,
+            owner=tenant(),
+            sealer=sealer,
         )
         if create.config.background:
             return await _create_background(create)
@@ -160,7 +165,7 @@ def register_response_routes(
         if isinstance(data, dict) and "model" not in data:
             data = {**data, "model": services.model.info.alias}
         request_ = parse_create_request(
-            data, drop_unsupported_tools=drop_unsupported_tools, owner=tenant()
+            data, drop_unsupported_tools=drop_unsupported_tools, owner=tenant(), sealer=sealer
         )
         prepared = await prepare_prompt(request_, services)
         return json_response(

@@ -22,6 +22,7 @@ from ..protocol.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
+from ..protocol.sealed import Sealer, open_sealed
 from ..protocol.text_format import parse_text_format
 from ..protocol.tools import echo_tools, parse_tool_choice, parse_tools
 
@@ -102,6 +103,7 @@ INCLUDABLE = frozenset(
     }
 )
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SEALED_INCLUDE = "reasoning.encrypted_content"
 
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
@@ -207,9 +209,14 @@ def _validate_body(schema: type[_Body], data: object) -> tuple[_Body, str]:
 
 
 def parse_create_request(
-    data: object, *, drop_unsupported_tools: bool = False, owner: str = ""
+    data: object,
+    *,
+    drop_unsupported_tools: bool = False,
+    owner: str = "",
+    sealer: Sealer | None = None,
 ) -> CreateRequest:
-    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
+    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
+    ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
     body, model = _validate_body(CreateResponseBody, data)
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
@@ -221,7 +228,7 @@ def parse_create_request(
             "Parameters 'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    messages = parse_input(body.input)
+    messages = open_sealed(parse_input(body.input), sealer)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
@@ -264,6 +271,7 @@ def parse_create_request(
         text_format=text_format,
         owner=owner,
         compact_threshold=compact_threshold,
+        seal=sealer.seal if sealer is not None and SEALED_INCLUDE in (body.include or ()) else None,
     )
 
 

@@ -51,6 +51,9 @@ class FunctionCallOutput:
 @dataclass(frozen=True, slots=True)
 class Reasoning:
     text: str  # the reasoning text (content, else summary); "" when only encrypted
+    # The item's ``encrypted_content`` as sent (issue 13): opened at the HTTP edge, where the
+    # server secret is (``protocol.sealed``), never trusted unopened.
+    encrypted: str | None = None
 
 
 TurnItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
@@ -139,7 +142,14 @@ def parse_item(item: object, path: str) -> InputItem:
                 )
             return FunctionCallOutput(_require_str(item, "call_id", path), output)
         case "reasoning":
-            return Reasoning(_reasoning_text(item, path))
+            encrypted = item.get("encrypted_content")
+            if encrypted is not None and not isinstance(encrypted, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.encrypted_content': expected a string, but got "
+                    f"{json_type(encrypted)}.",
+                    f"{path}.encrypted_content",
+                )
+            return Reasoning(_reasoning_text(item, path), encrypted or None)
         case "compaction":
             return _parse_compaction(item, path)
         case None:
@@ -296,13 +306,16 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "output": output,
                 "status": "completed",
             }
-        case Reasoning(text):
-            return {
+        case Reasoning(text, encrypted):
+            reasoning: JsonObject = {
                 "id": item_id or new_id("rs"),
                 "type": "reasoning",
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": text}] if text else None,
             }
+            if encrypted is not None:
+                reasoning["encrypted_content"] = encrypted
+            return reasoning
         case Compaction():
             from .compaction import encode_compaction  # see _parse_compaction
 

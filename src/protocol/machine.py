@@ -414,8 +414,10 @@ class ResponseMachine:
         created_at: int,
         *,
         id_factory: Callable[[str], str] = new_id,
+        seal: Callable[[str], str] | None = None,
     ) -> None:
         self._response_id = response_id
+        self._seal = seal  # include "reasoning.encrypted_content": done reasoning items carry it
         self._config = config
         self._created_at = created_at
         self._id_factory = id_factory
@@ -652,14 +654,13 @@ class ResponseMachine:
                 )
         if opened.type != "function_call":
             events.append(self._event("response.content_part.done", **where, part=opened.part()))
+        done = opened.item(item_status)
+        if opened.type == "reasoning" and self._seal is not None:
+            done["encrypted_content"] = self._seal(opened.text)
         events.append(
-            self._event(
-                "response.output_item.done",
-                output_index=opened.index,
-                item=opened.item(item_status),
-            )
+            self._event("response.output_item.done", output_index=opened.index, item=done)
         )
-        self._done_items.append(opened.item(item_status))
+        self._done_items.append(copy.deepcopy(done))
         self._open = None
         return events
 
