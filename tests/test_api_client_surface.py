@@ -202,7 +202,8 @@ async def test_sealed_reasoning_replays_like_its_text(
         (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
         (message,) = [item for item in first["output"] if item["type"] == "message"]
         blob = reasoning["encrypted_content"]
-        assert blob.startswith("mlxr1.") and "2 plus 2" not in blob
+        assert blob.startswith("mlxr1.")
+        assert "2 plus 2" not in blob
         assert (secret_dir / "reasoning-secret").exists()
         user = {"role": "user", "content": THINK}
         follow = {"role": "user", "content": "Reply with: goodbye"}
