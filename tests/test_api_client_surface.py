@@ -244,3 +244,67 @@ async def test_tampered_or_foreign_blob_is_a_typed_400(
             error = reply.json()["error"]
             assert error["code"] == "invalid_encrypted_content"
             assert error["param"] == "input[1].encrypted_content"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "fragment"),
+    [
+        ({"type": 7}, "7 is not valid"),
+        ({"type": "object", "properties": {"city": {"type": "strin"}}}, "strin"),
+        ({"type": "object", "required": "city"}, "required"),
+    ],
+)
+async def test_invalid_parameters_schema_names_the_tool(
+    server: ServerHandle, parameters: dict[str, Any], fragment: str
+) -> None:
+    tool = {"type": "function", "name": "lookup", "parameters": parameters}
+    with trio.fail_after(DEADLINE):
+        reply = await post(
+            server, "/v1/responses", {"model": MODEL, "input": "hi", "tools": [WEATHER_TOOL, tool]}
+        )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "tools[1].parameters"
+    assert "'lookup'" in error["message"]
+    assert fragment in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b'{"model": "m", "input": "x", "temperature": NaN}', "temperature"),
+        (
+            b'{"model": "m", "input": [{"role": "user", "content": "x"}], "metadata": {"a": Infinity}}',
+            "metadata.a",
+        ),
+        (
+            b'{"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"x": [1, -Infinity]}}]}',
+            "tools[0].parameters.x[1]",
+        ),
+    ],
+)
+async def test_nan_error_names_its_key(server: ServerHandle, raw: bytes, param: str) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            reply = await http.post(
+                "/v1/responses", content=raw, headers={"content-type": "application/json"}
+            )
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert f"'{param}'" in error["message"]
+
+
+async def test_models_carry_the_context_window(server: ServerHandle) -> None:
+    from openai.types import Model
+
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            listed = (await http.get("/v1/models")).json()
+            one = (await http.get(f"/v1/models/{MODEL}")).json()
+    (entry,) = listed["data"]
+    assert entry == one
+    Model.model_validate(entry, strict=True)
+    assert entry["context_window"] == server.model.info.context_window > 0
+    assert entry["supports_tools"] is True
+    assert entry["input_modalities"] == ["text"]

@@ -30,6 +30,7 @@ from ..actors.reasoning_echo import ReasoningEchoHandle
 from ..actors.response import Services
 from ..actors.response_store import ResponseStoreHandle
 from ..protocol.errors import ApiError, not_found
+from ..protocol.model_list import model_entry
 from .auth import OPEN, ApiKeys, presented_key
 from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
@@ -139,12 +140,14 @@ def create_app(ctx: AppContext) -> QuartTrio:
         )
 
     def model_object() -> dict[str, Any]:
-        return {
-            "id": ctx.model.info.alias,
-            "object": "model",
-            "created": ctx.created_at,
-            "owned_by": "mlx-responses",
-        }
+        info = ctx.model.info  # issue 13: with the context window and capabilities
+        return model_entry(
+            alias=info.alias,
+            created=ctx.created_at,
+            context_window=info.context_window,
+            has_thinking=info.has_thinking,
+            tool_format=info.tool_format,
+        )
 
     @route("/models", ["GET"])
     async def list_models() -> Response:

@@ -42,7 +42,7 @@ from .items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Re
 from .objects import ResponseConfig
 from .request import CreateRequest
 from .text_format import TEXT, TextFormat
-from .tools import FunctionTool, ToolChoice
+from .tools import FunctionTool, ToolChoice, schema_problem
 
 __all__ = [
     "COUNT_TOKENS_KEYS",
@@ -427,6 +427,12 @@ def _tool(raw: object, path: str) -> FunctionTool:
     schema = _obj(_required(tool, "input_schema", path), f"{path}.input_schema")
     if schema.get("type") != "object":
         raise _bad(f"{path}.input_schema.type", "the input schema must have type 'object'.")
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise _bad(
+            f"{path}.input_schema",
+            f"the input schema of tool {name!r} is not a valid JSON Schema: {problem}.",
+        )
     strict = _typed(tool.get("strict", False), f"{path}.strict", bool, "a boolean")
     if tool.get("defer_loading"):
         raise _bad(

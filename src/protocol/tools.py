@@ -85,6 +85,20 @@ class ToolChoice:
         return self.mode
 
 
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why ``schema`` is not a valid JSON Schema (its ``$schema`` dialect, else 2020-12), or
+    None when it is."""
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in exc.path)
+        return f"{exc.message}" + (f" (at {where.lstrip('.')})" if where else "")
+    return None
+
+
 def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
     assert isinstance(spec, Mapping)
@@ -109,6 +123,13 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
         raise invalid_request(
             f"Invalid type for '{path}.parameters': expected a JSON schema object, but got "
             f"{json_type(parameters)}.",
+            f"{path}.parameters",
+        )
+    problem = schema_problem(parameters)
+    if problem is not None:
+        raise invalid_request(
+            f"Invalid schema for function '{name}': '{path}.parameters' is not a valid JSON "
+            f"Schema: {problem}.",
             f"{path}.parameters",
         )
     strict = spec.get("strict", True)
