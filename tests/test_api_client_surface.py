@@ -3,6 +3,7 @@ Responses fields (store, presence_penalty, frequency_penalty) and their honourin
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx2 as httpx
@@ -308,3 +309,62 @@ async def test_models_carry_the_context_window(server: ServerHandle) -> None:
     assert entry["context_window"] == server.model.info.context_window > 0
     assert entry["supports_tools"] is True
     assert entry["input_modalities"] == ["text"]
+
+
+async def test_one_structured_log_line_per_request(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    import dataclasses
+    import json
+
+    from mlx_responses.http.auth import load_api_keys
+    from mlx_responses.server import serve
+
+    from .conftest import START_DEADLINE, server_settings
+
+    key = "sk-secret-key-never-logged"
+    (tmp_path / "keys").write_text(f"{key} alice\n")
+    keys = load_api_keys([], str(tmp_path / "keys"))
+    settings = dataclasses.replace(server_settings(), api_keys=keys)
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, settings)
+    caplog.set_level(logging.INFO, logger="mlx_responses.requests")
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        base_url=handle.base_url, timeout=DEADLINE, headers=headers
+    ) as http:
+        with trio.fail_after(DEADLINE):
+            created = await http.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": "Reply with: hello", "temperature": 0},
+            )
+            async with http.stream(
+                "POST",
+                "/v1/responses",
+                json={"model": MODEL, "input": "Reply with: hello", "stream": True},
+            ) as streamed:
+                raw = b"".join([c async for c in streamed.aiter_bytes()])
+            refused = await http.post("/v1/responses", json={"model": MODEL})
+            await http.get("/v1/models?x=1")
+    lines = [
+        json.loads(r.getMessage().removeprefix("request "))
+        for r in caplog.records
+        if r.name == "mlx_responses.requests"
+    ]
+    assert [(line["method"], line["path"], line["status"]) for line in lines] == [
+        ("POST", "/v1/responses", 200),
+        ("POST", "/v1/responses", 200),
+        ("POST", "/v1/responses", 400),
+        ("GET", "/v1/models", 200),
+    ]
+    assert lines[0]["response_id"] == created.json()["id"]
+    assert lines[1]["response_id"] is not None
+    assert lines[1]["response_id"].encode() in raw
+    assert lines[1]["stream"] is True
+    assert lines[2]["response_id"] is None
+    assert all(line["tenant"] == "alice" for line in lines)
+    assert all(line["duration_ms"] >= 0 for line in lines)
+    text = caplog.text
+    assert key not in text
+    assert "hello" not in text
+    assert refused.status_code == 400

@@ -36,6 +36,7 @@ from .common import View, decode_json_body, error_response, json_response, mount
 from .conversations import register_conversation_routes
 from .files import register_file_routes
 from .messages import register_messages_routes
+from .request_log import install_request_log
 from .responses import register_response_routes
 
 __all__ = ["AppContext", "create_app", "decode_json_body"]
@@ -65,6 +66,7 @@ def create_app(ctx: AppContext) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     # A larger body is 413 before it is read (Quart's RequestEntityTooLarge).
     app.config["MAX_CONTENT_LENGTH"] = ctx.max_request_bytes
+    install_request_log(app)  # issue 13: one structured line per request
 
     @app.before_request
     async def authenticate() -> Response | None:

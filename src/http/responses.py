@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from ..actors.compaction import compact_history
@@ -108,6 +108,7 @@ def register_response_routes(
         if create.config.background:
             return await _create_background(create)
         run = await open_response(create, services)
+        g.response_id = run.response_id  # for the request log line (issue 13)
         if not create.stream:
             try:
                 return json_response(await run.run_to_end())
