@@ -368,3 +368,50 @@ async def test_one_structured_log_line_per_request(
     assert key not in text
     assert "hello" not in text
     assert refused.status_code == 400
+
+
+# --- Anthropic Messages shape (the pinned anthropic SDK's types) --------------------------------
+
+
+async def test_anthropic_message_has_the_sdk_shape_and_top_k_is_honoured(
+    server: ServerHandle,
+) -> None:
+    from anthropic.types import Message
+
+    from tests.conformance import unknown_keys
+
+    def message(**extra: Any) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "max_tokens": 30,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            **extra,
+        }
+
+    with trio.fail_after(DEADLINE):
+        greedy = await post(server, "/v1/messages", message(temperature=0))
+        top1 = [
+            await post(server, "/v1/messages", message(top_k=1, temperature=1)) for _ in range(3)
+        ]
+    assert greedy.status_code == 200, greedy.text
+    body = greedy.json()
+    parsed = Message.model_validate(body, strict=True)
+    assert unknown_keys(parsed) == []
+    usage = body["usage"]
+    assert usage["cache_creation"] == {
+        "ephemeral_1h_input_tokens": 0,
+        "ephemeral_5m_input_tokens": 0,
+    }
+    assert usage["server_tool_use"] == {"web_fetch_requests": 0, "web_search_requests": 0}
+    assert usage["service_tier"] == "standard"
+    assert "inference_geo" in usage
+    assert body["stop_details"] is None
+    assert body["content"][0] == {
+        "type": "text",
+        "text": "The capital of France is Paris.",
+        "citations": None,
+    }
+    # top_k=1 at temperature 1 leaves one candidate per step: the greedy answer.
+    for reply in top1:
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["content"] == body["content"]
