@@ -77,10 +77,12 @@ class CreateResponseBody(BaseModel):
     background_options: Any = None
     image: Any = None
     moderation: Any = None
-    # Sent by real clients and accepted by OpenAI before an SDK types them (decision 3).
+    # Sent by real clients and accepted by OpenAI before an SDK types them (decision 3). Codex
+    # puts whole JSON documents in its values (x-codex-turn-metadata), so no metadata-like caps.
     client_metadata: (
         dict[
-            Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]
+            Annotated[StrictStr, Field(max_length=256)],
+            Annotated[StrictStr, Field(max_length=65536)],
         ]
         | None
     ) = None
