@@ -415,3 +415,106 @@ async def test_anthropic_message_has_the_sdk_shape_and_top_k_is_honoured(
     for reply in top1:
         assert reply.status_code == 200, reply.text
         assert reply.json()["content"] == body["content"]
+
+
+# --- Custom tools and allowed_tools --------------------------------------------------------------
+
+PATCH_TOOL: dict[str, Any] = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Apply a patch.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{3}-[0-9]{2}"},
+}
+
+
+async def stream_events(server: ServerHandle, body: dict[str, Any]) -> list[tuple[str, Any]]:
+    payload = {"model": MODEL, "temperature": 0, "max_output_tokens": 60, "stream": True, **body}
+    async with (
+        httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http,
+        http.stream("POST", "/v1/responses", json=payload) as reply,
+    ):
+        assert reply.status_code == 200
+        return parse_sse(b"".join([c async for c in reply.aiter_bytes()]))
+
+
+async def test_forced_custom_tool_call_follows_its_regex_and_replays(server: ServerHandle) -> None:
+    import re
+
+    with trio.fail_after(DEADLINE):
+        events = await stream_events(
+            server,
+            {
+                "input": "Reply with: hello",
+                "tools": [PATCH_TOOL, WEATHER_TOOL],
+                "tool_choice": {"type": "custom", "name": "apply_patch"},
+            },
+        )
+        final = assert_stream_invariants(events)
+        (call,) = final["output"]
+        assert call["type"] == "custom_tool_call"
+        assert call["name"] == "apply_patch"
+        assert re.fullmatch("[a-z]{3}-[0-9]{2}", call["input"])
+        types = [name for name, _ in events]
+        assert "response.custom_tool_call_input.delta" in types
+        (done,) = [d for n, d in events if n == "response.custom_tool_call_input.done"]
+        assert done["input"] == call["input"]
+        assert final["tools"][0] == PATCH_TOOL
+        replay = await create(
+            server,
+            input=[
+                {"role": "user", "content": "Reply with: hello"},
+                call,
+                {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "ok"},
+            ],
+            tools=[PATCH_TOOL],
+        )
+    assert replay["status"] == "completed"
+
+
+async def test_allowed_tools_required_offers_and_forces_only_those(server: ServerHandle) -> None:
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "get_weather"}],
+    }
+    with trio.fail_after(DEADLINE):
+        data = await create(
+            server, input="Reply with: hello", tools=[PATCH_TOOL, WEATHER_TOOL], tool_choice=choice
+        )
+        bad = await post(
+            server,
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "input": "hi",
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {**choice, "tools": [{"type": "function", "name": "nope"}]},
+            },
+        )
+    (call,) = data["output"]
+    assert call["type"] == "function_call"
+    assert call["name"] == "get_weather"
+    assert data["tool_choice"] == choice
+    assert [tool["name"] for tool in data["tools"]] == ["apply_patch", "get_weather"]
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "tool_choice.tools[0]"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "param"),
+    [
+        ({"type": "grammar", "syntax": "ebnf", "definition": "x"}, "tools[0].format.syntax"),
+        ({"type": "grammar", "syntax": "regex", "definition": "("}, "tools[0].format.definition"),
+        ({"type": "json"}, "tools[0].format.type"),
+    ],
+)
+async def test_bad_custom_formats_are_400(
+    server: ServerHandle, fmt: dict[str, Any], param: str
+) -> None:
+    tool = {"type": "custom", "name": "x", "format": fmt}
+    with trio.fail_after(DEADLINE):
+        reply = await post(
+            server, "/v1/responses", {"model": MODEL, "input": "hi", "tools": [tool]}
+        )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == param

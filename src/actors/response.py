@@ -51,7 +51,7 @@ from ..protocol.machine import (
 )
 from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
-from ..protocol.tools import namespace_map
+from ..protocol.tools import call_targets
 from ..storage.interface import StoredResponse
 from .conversation_store import ConversationStoreHandle
 from .live import EventLog, LiveRegistryHandle
@@ -507,7 +507,7 @@ def output_shaper(
     return OutputShaper(
         parser,
         max_calls=min(limits) if limits else None,
-        namespaces=namespace_map(request.tools),  # issue 13
+        targets=call_targets(request.tools),  # issue 13: namespaced and custom tools
     )
 
 

@@ -24,7 +24,7 @@ from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
 from ..protocol.sealed import Sealer, open_sealed
 from ..protocol.text_format import parse_text_format
-from ..protocol.tools import echo_tools, parse_tool_choice, parse_tools
+from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
 
@@ -235,6 +235,8 @@ def parse_create_request(
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
+    echoed_tools = echo_tools(tools)
+    tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those
     config = ResponseConfig(
         model=model,
         instructions=body.instructions,
@@ -250,7 +252,7 @@ def parse_create_request(
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
-        tools=tuple(echo_tools(tools)),
+        tools=tuple(echoed_tools),
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,

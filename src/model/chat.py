@@ -56,7 +56,9 @@ def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMe
             case Reasoning(text=text):
                 pending_reasoning = text or None
                 open_assistant = False
-            case FunctionCall(call_id=call_id, name=name, arguments=arguments, namespace=namespace):
+            case FunctionCall(
+                call_id=call_id, name=name, arguments=arguments, namespace=namespace, custom=custom
+            ):
                 if not open_assistant:
                     chat.append({"role": "assistant", "content": ""})
                     open_assistant = True
@@ -70,7 +72,8 @@ def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMe
                         "type": "function",
                         "function": {
                             "name": qualified_name(namespace, name),
-                            "arguments": json.loads(arguments),
+                            # A custom tool is offered as one string parameter, `input`.
+                            "arguments": {"input": arguments} if custom else json.loads(arguments),
                         },
                     }
                 )

@@ -38,14 +38,16 @@ class InputMessage:
 class FunctionCall:
     call_id: str
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
     namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
+    custom: bool = False  # a ``custom_tool_call`` (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallOutput:
     call_id: str
     output: str
+    custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,22 @@ def parse_item(item: object, path: str) -> InputItem:
                 arguments,
                 namespace or None,
             )
-        case "function_call_output":
+        case "custom_tool_call":
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.namespace': expected a string, but got "
+                    f"{json_type(namespace)}.",
+                    f"{path}.namespace",
+                )
+            return FunctionCall(
+                _require_str(item, "call_id", path),
+                _require_str(item, "name", path),
+                _require_str(item, "input", path),
+                namespace or None,
+                custom=True,
+            )
+        case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
                 output = _text_of_parts(output, "function_call_output", f"{path}.output")
@@ -140,7 +157,9 @@ def parse_item(item: object, path: str) -> InputItem:
                     f"content parts, but got {json_type(output)}.",
                     f"{path}.output",
                 )
-            return FunctionCallOutput(_require_str(item, "call_id", path), output)
+            return FunctionCallOutput(
+                _require_str(item, "call_id", path), output, kind == "custom_tool_call_output"
+            )
         case "reasoning":
             encrypted = item.get("encrypted_content")
             if encrypted is not None and not isinstance(encrypted, str):
@@ -156,7 +175,8 @@ def parse_item(item: object, path: str) -> InputItem:
             raise invalid_request(f"Missing required parameter: '{path}.type'.", f"{path}.type")
     raise invalid_request(
         f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
-        "'function_call', 'function_call_output', 'reasoning', 'compaction'.",
+        "'function_call', 'function_call_output', 'custom_tool_call', "
+        "'custom_tool_call_output', 'reasoning', 'compaction'.",
         f"{path}.type",
     )
 
@@ -286,8 +306,19 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "status": "completed",
                 "content": [part],
             }
-        case FunctionCall(call_id, name, arguments, namespace):
+        case FunctionCall(call_id, name, arguments, namespace, custom=True):
             call: JsonObject = {
+                "id": item_id or new_id("ctc"),
+                "type": "custom_tool_call",
+                "call_id": call_id,
+                "name": name,
+                "input": arguments,
+            }
+            if namespace is not None:
+                call["namespace"] = namespace
+            return call
+        case FunctionCall(call_id, name, arguments, namespace):
+            call = {
                 "id": item_id or new_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,
@@ -298,6 +329,13 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
             if namespace is not None:
                 call["namespace"] = namespace
             return call
+        case FunctionCallOutput(call_id, output, custom=True):
+            return {
+                "id": item_id or new_id("ctco"),
+                "type": "custom_tool_call_output",
+                "call_id": call_id,
+                "output": output,
+            }
         case FunctionCallOutput(call_id, output):
             return {
                 "id": item_id or new_id("fco"),

@@ -85,6 +85,7 @@ from .objects import (
     ResponseErrorCode,
     ResponseStatus,
     Usage,
+    custom_tool_call_item,
     event_logprob,
     function_call_item,
     is_part_logprob,
@@ -173,6 +174,7 @@ class ToolCallBegin:
     name: str
     call_id: str | None = None
     namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
+    custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,11 +343,15 @@ def _is_compacted(step: Compacted) -> bool:
     )
 
 
+_ItemType = Literal["message", "reasoning", "function_call", "custom_tool_call"]
+_CALLS: Final = ("function_call", "custom_tool_call")
+
+
 @dataclass(slots=True)
 class _OpenItem:
     """The one output item being streamed; ``chunks`` are its text or arguments so far."""
 
-    type: Literal["message", "reasoning", "function_call"]
+    type: _ItemType
     id: str
     index: int
     chunks: list[str] = field(default_factory=list)
@@ -365,6 +371,14 @@ class _OpenItem:
 
     def item(self, status: ItemStatus) -> JsonObject:
         """A fresh JSON copy of the item as it stands, with ``status``."""
+        if self.type == "custom_tool_call":
+            return custom_tool_call_item(
+                self.id,
+                call_id=self.call_id,
+                name=self.name,
+                text=self.text,
+                namespace=self.namespace,
+            )
         if self.type == "function_call":
             return function_call_item(
                 self.id,
@@ -379,7 +393,7 @@ class _OpenItem:
 
     def where(self) -> JsonObject:
         where: JsonObject = {"item_id": self.id, "output_index": self.index}
-        if self.type != "function_call":
+        if self.type not in _CALLS:
             where["content_index"] = 0
         return where
 
@@ -388,12 +402,19 @@ _DELTA_EVENT: Final = {
     "message": "response.output_text.delta",
     "reasoning": "response.reasoning_text.delta",
     "function_call": "response.function_call_arguments.delta",
+    "custom_tool_call": "response.custom_tool_call_input.delta",
 }
-_ID_PREFIX: Final = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
+_ID_PREFIX: Final = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "custom_tool_call": "ctc",
+}
 _ITEM_STATE: Final = {
     "message": _S.IN_MESSAGE,
     "reasoning": _S.IN_REASONING,
     "function_call": _S.IN_TOOL_CALL,
+    "custom_tool_call": _S.IN_TOOL_CALL,
 }
 
 
@@ -471,7 +492,7 @@ class ResponseMachine:
         """Whether the output holds a ``function_call`` item, closed or still open (a call
         abandoned by ``Fail`` is not in the output and does not count)."""
         return self._state is State.IN_TOOL_CALL or any(
-            item["type"] == "function_call" for item in self._done_items
+            item["type"] in _CALLS for item in self._done_items
         )
 
     @property
@@ -506,9 +527,10 @@ class ResponseMachine:
             case ReasoningDelta(text=text) if text:
                 events += self._switch_to("reasoning")
                 events += self._delta(text)
-            case ToolCallBegin(name=name, call_id=call_id, namespace=namespace):
+            case ToolCallBegin(name=name, call_id=call_id, namespace=namespace, custom=custom):
                 events += self._close("completed")
-                events += self._open_item("function_call", name, call_id, namespace)
+                item_type: _ItemType = "custom_tool_call" if custom else "function_call"
+                events += self._open_item(item_type, name, call_id, namespace)
             case ToolCallArgs(delta=delta) if delta:
                 events += self._delta(delta)
             case ToolCallEnd(arguments=arguments):
@@ -590,14 +612,14 @@ class ResponseMachine:
 
     def _open_item(
         self,
-        type_: Literal["message", "reasoning", "function_call"],
+        type_: _ItemType,
         name: str = "",
         call_id: str | None = None,
         namespace: str | None = None,
     ) -> list[JsonObject]:
         assert self._open is None
         item_id = self._id_factory(_ID_PREFIX[type_])
-        if type_ == "function_call" and call_id is None:
+        if type_ in _CALLS and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
         opened = _OpenItem(
@@ -605,7 +627,7 @@ class ResponseMachine:
         )
         self._open = opened
         added = opened.item("in_progress")
-        if type_ == "function_call":
+        if type_ in _CALLS:
             return [
                 self._event("response.output_item.added", output_index=opened.index, item=added)
             ]
@@ -652,7 +674,11 @@ class ResponseMachine:
                         "response.function_call_arguments.done", **where, arguments=opened.text
                     )
                 )
-        if opened.type != "function_call":
+            case "custom_tool_call":
+                events.append(
+                    self._event("response.custom_tool_call_input.done", **where, input=opened.text)
+                )
+        if opened.type not in _CALLS:
             events.append(self._event("response.content_part.done", **where, part=opened.part()))
         done = opened.item(item_status)
         if opened.type == "reasoning" and self._seal is not None:

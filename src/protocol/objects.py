@@ -236,6 +236,22 @@ def function_call_item(
     return item
 
 
+def custom_tool_call_item(
+    item_id: str, *, call_id: str, name: str, text: str, namespace: str | None = None
+) -> JsonObject:
+    """A ``custom_tool_call`` output item (the SDK's type has no ``status``)."""
+    item: JsonObject = {
+        "id": item_id,
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
 _PART_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes", "top_logprobs"})
 _TOP_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes"})
 
