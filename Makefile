@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench clean
+.PHONY: serve test check lint typecheck unit install model bench clean conformance
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,17 @@ test: check unit
 model: $(STAMP)
 	$(PY) scripts/build_tiny_model.py
 
+# Real clients against a real server (docs/clients.md): llm-comply (pinned in the test extras)
+# and Codex CLI (pinned in conformance/package-lock.json).
+conformance/node_modules/.installed: conformance/package.json conformance/package-lock.json
+	cd conformance && npm ci --no-audit --no-fund
+	touch $@
+
+conformance: $(STAMP) conformance/node_modules/.installed
+	$(PY) scripts/conformance.py
+
 bench: $(STAMP)
 	$(PY) bench/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache conformance/node_modules
