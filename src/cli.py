@@ -210,6 +210,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "byte budget of the reasoning echo (the reasoning of earlier plain replies, put back "
         "when a client replays a reply without it); 0 disables it",
     ),
+    Flag(  # issue 13: read by http/reasoning_secret.py through its environment variable
+        "--reasoning-secret-file",
+        "MLX_RESPONSES_REASONING_SECRET_FILE",
+        "",
+        str,
+        "file holding the secret that seals reasoning (include reasoning.encrypted_content); "
+        "created with a random secret when missing. Default: reasoning-secret under "
+        "$MLX_RESPONSES_DATA_DIR (~/.local/share/mlx-responses)",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -347,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
+    if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
+        os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
     trio.run(lambda: serve(settings, handle_signals=True))
     return 0
 
