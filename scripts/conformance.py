@@ -10,8 +10,12 @@ What it runs (docs/clients.md, "Conformance"):
    `codex exec --skip-git-repo-check --json` with its smallest prompt profile must complete a
    turn (`turn.completed`) against the server.
 
-Not run (see the summary's `not_run`): Codex's tool round trip, because the bundled model does
-not call a tool under Codex's prompt.
+4. Codex's MCP tool round trip: with one MCP server (conformance/weather_mcp.py), "What is the
+   weather in Paris?" must make the model call `mcp__weather__get_weather` (a `function_call`
+   with `namespace`), Codex run it and send its output back, and the model answer: a completed
+   `mcp_tool_call` item, an agent message, `turn.completed`. The bundled model is trained on
+   exactly these two Codex turns (scripts/codex_prompts.json); without that training (no
+   src/model/bundled/codex_prompts.json) the check is listed under `not_run`.
 
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
@@ -143,22 +147,34 @@ request_max_retries = 0
 stream_max_retries = 0
 """
 
+# One MCP server: Codex sends its tools as the namespace tool `mcp__weather`.
+CODEX_MCP = """
+[mcp_servers.weather]
+command = "{python}"
+args = ["{server}"]
+default_tools_approval_mode = "approve"
+"""
+MCP_SERVER = ROOT / "conformance" / "weather_mcp.py"
+# The bundled model's Codex turns (scripts/build_tiny_model.py); without them it never calls a
+# tool under Codex's prompt.
+CODEX_TRAINED = ROOT / "src" / "model" / "bundled" / "codex_prompts.json"
 
-def codex_turn(base: str) -> dict[str, Any]:
-    if not CODEX.exists():
-        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+
+def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
+    """``codex exec --json`` with the smallest profile; its JSON events."""
     with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
         instructions = Path(home) / "instructions.md"
         instructions.write_text("You are a coding agent. Use the tools when asked.\n")
-        (Path(home) / "small.config.toml").write_text(
-            CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base)
-        )
+        profile = CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base)
+        if mcp:
+            profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
+        (Path(home) / "small.config.toml").write_text(profile)
         work = Path(home) / "work"
         work.mkdir()
         env = {**os.environ, "CODEX_HOME": home, "MLX_RESPONSES_KEY": "local"}
         command = [str(CODEX), "exec", "-p", "small", "--skip-git-repo-check", "--json"]
         run = subprocess.run(
-            [*command, "Reply with: hello"],
+            [*command, prompt],
             cwd=work,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -173,24 +189,64 @@ def codex_turn(base: str) -> dict[str, Any]:
             events.append(json.loads(line))
         except ValueError:
             continue
-    kinds = [event.get("type") for event in events]
-    errors = [
+    if run.returncode and not events:
+        events.append({"type": "error", "message": run.stderr[-500:]})
+    return events
+
+
+def _items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        e["item"]
+        for e in events
+        if e.get("type") == "item.completed" and e["item"].get("type") == kind
+    ]
+
+
+def _errors(events: list[dict[str, Any]]) -> list[Any]:
+    return [
         e.get("message") or e.get("error")
         for e in events
         if e.get("type") in ("error", "turn.failed")
     ]
-    messages = [
-        e["item"].get("text")
-        for e in events
-        if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"
-    ]
+
+
+def codex_turn(base: str) -> dict[str, Any]:
+    """One turn completes."""
+    if not CODEX.exists():
+        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+    events = codex_exec(base, "Reply with: hello", mcp=False)
+    kinds = [event.get("type") for event in events]
     return {
-        "ok": "turn.completed" in kinds and not errors,
-        "exit_code": run.returncode,
+        "ok": "turn.completed" in kinds and not _errors(events),
         "events": kinds,
+        "agent_messages": [item.get("text") for item in _items(events, "agent_message")],
+        "errors": _errors(events),
+    }
+
+
+def codex_tool_round_trip(base: str) -> dict[str, Any]:
+    """The model calls the MCP tool (a namespaced function_call), Codex runs it on its MCP
+    server and sends the output back, the model answers: one turn, two requests."""
+    if not CODEX.exists():
+        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+    events = codex_exec(base, "What is the weather in Paris?", mcp=True)
+    calls = _items(events, "mcp_tool_call")
+    messages = [item.get("text") for item in _items(events, "agent_message")]
+    kinds = [event.get("type") for event in events]
+    ok = (
+        "turn.completed" in kinds
+        and not _errors(events)
+        and any(call.get("status") == "completed" for call in calls)
+        and bool(messages)
+    )
+    return {
+        "ok": ok,
+        "events": kinds,
+        "mcp_tool_calls": [
+            {k: call.get(k) for k in ("server", "tool", "arguments", "status")} for call in calls
+        ],
         "agent_messages": messages,
-        "errors": errors,
-        "stderr_tail": run.stderr[-300:] if run.returncode else "",
+        "errors": _errors(events),
     }
 
 
@@ -222,11 +278,14 @@ def main() -> int:
             "llm-comply open-responses": llm_comply("open-responses", base),
             "llm-comply anthropic": llm_comply("anthropic", base),
             "codex exec (one turn)": codex_turn(base),
-            "not_run": {
-                "codex tool round trip": "the bundled model does not call a tool under Codex's "
-                "prompt (docs/clients.md)",
-            },
         }
+        if CODEX_TRAINED.exists():
+            summary["codex exec (MCP tool round trip)"] = codex_tool_round_trip(base)
+        else:
+            summary["not_run"] = {
+                "codex tool round trip": "the bundled model was not trained on Codex's prompt "
+                f"({CODEX_TRAINED} is missing)"
+            }
     finally:
         server.terminate()
         try:
