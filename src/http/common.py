@@ -10,6 +10,7 @@ from quart import Response, g
 from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
+from .json_constants import Constants
 
 View = Callable[..., Awaitable[Response]]
 
@@ -21,30 +22,6 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 def error_response(error: ApiError) -> Response:
     return json_response(error.envelope(), error.status)
-
-
-class _Constant:
-    """A ``NaN`` / ``Infinity`` found while decoding; its path is looked up afterwards."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _constant_path(value: object, path: str = "") -> tuple[str, str] | None:
-    """(JSON path, constant name) of the first ``_Constant`` in a decoded value."""
-    if isinstance(value, _Constant):
-        return path, value.name
-    if isinstance(value, dict):
-        items: Any = ((f"{path}.{k}" if path else k, v) for k, v in value.items())
-    elif isinstance(value, list):
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for sub_path, sub in items:
-        found = _constant_path(sub, sub_path)
-        if found is not None:
-            return found
-    return None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -62,28 +39,18 @@ def decode_json_body(raw: bytes | str) -> object:
         raw = raw.encode()
     if not raw.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", None)
-    constants: list[_Constant] = []
-
-    def constant(name: str) -> _Constant:
-        constants.append(_Constant(name))
-        return constants[-1]
-
+    constants = Constants()  # issue 13: a NaN's refusal names its key
     try:
         decoded = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=constant
+            raw.decode("utf-8"),
+            object_pairs_hook=_no_duplicates,
+            parse_constant=constants.record,
         )
     except UnicodeDecodeError:
         raise invalid_request("The request body is not valid UTF-8.", None) from None
     except ValueError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", None) from None
-    if constants:  # decision 3: NaN / Infinity are refused, naming the key that holds one
-        found = _constant_path(decoded)
-        path, name = found if found is not None else ("", constants[0].name)
-        raise invalid_request(
-            f"Invalid value for '{path or 'body'}': {name} is not valid JSON (use a finite "
-            "number or null).",
-            path or None,
-        )
+    constants.refuse_any(decoded)
     return decoded
 
 
