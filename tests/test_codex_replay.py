@@ -82,3 +82,31 @@ async def test_without_drop_the_only_refusal_names_web_search(nursery: trio.Nurs
     assert error["param"] == f"tools[{index}].type"
     assert "web_search" in error["message"]
     assert accepted.status_code == 200, accepted.text
+
+
+TOOL_RESULT = Path(__file__).parent / "fixtures" / "codex-0.169.0-mcp-tool-result.json"
+
+
+async def test_codex_follow_up_with_the_namespaced_call_and_its_output(
+    nursery: trio.Nursery,
+) -> None:
+    # Codex's second request of an MCP round trip (captured): the whole history again, the
+    # function_call with `namespace`, the function_call_output as content parts ("Wall time").
+    body: dict[str, Any] = json.loads(TOOL_RESULT.read_text())
+    kinds = [item.get("type") for item in body["input"]]
+    assert kinds[-2:] == ["function_call", "function_call_output"]
+    assert body["input"][-2]["namespace"] == "mcp__weather"
+    server = await start(nursery, drop=True)
+    with trio.fail_after(DEADLINE):
+        async with (
+            httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http,
+            http.stream(
+                "POST",
+                "/v1/responses",
+                json={**body, "max_output_tokens": 16, "temperature": 0},
+            ) as reply,
+        ):
+            assert reply.status_code == 200
+            raw = b"".join([c async for c in reply.aiter_bytes()])
+    final = assert_stream_invariants(parse_sse(raw))
+    assert final["status"] in ("completed", "incomplete")
