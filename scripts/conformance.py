@@ -1,7 +1,8 @@
 """`make conformance`: real clients against a real server with the bundled model.
 
 What it runs (docs/clients.md, "Conformance"):
-1. `mlx-responses serve` on a free port (bundled model, `--unsupported-tools drop`, a 4096-token
+1. `mlx-responses serve` on a free port (bundled model, `--unsupported-tools drop`,
+   `--default-temperature 0` (Codex sends no temperature), a 4096-token
    window: Codex's smallest prompt is ~2,100 tokens of the bundled model's small vocabulary).
 2. llm-comply (PyPI, pinned in pyproject's test extras) in the `open-responses` and `anthropic`
    formats. A failure passes only when it is one of the named, documented cases in
@@ -267,6 +268,9 @@ def main() -> int:
             str(CONTEXT),
             "--unsupported-tools",
             "drop",
+            # Codex never sends a temperature: greedy answers make its turn reproducible.
+            "--default-temperature",
+            "0",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

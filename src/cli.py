@@ -18,6 +18,7 @@ import trio
 
 from .actors.model import ModelSettings
 from .http.auth import load_api_keys
+from .http.server_defaults import parse_temperature
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
 from .server import (
@@ -219,6 +220,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "created with a random secret when missing. Default: reasoning-secret under "
         "$MLX_RESPONSES_DATA_DIR (~/.local/share/mlx-responses)",
     ),
+    Flag(  # issue 13: read by http/server_defaults.py through its environment variable
+        "--default-temperature",
+        "MLX_RESPONSES_DEFAULT_TEMPERATURE",
+        "",
+        str,
+        "temperature (0..2) for /v1/responses requests that give none, e.g. 0 for greedy "
+        "answers to clients that never send one (Codex CLI); default: OpenAI's 1.0",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -358,6 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(args)
     if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
         os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
+    if args.default_temperature:  # issue 13: read by http/server_defaults.py
+        try:
+            parse_temperature(args.default_temperature)
+        except ValueError as exc:
+            raise SystemExit(f"--default-temperature: {exc}") from None
+        os.environ["MLX_RESPONSES_DEFAULT_TEMPERATURE"] = args.default_temperature
     trio.run(lambda: serve(settings, handle_signals=True))
     return 0
 

@@ -518,3 +518,24 @@ async def test_bad_custom_formats_are_400(
         )
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
+
+
+async def test_default_temperature_applies_only_when_a_request_gives_none(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlx_responses.server import serve
+
+    from .conftest import START_DEADLINE, server_settings
+
+    monkeypatch.setenv("MLX_RESPONSES_DEFAULT_TEMPERATURE", "0")
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, server_settings())
+    body = {"model": MODEL, "input": "What is the capital of France?"}
+    with trio.fail_after(DEADLINE):
+        defaulted = [await post(handle, "/v1/responses", body) for _ in range(2)]
+        explicit = await post(handle, "/v1/responses", {**body, "temperature": 1.5})
+    for reply in defaulted:
+        data = reply.json()
+        assert data["temperature"] == 0
+        assert output_text(data) == "The capital of France is Paris."
+    assert explicit.json()["temperature"] == 1.5

@@ -33,6 +33,7 @@ from .common import decode_json_body, json_response, mount, sse_response, tenant
 from .file_inputs import inline_file_inputs
 from .reasoning_secret import reasoning_sealer
 from .schemas import parse_compact_request, parse_create_request
+from .server_defaults import default_temperature
 
 # How long the cancel endpoint waits for the response to reach its terminal event.
 CANCEL_WAIT_SECONDS = 10
@@ -91,6 +92,7 @@ def register_response_routes(
 ) -> None:
     store, live, jobs = services.store, services.live, services.jobs
     sealer = reasoning_sealer(services.model.info.alias)  # issue 13: sealed reasoning
+    temperature = default_temperature()  # issue 13: --default-temperature
 
     async def read_create_body() -> object:
         """The body, with ``input_file`` parts already turned into text."""
@@ -104,6 +106,7 @@ def register_response_routes(
             drop_unsupported_tools=drop_unsupported_tools,
             owner=tenant(),
             sealer=sealer,
+            default_temperature=temperature,
         )
         if create.config.background:
             return await _create_background(create)

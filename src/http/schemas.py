@@ -216,6 +216,7 @@ def parse_create_request(
     drop_unsupported_tools: bool = False,
     owner: str = "",
     sealer: Sealer | None = None,
+    default_temperature: float | None = None,
 ) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
     ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
@@ -241,7 +242,7 @@ def parse_create_request(
         model=model,
         instructions=body.instructions,
         max_output_tokens=body.max_output_tokens,
-        temperature=None if body.temperature is None else float(body.temperature),
+        temperature=default_temperature if body.temperature is None else float(body.temperature),
         top_p=None if body.top_p is None else float(body.top_p),
         store=True if body.store is None else body.store,
         metadata=body.metadata or {},

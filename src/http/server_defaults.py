@@ -1,0 +1,26 @@
+"""Server-side defaults for request settings a client leaves out (docs/api.md).
+
+Invariants:
+- ``default_temperature()`` is ``MLX_RESPONSES_DEFAULT_TEMPERATURE`` (set by ``--default-temperature``)
+  as a float in 0..2, or None (OpenAI's default, 1.0, applies). A request's own ``temperature``
+  always wins; the Response echoes the temperature used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+DEFAULT_TEMPERATURE_ENV = "MLX_RESPONSES_DEFAULT_TEMPERATURE"
+
+
+def parse_temperature(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or not 0 <= value <= 2:
+        raise ValueError(f"a default temperature must be in 0..2, got {raw!r}")
+    return value
+
+
+def default_temperature() -> float | None:
+    raw = os.environ.get(DEFAULT_TEMPERATURE_ENV)
+    return None if not raw else parse_temperature(raw)
