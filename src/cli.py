@@ -225,8 +225,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "MLX_RESPONSES_DEFAULT_TEMPERATURE",
         "",
         str,
-        "temperature (0..2) for /v1/responses requests that give none, e.g. 0 for greedy "
-        "answers to clients that never send one (Codex CLI); default: OpenAI's 1.0",
+        "temperature (0..2) for /v1/responses and /v1/messages requests that give none, e.g. "
+        "0 for greedy answers to clients that never send one (Codex CLI); default: 1.0",
     ),
     Flag(
         "--log-level",

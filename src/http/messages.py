@@ -41,6 +41,7 @@ from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.sse import encode_sse
 from .common import decode_json_body, json_response, mount, sse_response, tenant
+from .server_defaults import with_default_temperature
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
 
@@ -140,6 +141,7 @@ def register_messages_routes(app: QuartTrio, services: Services) -> None:
     @_anthropic_errors
     async def create_message() -> Response:
         request_ = parse_messages_request(await read_body(), owner=tenant())
+        request_ = with_default_temperature(request_)  # issue 13: --default-temperature
         if request_.max_tokens == 0:
             return await empty_message(request_)
         run = await open_response(request_.create, services)
