@@ -534,6 +534,14 @@ async def test_default_temperature_applies_only_when_a_request_gives_none(
     with trio.fail_after(DEADLINE):
         defaulted = [await post(handle, "/v1/responses", body) for _ in range(2)]
         explicit = await post(handle, "/v1/responses", {**body, "temperature": 1.5})
+        message = {
+            "model": MODEL,
+            "max_tokens": 30,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        }
+        messages = [await post(handle, "/v1/messages", message) for _ in range(2)]
+    for reply in messages:
+        assert reply.json()["content"][0]["text"] == "The capital of France is Paris."
     for reply in defaulted:
         data = reply.json()
         assert data["temperature"] == 0
