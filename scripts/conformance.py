@@ -11,7 +11,10 @@ What it runs (docs/clients.md, "Conformance"):
    `codex exec --skip-git-repo-check --json` with its smallest prompt profile must complete a
    turn (`turn.completed`) against the server.
 
-4. Codex's MCP tool round trip: with one MCP server (conformance/weather_mcp.py), "What is the
+4. The OpenAI Agents SDK (pinned in the test extras) runs its tool loop: the model calls
+   `get_weather`, the SDK runs the tool and sends its output back, the model answers
+   ("It is sunny and 18 degrees in Paris.": the bundled model's documented tool prompts).
+5. Codex's MCP tool round trip: with one MCP server (conformance/weather_mcp.py), "What is the
    weather in Paris?" must make the model call `mcp__weather__get_weather` (a `function_call`
    with `namespace`), Codex run it and send its output back, and the model answer: a completed
    `mcp_tool_call` item, an agent message, `turn.completed`. The bundled model is trained on
@@ -254,6 +257,59 @@ def codex_tool_round_trip(base: str) -> dict[str, Any]:
     }
 
 
+# The bundled model's documented tool prompts (docs/bundled-model.md): the same tool, the same
+# tool output, so the Agents SDK's loop renders exactly the documented `tool_call` and
+# `tool_result` prompts.
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "The name of the city."}},
+    "required": ["city"],
+}
+WEATHER_RESULT = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
+
+
+def agents_tool_loop(base: str) -> dict[str, Any]:
+    """The OpenAI Agents SDK runs its tool loop: the model calls get_weather, the SDK runs it,
+    sends the output back, and the model answers."""
+    import asyncio
+
+    from agents import Agent, FunctionTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[Any] = []
+
+    async def invoke(_ctx: Any, arguments: str) -> str:
+        calls.append(json.loads(arguments))
+        return WEATHER_RESULT
+
+    tool = FunctionTool(
+        name="get_weather",
+        description="Get the current weather in a city.",
+        params_json_schema=WEATHER_SCHEMA,
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )
+
+    async def run() -> str:
+        async with AsyncOpenAI(base_url=f"{base}/v1", api_key="local", max_retries=0) as client:
+            model = OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = Agent(name="weather", model=model, tools=[tool])
+            result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+            return str(result.final_output)
+
+    try:
+        answer = asyncio.run(asyncio.wait_for(run(), RUN_DEADLINE))
+    except Exception as exc:  # any SDK error is this check's failure, reported
+        return {"ok": False, "tool_calls": calls, "error": repr(exc)[:500]}
+    expected = "It is sunny and 18 degrees in Paris."
+    return {
+        "ok": calls == [{"city": "Paris"}] and answer == expected,
+        "tool_calls": calls,
+        "final_output": answer,
+    }
+
+
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -285,6 +341,7 @@ def main() -> int:
             "llm-comply open-responses": llm_comply("open-responses", base),
             "llm-comply anthropic": llm_comply("anthropic", base),
             "codex exec (one turn)": codex_turn(base),
+            "openai-agents (tool loop)": agents_tool_loop(base),
         }
         if CODEX_TRAINED.exists():
             summary["codex exec (MCP tool round trip)"] = codex_tool_round_trip(base)
