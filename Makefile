@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench fuzz clean
+.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,14 +32,25 @@ test: check unit
 model: $(STAMP)
 	$(PY) scripts/build_tiny_model.py
 
+# Real clients against a real server (docs/clients.md): llm-comply (pinned in the test extras)
+# and Codex CLI (pinned in conformance/package-lock.json).
+conformance/node_modules/.installed: conformance/package.json conformance/package-lock.json
+	cd conformance && npm ci --no-audit --no-fund
+	touch $@
+
+conformance: $(STAMP) conformance/node_modules/.installed
+	$(PY) scripts/conformance.py
+	$(PY) -m tests.fuzz.http_fuzz --seconds $(CONFORMANCE_FUZZ_SECONDS)
+
 bench: $(STAMP)
 	$(PY) bench/throughput.py
 
 # Property-based HTTP fuzzing against the real server (tests/fuzz/http_fuzz.py), time-bounded.
 FUZZ_SECONDS ?= 180
+CONFORMANCE_FUZZ_SECONDS ?= 120
 FUZZ_ARGS ?=
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz.http_fuzz --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache conformance/node_modules

@@ -18,6 +18,7 @@ import trio
 
 from .actors.model import ModelSettings
 from .http.auth import load_api_keys
+from .http.server_defaults import parse_temperature
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
 from .model.prompt_cache import DEFAULT_MAX_ENTRIES
@@ -261,6 +262,23 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "folder of the default SQLite store (default: the platform's user data folder, "
         "e.g. $XDG_DATA_HOME/mlx-responses or ~/.local/share/mlx-responses)",
     ),
+    Flag(  # issue 13: read by http/reasoning_secret.py through its environment variable
+        "--reasoning-secret-file",
+        "MLX_RESPONSES_REASONING_SECRET_FILE",
+        "",
+        str,
+        "file holding the secret that seals reasoning (include reasoning.encrypted_content); "
+        "created with a random secret when missing. Default: reasoning-secret under "
+        "$MLX_RESPONSES_DATA_DIR (~/.local/share/mlx-responses)",
+    ),
+    Flag(  # issue 13: read by http/server_defaults.py through its environment variable
+        "--default-temperature",
+        "MLX_RESPONSES_DEFAULT_TEMPERATURE",
+        "",
+        str,
+        "temperature (0..2) for /v1/responses and /v1/messages requests that give none, e.g. "
+        "0 for greedy answers to clients that never send one (Codex CLI); default: 1.0",
+    ),
     Flag(
         "--log-level",
         "MLX_RESPONSES_LOG_LEVEL",
@@ -414,6 +432,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
+    if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
+        os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
+    if args.default_temperature:  # issue 13: read by http/server_defaults.py
+        try:
+            parse_temperature(args.default_temperature)
+        except ValueError as exc:
+            raise SystemExit(f"--default-temperature: {exc}") from None
+        os.environ["MLX_RESPONSES_DEFAULT_TEMPERATURE"] = args.default_temperature
     try:
         trio.run(lambda: serve(settings, handle_signals=True))
     except Exception as exc:  # issue 15: an unusable store file stops start-up with its message

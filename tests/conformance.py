@@ -118,8 +118,18 @@ def unknown_keys(value: object, path: str = "$") -> list[str]:
     return found
 
 
+# Decision 21: Open Responses requires these on every Response (and on every event's
+# `response`); the pinned SDK's Response model does not declare them (docs/api.md).
+RESPONSE_EXTENSION_KEYS = frozenset({"store", "presence_penalty", "frequency_penalty"})
+_EXTENSION_PATHS = frozenset(
+    f"{root}.{key}" for root in ("$", "$.response") for key in RESPONSE_EXTENSION_KEYS
+)
+
+
 def assert_no_unknown_keys(model: pydantic.BaseModel, what: str) -> None:
     extra = unknown_keys(model)
+    if isinstance(model, Response) or isinstance(getattr(model, "response", None), Response):
+        extra = [path for path in extra if path not in _EXTENSION_PATHS]
     assert not extra, f"{what}: keys the SDK model does not define: {extra}"
 
 
@@ -151,6 +161,11 @@ def _check_response_extras(data: Mapping[str, Any], what: str) -> None:
         f"{what}: a foreground response must have no `background` key, got {data['background']!r}"
     )
     assert data.get("status") is not None, f"{what}: status missing"
+    missing = sorted(RESPONSE_EXTENSION_KEYS - set(data))
+    assert not missing, f"{what}: Open Responses fields missing: {missing}"
+    assert type(data["store"]) is bool, f"{what}.store is not a boolean"
+    for key in ("presence_penalty", "frequency_penalty"):
+        assert type(data[key]) in (int, float), f"{what}.{key} is not a number"
 
 
 def assert_strict_response(data: Mapping[str, Any], what: str = "response") -> Response:

@@ -402,6 +402,7 @@ def test_thinking_blocks_and_turn_merging() -> None:
         ),
         ({"stop_sequences": ["x", "y", "x"]}, lambda r: r.stop_sequences == ("x", "y")),
         ({"top_k": 5, "temperature": 0}, lambda r: r.create.config.temperature == 0),
+        ({"top_k": 5}, lambda r: r.create.top_k == 5),
         (
             {"max_tokens": 0},
             lambda r: r.max_tokens == 0 and r.create.config.max_output_tokens is None,
@@ -442,7 +443,7 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("stream not a boolean", body(stream="yes"), "stream:"),
     ("temperature too high", body(temperature=1.5), "temperature:"),
     ("top_p a string", body(top_p="1"), "top_p:"),
-    ("top_k when sampling", body(top_k=5), "top_k:"),
+    ("negative top_k", body(top_k=-1), "top_k:"),
     ("no messages", body(messages=[]), "messages:"),
     ("messages an object", body(messages={}), "messages:"),
     ("bad role", _bad_messages({"role": "tool", "content": "x"}), "messages.0.role:"),

@@ -396,7 +396,8 @@ async def test_malformed_json_is_400(server: ServerHandle, raw: bytes) -> None:
             record = await server.conversations.create({}, ())
             for url in ("/v1/conversations", f"/v1/conversations/{record.id}"):
                 reply = await http.post(url, content=raw)
-                envelope(reply, 400, None)
+                # A NaN names the key holding it (issue 13); the others have no key to name.
+                envelope(reply, 400, "metadata.k" if b"NaN" in raw else None)
 
 
 async def test_routes_without_v1_prefix(server: ServerHandle) -> None:

@@ -110,8 +110,8 @@ async def test_system_and_developer_messages_merge_into_one_system_message(
 async def test_reasoning_items_are_accepted_in_every_shape_codex_sends(
     server: ServerHandle,
 ) -> None:
+    # (content: null with a sealed blob: tests/test_api_client_surface.py)
     shapes = [
-        {"type": "reasoning", "summary": [], "content": None, "encrypted_content": "opaque"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]},
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
     ]
@@ -209,10 +209,12 @@ async def test_unsupported_tools_drop_ignores_hosted_tools(nursery: trio.Nursery
     assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]
 
 
-async def test_namespace_tools_are_flattened(server: ServerHandle) -> None:
-    namespace = {"type": "namespace", "name": "weather", "tools": [WEATHER_TOOL]}
+async def test_namespace_tools_are_echoed_as_sent(server: ServerHandle) -> None:
+    namespace = {"type": "namespace", "name": "weather", "description": "", "tools": [WEATHER_TOOL]}
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             reply = await post(http, input="Reply with: hello", tools=[namespace])
     assert reply.status_code == 200, reply.text
-    assert [tool["name"] for tool in reply.json()["tools"]] == ["get_weather"]
+    (echoed,) = reply.json()["tools"]
+    assert echoed["type"] == "namespace"
+    assert [tool["name"] for tool in echoed["tools"]] == ["get_weather"]

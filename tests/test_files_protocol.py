@@ -428,3 +428,18 @@ def test_another_owner_sees_nothing_and_touches_nothing() -> None:
 def test_limits_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="negative"):
         FileLimits(max_bytes=-1)
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        b"trailer\n<< /Size 6 /Root 1 0 R >>\n%%EOF\n",  # no xref, no startxref
+        b"%%EOF\n",  # no xref, no trailer
+        b"",  # cut off after the last object
+    ],
+)
+def test_a_pdf_without_a_cross_reference_table_is_repaired(ending: bytes) -> None:
+    pdf = make_pdf([[SENTENCE], ["Page two"]])
+    broken = pdf[: pdf.index(b"xref\n")] + ending
+    text = extract_text(broken, filename="a.pdf", content_type="application/pdf", param="x")
+    assert text == f"{SENTENCE}\n\nPage two"

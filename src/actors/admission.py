@@ -15,10 +15,12 @@ from functools import partial
 from typing import Any
 
 from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
+from ..model.penalties import sampling_adjust, with_adjustments
 from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.machine import Compacted
 from ..protocol.request import CreateRequest
+from ..protocol.tools import call_targets
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -88,7 +90,11 @@ def output_shaper(
         starts_in_reasoning=model.opens_reasoning(prompt),
         tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
     )
-    return OutputShaper(parser, max_calls=min(limits) if limits else None)
+    return OutputShaper(
+        parser,
+        max_calls=min(limits) if limits else None,
+        targets=call_targets(request.tools),  # namespaced and custom tools
+    )
 
 
 def output_budget(request: CreateRequest, prompt_tokens: int, window: int) -> int:
@@ -113,6 +119,8 @@ async def admit(
     if grammar is not None and constraints is not None:
         # Bound now, called on the generation thread: the processor holds MLX state.
         make_processors = partial(_processors, constraints, grammar)
+    # Penalties and top_k, as logits processors built on the generation thread.
+    make_processors = with_adjustments(sampling_adjust(request), make_processors)
     config = request.config
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
     shaper = output_shaper(request, model, prepared.prompt)

@@ -7,12 +7,15 @@ Invariants:
 - Logprobs belong to visible text: the logprobs of one batch of tokens go on the first text
   delta of that batch; a batch that produced no visible text (reasoning, a tool call, text
   still held back by the parser) contributes none.
+- A call to a namespaced function (its qualified name) begins an item with ``name`` and
+  ``namespace`` apart (issue 13).
 - ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..model.stream_parse import (
@@ -25,12 +28,35 @@ from ..model.stream_parse import (
     ToolCallStart,
 )
 from ..protocol import machine as m
+from ..protocol.tools import CUSTOM_INPUT, CallTarget
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's freeform input from the call's JSON arguments (``{"input": ...}``); the
+    arguments text itself when the model wrote something else."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
+        return str(parsed[CUSTOM_INPUT])
+    return arguments
 
 
 class OutputShaper:
-    def __init__(self, parser: StreamParser, *, max_calls: int | None) -> None:
+    def __init__(
+        self,
+        parser: StreamParser,
+        *,
+        max_calls: int | None,
+        targets: Mapping[str, CallTarget] | None = None,
+    ) -> None:
         self._parser = parser
         self._max_calls = max_calls
+        # Offered name -> target: a namespaced call's item carries name and namespace apart; a
+        # custom tool's call is a custom_tool_call whose input is the `input` argument.
+        self._targets = targets or {}
+        self._custom_open = False
         self._reasoning: list[str] = []
 
     @property
@@ -60,9 +86,22 @@ class OutputShaper:
                     self._reasoning.append(text)
                     inputs.append(m.ReasoningDelta(text))
                 case ToolCallStart(index=index, name=name) if self._accepted(index):
-                    inputs.append(m.ToolCallBegin(name))
+                    target = self._targets.get(name)
+                    self._custom_open = target is not None and target.custom
+                    if target is not None:
+                        inputs.append(
+                            m.ToolCallBegin(
+                                target.name, namespace=target.namespace, custom=target.custom
+                            )
+                        )
+                    else:
+                        inputs.append(m.ToolCallBegin(name))
                 case ToolCallArgs(index=index, delta=delta) if self._accepted(index) and delta:
-                    inputs.append(m.ToolCallArgs(delta))
+                    if not self._custom_open:  # a custom input is sent whole at the end
+                        inputs.append(m.ToolCallArgs(delta))
                 case ToolCallEnd(index=index, arguments=arguments) if self._accepted(index):
+                    if self._custom_open:
+                        arguments = custom_input(arguments)
+                        self._custom_open = False
                     inputs.append(m.ToolCallEnd(arguments))
         return inputs

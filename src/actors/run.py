@@ -51,7 +51,9 @@ class ResponseRun:
         self.request = request
         self.prepared = prepared
         self._actors = actors
-        self._machine = ResponseMachine(new_id("resp"), request.config, int(time.time()))
+        self._machine = ResponseMachine(
+            new_id("resp"), request.config, int(time.time()), seal=request.seal
+        )
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
         self.log.input_items = prepared.all_items
         self.log.prompt_tokens = len(prepared.prompt)

@@ -24,6 +24,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ..protocol.errors import ApiError, not_found
+from ..protocol.model_list import model_entry
 from .auth import presented_key
 from .common import decode_json_body, error_response, json_response, mount, runtime
 from .conversations import register_conversation_routes
@@ -32,6 +33,8 @@ from .lifetime import RequestLifetimes
 from .limits import CountedRequest
 from .messages import register_messages_routes
 from .openapi import register_openapi_route
+from .reasoning_secret import reasoning_sealer
+from .request_log import install_request_log
 from .responses import register_response_routes
 from .websocket import responses_socket
 
@@ -138,12 +141,14 @@ async def health() -> Response:
 
 def _model_object() -> dict[str, Any]:
     rt = runtime()
-    return {
-        "id": rt.model.info.alias,
-        "object": "model",
-        "created": rt.created_at,
-        "owned_by": "mlx-responses",
-    }
+    info = rt.model.info  # with the context window and capabilities (what Codex reads)
+    return model_entry(
+        alias=info.alias,
+        created=rt.created_at,
+        context_window=info.context_window,
+        has_thinking=info.has_thinking,
+        tool_format=info.tool_format,
+    )
 
 
 async def list_models() -> Response:
@@ -172,12 +177,15 @@ async def chat_completions() -> Response:
 def create_app(rt: Runtime) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     app.extensions["mlx_responses"] = rt
+    # Seals reasoning (include reasoning.encrypted_content); its secret is read on first use.
+    app.extensions["mlx_responses.sealer"] = reasoning_sealer(rt.model.info.alias)
     # An id with an encoded slash is an unknown id (404 in the envelope), not a 308 redirect.
     app.url_map.merge_slashes = False
     app.asgi_app = RequestLifetimes(app.asgi_app)  # type: ignore[method-assign]
     # A larger body is 413 (Quart's RequestEntityTooLarge).
     app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
     app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
+    install_request_log(app)  # one structured line per request (before auth: 401s too)
     app.before_request(authenticate)
     app.before_websocket(authenticate)
     app.after_request(drain_body)

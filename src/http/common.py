@@ -11,8 +11,10 @@ from quart_trio import QuartTrio
 
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.text import find_unencodable
+from .json_constants import Constants
 
 if TYPE_CHECKING:
+    from ..protocol.sealed import Sealer
     from ..runtime import Runtime
 
 # The deepest nesting of arrays and objects a JSON body may have: deeper bodies are refused
@@ -29,10 +31,6 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 def error_response(error: ApiError) -> Response:
     return json_response(error.envelope(), error.status)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -52,11 +50,12 @@ def decode_json_body(raw: bytes | str) -> object:
         raw = raw.encode()
     if not raw.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", None)
+    constants = Constants()  # issue 13: a NaN's refusal names its key
     try:
         decoded = json.loads(
             raw.decode("utf-8"),
             object_pairs_hook=_no_duplicates,
-            parse_constant=_reject_constant,
+            parse_constant=constants.record,
         )
     except UnicodeDecodeError:
         raise invalid_request("The request body is not valid UTF-8.", None) from None
@@ -66,6 +65,7 @@ def decode_json_body(raw: bytes | str) -> object:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", None) from None
     if json_depth(decoded) > MAX_JSON_DEPTH:
         raise _too_deep()
+    constants.refuse_any(decoded)
     bad = find_unencodable(decoded)
     if bad is not None:
         raise invalid_request(bad.message(), bad.path or None, code="invalid_text")
@@ -123,6 +123,11 @@ def sse_response(body: Any) -> Response:
 def runtime() -> Runtime:
     """The running server (its settings and actors), for the current request."""
     return cast("Runtime", current_app.extensions["mlx_responses"])
+
+
+def sealer() -> Sealer:
+    """The server's reasoning sealer (decision 23)."""
+    return cast("Sealer", current_app.extensions["mlx_responses.sealer"])
 
 
 def tenant() -> str:

@@ -43,6 +43,7 @@ from ..protocol.objects import JsonObject, Usage
 from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sse_response, tenant
 from .pipeline import open_response, read_body
+from .server_defaults import with_default_temperature
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
 
@@ -128,6 +129,7 @@ def _encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder
 @_anthropic_errors
 async def create_message() -> Response:
     request_ = parse_messages_request(await read_body(), owner=tenant())
+    request_ = with_default_temperature(request_)  # --default-temperature
     if request_.max_tokens == 0:
         return await _empty_message(request_)
     log = await open_response(request_.create)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from ..actors.compaction import compact_history
@@ -26,9 +26,10 @@ from ..protocol.listing import list_envelope, page, parse_list_query
 from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
-from .common import json_response, mount, runtime, sse_response, tenant
+from .common import json_response, mount, runtime, sealer, sse_response, tenant
 from .pipeline import final_object, follow, open_response, read_create_body, too_many_jobs
 from .schemas import parse_compact_request, parse_create_request
+from .server_defaults import default_temperature
 
 # How long the cancel endpoint (and a GET racing a finishing response) waits for the end.
 CANCEL_WAIT_SECONDS = 10
@@ -65,9 +66,13 @@ def _query_int(name: str, default: int | None, low: int, high: int | None = None
     return number
 
 
-def _parse_create(data: object) -> CreateRequest:
+def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
     return parse_create_request(
-        data, drop_unsupported_tools=runtime().settings.drop_unsupported_tools, owner=tenant()
+        data,
+        drop_unsupported_tools=runtime().settings.drop_unsupported_tools,
+        owner=tenant(),
+        sealer=sealer(),
+        default_temperature=None if counting else default_temperature(),
     )
 
 
@@ -76,6 +81,7 @@ async def create_response() -> Response:
     if create.config.background:
         return await _create_background(create)
     log = await open_response(create)
+    g.response_id = log.response_id  # for the request log line
     if not create.stream:
         return json_response(await final_object(log))
     return sse_response(follow(log))
@@ -121,7 +127,9 @@ async def count_input_tokens() -> Response:
     data = await read_create_body()
     if isinstance(data, dict) and "model" not in data:
         data = {**data, "model": runtime().model.info.alias}
-    prepared = await prepare_prompt(_parse_create(data), runtime().actors, runtime().responses)
+    prepared = await prepare_prompt(
+        _parse_create(data, counting=True), runtime().actors, runtime().responses
+    )
     return json_response({"object": "response.input_tokens", "input_tokens": len(prepared.prompt)})
 
 

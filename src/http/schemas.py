@@ -22,8 +22,9 @@ from ..protocol.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
+from ..protocol.sealed import Sealer, open_sealed
 from ..protocol.text_format import parse_text_format
-from ..protocol.tools import parse_tool_choice, parse_tools
+from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
 
@@ -77,6 +78,18 @@ class CreateResponseBody(BaseModel):
     background_options: Any = None
     image: Any = None
     moderation: Any = None
+    # Sent by real clients and accepted by OpenAI before an SDK types them (decision 3). Codex
+    # puts whole JSON documents in its values (x-codex-turn-metadata), so no metadata-like caps.
+    client_metadata: (
+        dict[
+            Annotated[StrictStr, Field(max_length=256)],
+            Annotated[StrictStr, Field(max_length=65536)],
+        ]
+        | None
+    ) = None
+    # Open Responses sampling fields (decision 21), honoured by logits processors.
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
 
 
 # OpenAI's ResponseIncludable values; only the logprobs one changes what we send.
@@ -93,6 +106,7 @@ INCLUDABLE = frozenset(
     }
 )
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SEALED_INCLUDE = "reasoning.encrypted_content"
 
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
@@ -198,9 +212,15 @@ def _validate_body(schema: type[_Body], data: object) -> tuple[_Body, str]:
 
 
 def parse_create_request(
-    data: object, *, drop_unsupported_tools: bool = False, owner: str = ""
+    data: object,
+    *,
+    drop_unsupported_tools: bool = False,
+    owner: str = "",
+    sealer: Sealer | None = None,
+    default_temperature: float | None = None,
 ) -> CreateRequest:
-    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field."""
+    """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
+    ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
     body, model = _validate_body(CreateResponseBody, data)
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
@@ -212,16 +232,18 @@ def parse_create_request(
             "Parameters 'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    messages = parse_input(body.input)
+    messages = open_sealed(parse_input(body.input), sealer)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
+    echoed_tools = echo_tools(tools)
+    tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those
     config = ResponseConfig(
         model=model,
         instructions=body.instructions,
         max_output_tokens=body.max_output_tokens,
-        temperature=None if body.temperature is None else float(body.temperature),
+        temperature=default_temperature if body.temperature is None else float(body.temperature),
         top_p=None if body.top_p is None else float(body.top_p),
         store=True if body.store is None else body.store,
         metadata=body.metadata or {},
@@ -232,7 +254,7 @@ def parse_create_request(
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
-        tools=tuple(t.to_json() for t in tools),
+        tools=tuple(echoed_tools),
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,
@@ -240,6 +262,8 @@ def parse_create_request(
         reasoning_summary=summary,  # type: ignore[arg-type]
         text_format=text_format.to_json(),
         verbosity=verbosity,  # type: ignore[arg-type]
+        presence_penalty=float(body.presence_penalty or 0),
+        frequency_penalty=float(body.frequency_penalty or 0),
     )
     return CreateRequest(
         config=config,
@@ -253,6 +277,7 @@ def parse_create_request(
         text_format=text_format,
         owner=owner,
         compact_threshold=compact_threshold,
+        seal=sealer.seal if sealer is not None and SEALED_INCLUDE in (body.include or ()) else None,
     )
 
 

@@ -43,10 +43,11 @@ from ..protocol.ids import new_id
 from ..protocol.items import InputMessage
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest, parse_input
-from .common import decode_json_body, error_response, runtime, tenant
+from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
 from .pipeline import open_response
 from .schemas import parse_create_request
+from .server_defaults import default_temperature
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class _Connection:
     def __init__(self, owner: str) -> None:
         self._owner = owner
         self._runtime = runtime()
+        self._sealer = sealer()
+        self._temperature = default_temperature()
         self._send, self._outbox = trio.open_memory_channel[str](OUTBOX_SIZE)
         self._lanes: dict[str | None, trio.MemorySendChannel[_Order]] = {}
         self._running: dict[str, _Running] = {}
@@ -224,6 +227,8 @@ class _Connection:
             {**order.body, "stream": True},
             drop_unsupported_tools=rt.settings.drop_unsupported_tools,
             owner=self._owner,
+            sealer=self._sealer,
+            default_temperature=self._temperature,
         )
         previous = create.config.previous_response_id
         if previous is None:

@@ -8,6 +8,8 @@ Invariants:
   assistant turn it precedes. So a previous ``output`` replayed as input renders as the turn
   was generated.
 - A function call output is a ``tool`` message with its ``tool_call_id``.
+- A call to a function of a namespace tool renders under its qualified name, as the tool was
+  offered (``protocol.tools.qualified_name``).
 - A ``compaction`` item stands in for every earlier item but system/developer messages: its
   summary joins the system message at its place, then its retained items render as turns
   (``protocol.compaction.replay_view``).
@@ -21,6 +23,7 @@ from typing import Any
 
 from ..protocol.compaction import replay_view
 from ..protocol.items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
+from ..protocol.tools import qualified_name
 
 ChatMessage = dict[str, Any]
 
@@ -53,7 +56,9 @@ def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMe
             case Reasoning(text=text):
                 pending_reasoning = text or None
                 open_assistant = False
-            case FunctionCall(call_id=call_id, name=name, arguments=arguments):
+            case FunctionCall(
+                call_id=call_id, name=name, arguments=arguments, namespace=namespace, custom=custom
+            ):
                 if not open_assistant:
                     chat.append({"role": "assistant", "content": ""})
                     open_assistant = True
@@ -65,7 +70,11 @@ def to_chat(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMe
                     {
                         "id": call_id,
                         "type": "function",
-                        "function": {"name": name, "arguments": json.loads(arguments)},
+                        "function": {
+                            "name": qualified_name(namespace, name),
+                            # A custom tool is offered as one string parameter, `input`.
+                            "arguments": {"input": arguments} if custom else json.loads(arguments),
+                        },
                     }
                 )
             case FunctionCallOutput(call_id=call_id, output=output):

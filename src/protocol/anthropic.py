@@ -21,8 +21,8 @@ Invariants:
 - What the server cannot honour and would change the answer is a 400, never silently
   dropped: image and non-text document sources (the model is text-only), server tools,
   containers, deferred tools, a final assistant turn (prefill: the chat template always opens
-  a new assistant turn), and ``top_k`` with a temperature other than 0 (under greedy decoding
-  ``top_k`` changes nothing). Hints with no effect on one local model (``cache_control``,
+  a new assistant turn). ``top_k`` is honoured (a logits processor keeps the k most likely
+  tokens). Hints with no effect on one local model (``cache_control``,
   ``output_config.effort``, ``speed``, ``service_tier``, ...) are type-checked and ignored.
 
 Longer than most modules on purpose: it is Anthropic's whole request grammar, kept in one place
@@ -42,7 +42,7 @@ from .items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Re
 from .objects import ResponseConfig
 from .request import CreateRequest
 from .text_format import TEXT, TextFormat
-from .tools import FunctionTool, ToolChoice
+from .tools import FunctionTool, ToolChoice, schema_problem
 
 __all__ = [
     "COUNT_TOKENS_KEYS",
@@ -427,6 +427,12 @@ def _tool(raw: object, path: str) -> FunctionTool:
     schema = _obj(_required(tool, "input_schema", path), f"{path}.input_schema")
     if schema.get("type") != "object":
         raise _bad(f"{path}.input_schema.type", "the input schema must have type 'object'.")
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise _bad(
+            f"{path}.input_schema",
+            f"the input schema of tool {name!r} is not a valid JSON Schema: {problem}.",
+        )
     strict = _typed(tool.get("strict", False), f"{path}.strict", bool, "a boolean")
     if tool.get("defer_loading"):
         raise _bad(
@@ -598,16 +604,11 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         temperature = _number(body["temperature"], "temperature", 0.0, 1.0)
     if body.get("top_p") is not None:
         top_p = _number(body["top_p"], "top_p", 0.0, 1.0)
+    top_k = 0
     if body.get("top_k") is not None:
         top_k = _typed(body["top_k"], "top_k", int, "an integer")
         if top_k < 0:
             raise _bad("top_k", f"must be at least 0, but got {top_k}.")
-        if temperature != 0:
-            raise _bad(
-                "top_k",
-                "top_k is not supported by this server's sampler; it is accepted only with "
-                "temperature 0 (greedy decoding), where it changes nothing.",
-            )
     thinking = _thinking(body.get("thinking"))
     if thinking.budget is not None and not counting and thinking.budget >= max_tokens:
         raise _bad(
@@ -638,6 +639,7 @@ def _decode(raw: object, allowed: frozenset[str], *, owner: str) -> MessagesRequ
         text_format=_text_format(body.get("output_config")),
         owner=owner,
         stop_sequences=stop_sequences,
+        top_k=top_k,
     )
     return MessagesRequest(create, max_tokens, stop_sequences, thinking.omit)
 

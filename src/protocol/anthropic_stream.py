@@ -92,14 +92,34 @@ def usage_from_response(response: Mapping[str, Any]) -> Usage | None:
     )
 
 
-def usage_json(usage: Usage) -> JsonObject:
+# Fields of the pinned SDK's ``Usage`` with no local meaning: no billed cache writes, no server
+# tools, one service tier, no inference region (issue 13; docs/messages.md).
+_NO_SERVER_TOOLS: Final = {"web_fetch_requests": 0, "web_search_requests": 0}
+
+
+def _message_usage_extras() -> JsonObject:
     return {
+        "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
+        "inference_geo": None,
+        "server_tool_use": dict(_NO_SERVER_TOOLS),
+        "service_tier": "standard",
+    }
+
+
+def usage_json(usage: Usage, *, delta: bool = False) -> JsonObject:
+    """A message's ``usage`` (the SDK's ``Usage``), or with ``delta`` a ``message_delta``'s
+    (``MessageDeltaUsage``, which has no cache breakdown, region or tier)."""
+    body: JsonObject = {
         "input_tokens": usage.input_tokens - usage.cached_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.output_tokens,
         "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens},
     }
+    if delta:
+        body["server_tool_use"] = dict(_NO_SERVER_TOOLS)
+        return body
+    return {**body, **_message_usage_extras()}
 
 
 @dataclass(slots=True)
@@ -117,13 +137,14 @@ class _Block:
         joined = "".join(self.text)
         match self.kind:
             case "text":
-                return {"type": "text", "text": joined}
+                return {"type": "text", "text": joined, "citations": None}
             case "thinking":
                 shown = "" if omit_thinking else joined
                 return {"type": "thinking", "thinking": shown, "signature": _signature(joined)}
             case "tool_use":
                 return {
                     "type": "tool_use",
+                    "caller": {"type": "direct"},
                     "id": self.call_id,
                     "name": self.name,
                     "input": _tool_input(self.arguments if self.arguments is not None else joined),
@@ -135,11 +156,15 @@ def _signature(thinking: str) -> str:
     return hashlib.sha256(thinking.encode()).hexdigest()
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _tool_input(arguments: str) -> JsonObject:
     try:
-        value = json.loads(arguments)
+        value = json.loads(arguments, parse_constant=_no_constant)
     except ValueError:
-        return {}  # arguments cut off by max_tokens
+        return {}  # arguments cut off by max_tokens, or not JSON (NaN / Infinity)
     return value if isinstance(value, dict) else {}
 
 
@@ -185,6 +210,8 @@ class MessageEncoder:
             "content": [block.json(self._omit_thinking) for block in self._blocks],
             "stop_reason": self._stop_reason,
             "stop_sequence": self._stop_sequence,
+            "stop_details": None,  # a refusal's details; this server never refuses
+            "container": None,
             "usage": usage_json(usage) if usage is not None else self._start_usage(),
         }
 
@@ -194,6 +221,8 @@ class MessageEncoder:
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
             "output_tokens": 0,
+            "output_tokens_details": {"thinking_tokens": 0},
+            **_message_usage_extras(),
         }
 
     # -- inputs --
@@ -339,8 +368,13 @@ class MessageEncoder:
         self._stop_reason = reason
         self._usage = usage
         self.finished = True
-        delta = {"stop_reason": reason, "stop_sequence": self._stop_sequence}
+        delta = {
+            "stop_reason": reason,
+            "stop_sequence": self._stop_sequence,
+            "stop_details": None,
+            "container": None,
+        }
         return [
-            {"type": "message_delta", "delta": delta, "usage": usage_json(usage)},
+            {"type": "message_delta", "delta": delta, "usage": usage_json(usage, delta=True)},
             {"type": "message_stop"},
         ]

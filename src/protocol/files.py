@@ -30,6 +30,7 @@ from __future__ import annotations
 import codecs
 import io
 import mimetypes
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
@@ -378,7 +379,15 @@ def _pdf_text(data: bytes, name: str, param: str | None) -> str:
     from pypdf import PdfReader
 
     try:
-        reader = PdfReader(io.BytesIO(data))
+        try:
+            reader = PdfReader(io.BytesIO(data))
+        except Exception as exc:
+            # No (findable) cross-reference table: let pypdf rebuild it from the objects.
+            broken = "startxref" in str(exc) or b"startxref" not in data[-2048:]
+            repaired = _repair_pdf(data) if broken else None
+            if repaired is None:
+                raise
+            reader = PdfReader(io.BytesIO(repaired))
         if reader.is_encrypted and not _decrypts_without_password(reader):
             raise invalid_request(
                 f"The PDF {name} is encrypted; upload it without a password.",
@@ -403,6 +412,25 @@ def _pdf_text(data: bytes, name: str, param: str | None) -> str:
             "unsupported_file_type",
         )
     return text
+
+
+_PDF_OBJECT = re.compile(rb"(?m)^\s*(\d+)\s+(\d+)\s+obj\b")
+_PDF_CATALOG = re.compile(rb"(\d+)\s+(\d+)\s+obj\s*<<(?:(?!endobj).)*?/Type\s*/Catalog", re.S)
+
+
+def _repair_pdf(data: bytes) -> bytes | None:
+    """A PDF without a cross-reference table (or its ``startxref``) made readable: pypdf
+    rebuilds the table from the objects when ``startxref`` points nowhere useful, and needs a
+    trailer naming the catalog. None when there is no catalog object to name."""
+    tail = b""
+    if b"trailer" not in data:
+        catalog = _PDF_CATALOG.search(data)
+        if catalog is None:
+            return None
+        size = 1 + max(int(m.group(1)) for m in _PDF_OBJECT.finditer(data))
+        root = b"%s %s R" % (catalog.group(1), catalog.group(2))
+        tail += b"\ntrailer\n<< /Size %d /Root %s >>" % (size, root)
+    return data + tail + b"\nstartxref\n0\n%%EOF\n"
 
 
 def _decrypts_without_password(reader: PdfReader) -> bool:

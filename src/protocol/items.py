@@ -40,18 +40,24 @@ class InputMessage:
 class FunctionCall:
     call_id: str
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
+    namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
+    custom: bool = False  # a ``custom_tool_call`` (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallOutput:
     call_id: str
     output: str
+    custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
 class Reasoning:
     text: str  # the reasoning text (content, else summary); "" when only encrypted
+    # The item's ``encrypted_content`` as sent (issue 13): opened at the HTTP edge, where the
+    # server secret is (``protocol.sealed``), never trusted unopened.
+    encrypted: str | None = None
 
 
 TurnItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
@@ -115,10 +121,35 @@ def parse_item(item: object, path: str) -> InputItem:
         case "function_call":
             arguments = _require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.namespace': expected a string, but got "
+                    f"{json_type(namespace)}.",
+                    f"{path}.namespace",
+                )
             return FunctionCall(
-                _require_str(item, "call_id", path), _require_str(item, "name", path), arguments
+                _require_str(item, "call_id", path),
+                _require_str(item, "name", path),
+                arguments,
+                namespace or None,
             )
-        case "function_call_output":
+        case "custom_tool_call":
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.namespace': expected a string, but got "
+                    f"{json_type(namespace)}.",
+                    f"{path}.namespace",
+                )
+            return FunctionCall(
+                _require_str(item, "call_id", path),
+                _require_str(item, "name", path),
+                _require_str(item, "input", path),
+                namespace or None,
+                custom=True,
+            )
+        case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
                 output = _text_of_parts(output, "function_call_output", f"{path}.output")
@@ -128,16 +159,26 @@ def parse_item(item: object, path: str) -> InputItem:
                     f"content parts, but got {json_type(output)}.",
                     f"{path}.output",
                 )
-            return FunctionCallOutput(_require_str(item, "call_id", path), output)
+            return FunctionCallOutput(
+                _require_str(item, "call_id", path), output, kind == "custom_tool_call_output"
+            )
         case "reasoning":
-            return Reasoning(_reasoning_text(item, path))
+            encrypted = item.get("encrypted_content")
+            if encrypted is not None and not isinstance(encrypted, str):
+                raise invalid_request(
+                    f"Invalid type for '{path}.encrypted_content': expected a string, but got "
+                    f"{json_type(encrypted)}.",
+                    f"{path}.encrypted_content",
+                )
+            return Reasoning(_reasoning_text(item, path), encrypted or None)
         case "compaction":
             return _parse_compaction(item, path)
         case None:
             raise invalid_request(f"Missing required parameter: '{path}.type'.", f"{path}.type")
     raise invalid_request(
         f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
-        "'function_call', 'function_call_output', 'reasoning', 'compaction'.",
+        "'function_call', 'function_call_output', 'custom_tool_call', "
+        "'custom_tool_call_output', 'reasoning', 'compaction'.",
         f"{path}.type",
     )
 
@@ -264,14 +305,35 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "status": "completed",
                 "content": [part],
             }
-        case FunctionCall(call_id, name, arguments):
-            return {
+        case FunctionCall(call_id, name, arguments, namespace, custom=True):
+            call: JsonObject = {
+                "id": item_id or new_id("ctc"),
+                "type": "custom_tool_call",
+                "call_id": call_id,
+                "name": name,
+                "input": arguments,
+            }
+            if namespace is not None:
+                call["namespace"] = namespace
+            return call
+        case FunctionCall(call_id, name, arguments, namespace):
+            call = {
                 "id": item_id or new_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,
                 "name": name,
                 "arguments": arguments,
                 "status": "completed",
+            }
+            if namespace is not None:
+                call["namespace"] = namespace
+            return call
+        case FunctionCallOutput(call_id, output, custom=True):
+            return {
+                "id": item_id or new_id("ctco"),
+                "type": "custom_tool_call_output",
+                "call_id": call_id,
+                "output": output,
             }
         case FunctionCallOutput(call_id, output):
             return {
@@ -281,13 +343,16 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "output": output,
                 "status": "completed",
             }
-        case Reasoning(text):
-            return {
+        case Reasoning(text, encrypted):
+            reasoning: JsonObject = {
                 "id": item_id or new_id("rs"),
                 "type": "reasoning",
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": text}] if text else None,
             }
+            if encrypted is not None:
+                reasoning["encrypted_content"] = encrypted
+            return reasoning
         case Compaction():
             return {
                 "id": item_id or new_id("cmp"),

@@ -87,6 +87,7 @@ from .objects import (
     ResponseErrorCode,
     ResponseStatus,
     Usage,
+    custom_tool_call_item,
     event_logprob,
     function_call_item,
     is_part_logprob,
@@ -174,6 +175,8 @@ class ToolCallBegin:
 
     name: str
     call_id: str | None = None
+    namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
+    custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,17 +350,22 @@ def _is_compacted(step: Compacted) -> bool:
     )
 
 
+_ItemType = Literal["message", "reasoning", "function_call", "custom_tool_call"]
+_CALLS: Final = ("function_call", "custom_tool_call")
+
+
 @dataclass(slots=True)
 class _OpenItem:
     """The one output item being streamed; ``chunks`` are its text or arguments so far."""
 
-    type: Literal["message", "reasoning", "function_call"]
+    type: _ItemType
     id: str
     index: int
     chunks: list[str] = field(default_factory=list)
     logprobs: list[JsonObject] = field(default_factory=list)  # part-shaped (messages only)
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
 
     @property
     def text(self) -> str:
@@ -370,16 +378,29 @@ class _OpenItem:
 
     def item(self, status: ItemStatus) -> JsonObject:
         """A fresh JSON copy of the item as it stands, with ``status``."""
+        if self.type == "custom_tool_call":
+            return custom_tool_call_item(
+                self.id,
+                call_id=self.call_id,
+                name=self.name,
+                text=self.text,
+                namespace=self.namespace,
+            )
         if self.type == "function_call":
             return function_call_item(
-                self.id, call_id=self.call_id, name=self.name, arguments=self.text, status=status
+                self.id,
+                call_id=self.call_id,
+                name=self.name,
+                arguments=self.text,
+                status=status,
+                namespace=self.namespace,
             )
         builder = message_item if self.type == "message" else reasoning_item
         return builder(self.id, status, [self.part()])
 
     def where(self) -> JsonObject:
         where: JsonObject = {"item_id": self.id, "output_index": self.index}
-        if self.type != "function_call":
+        if self.type not in _CALLS:
             where["content_index"] = 0
         return where
 
@@ -388,12 +409,19 @@ _DELTA_EVENT: Final = {
     "message": "response.output_text.delta",
     "reasoning": "response.reasoning_text.delta",
     "function_call": "response.function_call_arguments.delta",
+    "custom_tool_call": "response.custom_tool_call_input.delta",
 }
-_ID_PREFIX: Final = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
+_ID_PREFIX: Final = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "custom_tool_call": "ctc",
+}
 _ITEM_STATE: Final = {
     "message": _S.IN_MESSAGE,
     "reasoning": _S.IN_REASONING,
     "function_call": _S.IN_TOOL_CALL,
+    "custom_tool_call": _S.IN_TOOL_CALL,
 }
 
 
@@ -414,8 +442,10 @@ class ResponseMachine:
         created_at: int,
         *,
         id_factory: Callable[[str], str] = new_id,
+        seal: Callable[[str], str] | None = None,
     ) -> None:
         self._response_id = response_id
+        self._seal = seal  # include "reasoning.encrypted_content": done reasoning items carry it
         self._config = config
         self._created_at = created_at
         self._id_factory = id_factory
@@ -469,7 +499,7 @@ class ResponseMachine:
         """Whether the output holds a ``function_call`` item, closed or still open (a call
         abandoned by ``Fail`` is not in the output and does not count)."""
         return self._state is State.IN_TOOL_CALL or any(
-            item["type"] == "function_call" for item in self._done_items
+            item["type"] in _CALLS for item in self._done_items
         )
 
     @property
@@ -504,9 +534,10 @@ class ResponseMachine:
             case ReasoningDelta(text=text) if text:
                 events += self._switch_to("reasoning")
                 events += self._delta(text)
-            case ToolCallBegin(name=name, call_id=call_id):
+            case ToolCallBegin(name=name, call_id=call_id, namespace=namespace, custom=custom):
                 events += self._close("completed")
-                events += self._open_item("function_call", name, call_id)
+                item_type: _ItemType = "custom_tool_call" if custom else "function_call"
+                events += self._open_item(item_type, name, call_id, namespace)
             case ToolCallArgs(delta=delta) if delta:
                 events += self._delta(delta)
             case ToolCallEnd(arguments=arguments):
@@ -590,19 +621,22 @@ class ResponseMachine:
 
     def _open_item(
         self,
-        type_: Literal["message", "reasoning", "function_call"],
+        type_: _ItemType,
         name: str = "",
         call_id: str | None = None,
+        namespace: str | None = None,
     ) -> list[JsonObject]:
         assert self._open is None
         item_id = self._id_factory(_ID_PREFIX[type_])
-        if type_ == "function_call" and call_id is None:
+        if type_ in _CALLS and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
-        opened = _OpenItem(type_, item_id, index, call_id=call_id or "", name=name)
+        opened = _OpenItem(
+            type_, item_id, index, call_id=call_id or "", name=name, namespace=namespace
+        )
         self._open = opened
         added = opened.item("in_progress")
-        if type_ == "function_call":
+        if type_ in _CALLS:
             return [
                 self._event("response.output_item.added", output_index=opened.index, item=added)
             ]
@@ -649,16 +683,19 @@ class ResponseMachine:
                         "response.function_call_arguments.done", **where, arguments=opened.text
                     )
                 )
-        if opened.type != "function_call":
+            case "custom_tool_call":
+                events.append(
+                    self._event("response.custom_tool_call_input.done", **where, input=opened.text)
+                )
+        if opened.type not in _CALLS:
             events.append(self._event("response.content_part.done", **where, part=opened.part()))
+        done = opened.item(item_status)
+        if opened.type == "reasoning" and self._seal is not None:
+            done["encrypted_content"] = self._seal(opened.text)
         events.append(
-            self._event(
-                "response.output_item.done",
-                output_index=opened.index,
-                item=opened.item(item_status),
-            )
+            self._event("response.output_item.done", output_index=opened.index, item=done)
         )
-        self._done_items.append(opened.item(item_status))
+        self._done_items.append(copy.deepcopy(done))
         self._open = None
         return events
 

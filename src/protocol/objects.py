@@ -7,8 +7,9 @@ Invariants:
 - Timestamps are integer Unix seconds (the SDK types them ``float``; OpenAI sends integers).
 - A foreground object has no ``background`` key at all; a background one carries
   ``"background": true`` (spec 000, Background Mode).
-- ``store`` is a request setting we keep in :class:`ResponseConfig` but never echo: the SDK's
-  ``Response`` model has no such field, so echoing it would be an undeclared key.
+- ``store``, ``presence_penalty`` and ``frequency_penalty`` are echoed on every Response object
+  (decision 21, Open Responses requires them) though the pinned SDK's ``Response`` model does not
+  declare them; they are the documented extension keys (docs/api.md).
 - :class:`ResponseConfig` is deeply immutable: nested JSON (tools, text format, metadata) is
   frozen into read-only mappings and tuples at construction and thawed into fresh JSON on output.
 - Logprobs come in two SDK shapes: a content part's entry (``ResponseOutputText.Logprob``:
@@ -173,6 +174,8 @@ class ResponseConfig:
     service_tier: str = "default"
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         # Frozen dataclass: the documented way to normalise fields is object.__setattr__.
@@ -210,10 +213,17 @@ def reasoning_item(item_id: str, status: ItemStatus, content: Sequence[JsonObjec
 
 
 def function_call_item(
-    item_id: str, *, call_id: str, name: str, arguments: str, status: ItemStatus
+    item_id: str,
+    *,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: ItemStatus,
+    namespace: str | None = None,
 ) -> JsonObject:
-    """A ``function_call`` output item; ``arguments`` is JSON text (possibly partial)."""
-    return {
+    """A ``function_call`` output item; ``arguments`` is JSON text (possibly partial);
+    ``namespace`` only for a function of a namespace tool."""
+    item: JsonObject = {
         "id": item_id,
         "type": "function_call",
         "call_id": call_id,
@@ -221,6 +231,25 @@ def function_call_item(
         "arguments": arguments,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def custom_tool_call_item(
+    item_id: str, *, call_id: str, name: str, text: str, namespace: str | None = None
+) -> JsonObject:
+    """A ``custom_tool_call`` output item (the SDK's type has no ``status``)."""
+    item: JsonObject = {
+        "id": item_id,
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 _PART_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes", "top_logprobs"})
@@ -312,11 +341,14 @@ def response_object(
             "model": config.model,
             "output": list(output),
             "parallel_tool_calls": config.parallel_tool_calls,
+            "presence_penalty": config.presence_penalty,
+            "frequency_penalty": config.frequency_penalty,
             "previous_response_id": config.previous_response_id,
             "prompt_cache_key": config.prompt_cache_key,
             "reasoning": {"effort": config.reasoning_effort, "summary": config.reasoning_summary},
             "safety_identifier": config.safety_identifier,
             "service_tier": config.service_tier,
+            "store": config.store,
             "temperature": 1.0 if config.temperature is None else config.temperature,
             "text": {"format": _thaw(config.text_format), "verbosity": config.verbosity},
             "tool_choice": _thaw(config.tool_choice),

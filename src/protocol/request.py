@@ -9,7 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,10 @@ class CreateRequest:
     # False: a warm-up (the WebSocket mode's ``generate: false``): validate and render, answer
     # a chainable response with no output, generate nothing.
     generate: bool = True
+    # Anthropic's top_k (issue 13): keep the k most likely tokens; 0: off.
+    top_k: int = 0
+    # include "reasoning.encrypted_content" (decision 23): seals a reasoning item's text.
+    seal: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

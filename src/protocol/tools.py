@@ -8,6 +8,10 @@ Invariants:
   (``{"type": "function", "name": ...}``) or the nested (``{"type": "function", "function":
   {"name": ...}}``) form; a named function must be one of ``tools``.
 - Tool names are unique; ``parameters`` is a JSON-schema object.
+- A function inside a ``namespace`` tool keeps its namespace: the model sees it under its
+  qualified name (``qualified_name``: ``mcp__weather`` + ``get_weather`` ->
+  ``mcp__weather__get_weather``), the ``function_call`` item carries ``name`` and ``namespace``
+  apart, and the Response echoes the namespace tool as it was sent (``echo_tools``).
 """
 
 from __future__ import annotations
@@ -26,15 +30,36 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
+def qualified_name(namespace: str | None, name: str) -> str:
+    """The name the model sees for function ``name`` of ``namespace`` (itself when None)."""
+    if not namespace:
+        return name
+    return f"{namespace}{'' if namespace.endswith('_') else '__'}{name}"
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionTool:
-    name: str
+    name: str  # the name the model sees and calls: qualified when in a namespace
     description: str | None
     parameters: Mapping[str, Any]
     strict: bool
+    namespace: str | None = None
+    namespace_description: str = ""
+    local_name: str = ""  # the name inside its namespace ("" when not in one)
+    # A ``custom`` tool (freeform input): its ``format`` as sent; None for a function tool.
+    custom_format: Mapping[str, Any] | None = None
+
+    @property
+    def is_custom(self) -> bool:
+        return self.custom_format is not None
+
+    @property
+    def call_name(self) -> str:
+        """The ``name`` of a ``function_call`` item calling this tool."""
+        return self.local_name or self.name
 
     def to_json(self) -> dict[str, Any]:
-        """As a Response object echoes it (the SDK's ``FunctionTool``)."""
+        """The SDK's ``FunctionTool`` shape, under the name the model sees."""
         return {
             "type": "function",
             "name": self.name,
@@ -42,6 +67,16 @@ class FunctionTool:
             "parameters": dict(self.parameters),
             "strict": self.strict,
         }
+
+    def echo_json(self) -> dict[str, Any]:
+        """As a Response object echoes it (inside its namespace tool when it has one)."""
+        if self.custom_format is not None:
+            echoed: dict[str, Any] = {"type": "custom", "name": self.call_name}
+            if self.description is not None:
+                echoed["description"] = self.description
+            echoed["format"] = dict(self.custom_format)
+            return echoed
+        return {**self.to_json(), "name": self.call_name}
 
     def for_template(self) -> dict[str, Any]:
         """As chat templates expect it (the Chat Completions tool shape)."""
@@ -55,11 +90,47 @@ class FunctionTool:
 class ToolChoice:
     mode: Literal["auto", "none", "required"]
     name: str | None = None  # a named function: mode "required" restricted to it
+    custom: bool = False  # ``name`` is a custom tool ({"type": "custom", "name": ...})
+    # ``allowed_tools``: the names the model may call (the others are not offered); None: all.
+    allowed: tuple[str, ...] | None = None
+    echo: Mapping[str, Any] | None = None  # the allowed_tools choice as sent
 
     def to_json(self) -> str | dict[str, Any]:
+        if self.echo is not None:
+            echoed: dict[str, Any] = _thaw_json(self.echo)
+            return echoed
         if self.name is not None:
-            return {"type": "function", "name": self.name}
+            return {"type": "custom" if self.custom else "function", "name": self.name}
         return self.mode
+
+
+def _thaw_json(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw_json(v) for v in value]
+    return value
+
+
+def offered_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[FunctionTool, ...]:
+    """The tools the model is shown: all of them, or the ``allowed_tools`` subset."""
+    if choice.allowed is None:
+        return tools
+    return tuple(tool for tool in tools if tool.name in choice.allowed)
+
+
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why ``schema`` is not a valid JSON Schema (its ``$schema`` dialect, else 2020-12), or
+    None when it is."""
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in exc.path)
+        return f"{exc.message}" + (f" (at {where.lstrip('.')})" if where else "")
+    return None
 
 
 def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
@@ -88,6 +159,13 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
             f"{json_type(parameters)}.",
             f"{path}.parameters",
         )
+    problem = schema_problem(parameters)
+    if problem is not None:
+        raise invalid_request(
+            f"Invalid schema for function '{name}': '{path}.parameters' is not a valid JSON "
+            f"Schema: {problem}.",
+            f"{path}.parameters",
+        )
     strict = spec.get("strict", True)
     if not isinstance(strict, bool):
         raise invalid_request(
@@ -95,6 +173,170 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
             f"{path}.strict",
         )
     return FunctionTool(name, description, parameters, strict)
+
+
+def echo_tools(tools: tuple[FunctionTool, ...]) -> list[dict[str, Any]]:
+    """The ``tools`` a Response echoes: namespaced functions regrouped into their namespace."""
+    echoed: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        if tool.namespace is None:
+            echoed.append(tool.echo_json())
+            continue
+        group = groups.get(tool.namespace)
+        if group is None:
+            group = {
+                "type": "namespace",
+                "name": tool.namespace,
+                "description": tool.namespace_description,
+                "tools": [],
+            }
+            groups[tool.namespace] = group
+            echoed.append(group)
+        group["tools"].append(tool.echo_json())
+    return echoed
+
+
+@dataclass(frozen=True, slots=True)
+class CallTarget:
+    """What a call the model makes under a tool's offered name becomes as an output item."""
+
+    name: str  # the item's ``name``
+    namespace: str | None
+    custom: bool  # a ``custom_tool_call`` whose ``input`` is the call's ``input`` argument
+
+
+def call_targets(tools: tuple[FunctionTool, ...]) -> dict[str, CallTarget]:
+    """Offered name -> call target, for every namespaced or custom tool."""
+    return {
+        t.name: CallTarget(t.call_name, t.namespace, t.is_custom)
+        for t in tools
+        if t.namespace is not None or t.is_custom
+    }
+
+
+def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
+    namespace = tool.get("name")
+    if not isinstance(namespace, str) or not _NAME.match(namespace):
+        raise invalid_request(
+            f"Invalid value for '{path}.name': expected a namespace name of 1-128 letters, "
+            f"digits, '_', '-', '.' or ':', but got {namespace!r}.",
+            f"{path}.name",
+        )
+    description = tool.get("description", "")
+    if not isinstance(description, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.description': expected a string, but got "
+            f"{json_type(description)}.",
+            f"{path}.description",
+        )
+    inner: list[FunctionTool] = []
+    for j, entry in enumerate(tool["tools"]):
+        function = _function_tool(entry, f"{path}.tools[{j}]")
+        qualified = qualified_name(namespace, function.name)
+        if not _NAME.match(qualified):
+            raise invalid_request(
+                f"Invalid value for '{path}.tools[{j}].name': the qualified name {qualified!r} "
+                "is longer than 128 characters.",
+                f"{path}.tools[{j}].name",
+            )
+        inner.append(
+            FunctionTool(
+                qualified,
+                function.description,
+                function.parameters,
+                function.strict,
+                namespace=namespace,
+                namespace_description=description,
+                local_name=function.name,
+            )
+        )
+    return inner
+
+
+CUSTOM_INPUT = "input"
+_SYNTAXES = ("lark", "regex")
+
+
+def custom_parameters(fmt: Mapping[str, Any]) -> dict[str, Any]:
+    """A custom tool as the model is offered it: one string parameter, ``input``; a regex format
+    becomes its ``pattern`` (so a forced call is constrained to it)."""
+    described = "The tool's freeform input."
+    string: dict[str, Any] = {"type": "string"}
+    if fmt.get("type") == "grammar":
+        described += f" It must follow this {fmt['syntax']} grammar:\n{fmt['definition']}"
+        if fmt["syntax"] == "regex":  # JSON Schema patterns are unanchored: anchor it
+            string["pattern"] = f"^(?:{fmt['definition']})$"
+    string["description"] = described
+    return {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: string},
+        "required": [CUSTOM_INPUT],
+        "additionalProperties": False,
+    }
+
+
+def _custom_format(raw: object, path: str) -> dict[str, Any]:
+    if raw is None:
+        return {"type": "text"}
+    if not isinstance(raw, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}': expected an object, but got {json_type(raw)}.", path
+        )
+    kind = raw.get("type")
+    if kind == "text":
+        extra = sorted(set(raw) - {"type"})
+    elif kind == "grammar":
+        extra = sorted(set(raw) - {"type", "syntax", "definition"})
+        syntax, definition = raw.get("syntax"), raw.get("definition")
+        if syntax not in _SYNTAXES:
+            raise invalid_request(
+                f"Invalid value for '{path}.syntax': {syntax!r}; expected 'lark' or 'regex'.",
+                f"{path}.syntax",
+            )
+        if not isinstance(definition, str) or not definition:
+            raise invalid_request(
+                f"Invalid value for '{path}.definition': expected a non-empty {syntax} grammar.",
+                f"{path}.definition",
+            )
+        if syntax == "regex":
+            try:
+                re.compile(definition)
+            except re.error as exc:
+                raise invalid_request(
+                    f"Invalid value for '{path}.definition': not a valid regex: {exc}.",
+                    f"{path}.definition",
+                ) from None
+    else:
+        raise invalid_request(
+            f"Invalid value for '{path}.type': {kind!r}; expected 'text' or 'grammar'.",
+            f"{path}.type",
+        )
+    if extra:
+        raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
+    return dict(raw)
+
+
+def _custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+    name = tool.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise invalid_request(
+            f"Invalid value for '{path}.name': expected a tool name of 1-128 letters, "
+            f"digits, '_', '-', '.' or ':', but got {name!r}.",
+            f"{path}.name",
+        )
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.description': expected a string, but got "
+            f"{json_type(description)}.",
+            f"{path}.description",
+        )
+    extra = sorted(set(tool) - {"type", "name", "description", "format", "defer_loading"})
+    if extra:
+        raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
+    fmt = _custom_format(tool.get("format"), f"{path}.format")
+    return FunctionTool(name, description, custom_parameters(fmt), True, custom_format=fmt)
 
 
 def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
@@ -114,10 +356,12 @@ def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[Functio
         kind = tool.get("type")
         if kind == "function":
             tools.append(_function_tool(tool, path))
+        elif kind == "custom":
+            tools.append(_custom_tool(tool, path))
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
             inner = tool["tools"]
             if all(isinstance(t, dict) and t.get("type") == "function" for t in inner):
-                tools.extend(_function_tool(t, f"{path}.tools[{j}]") for j, t in enumerate(inner))
+                tools.extend(_namespace_tools(tool, path))
             elif drop_unsupported:
                 log.warning("dropping namespace tool %s with non-function tools", path)
             else:
@@ -162,6 +406,17 @@ def parse_tool_choice(raw: object, tools: tuple[FunctionTool, ...]) -> ToolChoic
             'a function {"type": "function", "name": ...}.',
             "tool_choice",
         )
+    if isinstance(raw, dict) and raw.get("type") == "allowed_tools":
+        return _allowed_tools(raw, tools)
+    if isinstance(raw, dict) and raw.get("type") == "custom":
+        name = raw.get("name")
+        custom = {t.name for t in tools if t.is_custom}
+        if not isinstance(name, str) or name not in custom:
+            raise invalid_request(
+                f"Invalid value for 'tool_choice.name': {name!r} is not one of the custom tools.",
+                "tool_choice.name",
+            )
+        return ToolChoice("required", name, custom=True)
     if isinstance(raw, dict) and raw.get("type") == "function":
         nested = raw.get("function")
         name = nested.get("name") if isinstance(nested, dict) else raw.get("name")
@@ -170,13 +425,57 @@ def parse_tool_choice(raw: object, tools: tuple[FunctionTool, ...]) -> ToolChoic
                 "Missing required parameter: 'tool_choice.name'.", "tool_choice.name"
             )
         if name not in {t.name for t in tools}:
-            raise invalid_request(
-                f"Invalid value for 'tool_choice.name': {name!r} is not one of the tools.",
-                "tool_choice.name",
-            )
+            # A namespaced function may be named by its own name when that is unambiguous.
+            matches = [t.name for t in tools if t.namespace is not None and t.call_name == name]
+            if len(matches) != 1:
+                raise invalid_request(
+                    f"Invalid value for 'tool_choice.name': {name!r} is not one of the tools.",
+                    "tool_choice.name",
+                )
+            return ToolChoice("required", matches[0])
         return ToolChoice("required", name)
     raise invalid_request(
         f"Invalid value for 'tool_choice': expected a string or a function object, but got "
         f"{json_type(raw)}{' of type ' + repr(raw.get('type')) if isinstance(raw, dict) else ''}.",
         "tool_choice",
     )
+
+
+def _allowed_tools(raw: Mapping[str, Any], tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    """``{"type": "allowed_tools", "mode": "auto" | "required", "tools": [...]}``."""
+    extra = sorted(set(raw) - {"type", "mode", "tools"})
+    if extra:
+        raise invalid_request(
+            f"Unknown parameter: 'tool_choice.{extra[0]}'.", f"tool_choice.{extra[0]}"
+        )
+    mode = raw.get("mode")
+    if mode not in ("auto", "required"):
+        raise invalid_request(
+            f"Invalid value for 'tool_choice.mode': {mode!r}; expected 'auto' or 'required'.",
+            "tool_choice.mode",
+        )
+    listed = raw.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise invalid_request(
+            "Invalid value for 'tool_choice.tools': expected a non-empty array of tools.",
+            "tool_choice.tools",
+        )
+    by_name = {t.name: t for t in tools} | {t.call_name: t for t in tools if t.namespace}
+    allowed: list[str] = []
+    for i, entry in enumerate(listed):
+        path = f"tool_choice.tools[{i}]"
+        name = entry.get("name") if isinstance(entry, dict) else None
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        tool = by_name.get(name) if isinstance(name, str) else None
+        if (
+            tool is None
+            or kind not in ("function", "custom")
+            or (kind == "custom") != tool.is_custom
+        ):
+            raise invalid_request(
+                f"Invalid value for '{path}': {name!r} is not one of the {kind or 'function'} "
+                "tools.",
+                path,
+            )
+        allowed.append(tool.name)
+    return ToolChoice(mode, allowed=tuple(allowed), echo=raw)

@@ -1,0 +1,371 @@
+"""`make conformance`: real clients against a real server with the bundled model.
+
+What it runs (docs/clients.md, "Conformance"):
+1. `mlx-responses serve` on a free port (bundled model, `--unsupported-tools drop`,
+   `--default-temperature 0` (Codex sends no temperature), a 4096-token
+   window: Codex's smallest prompt is ~2,100 tokens of the bundled model's small vocabulary).
+2. llm-comply (PyPI, pinned in pyproject's test extras) in the `open-responses` and `anthropic`
+   formats. A failure passes only when it is one of the named, documented cases in
+   ``EXPECTED_FAILURES`` (model capability, or a documented difference from Open Responses).
+3. Codex CLI (npm, pinned in conformance/package-lock.json, installed by `npm ci`):
+   `codex exec --skip-git-repo-check --json` with its smallest prompt profile must complete a
+   turn (`turn.completed`) against the server.
+
+4. The OpenAI Agents SDK (pinned in the test extras) runs its tool loop: the model calls
+   `get_weather`, the SDK runs the tool and sends its output back, the model answers
+   ("It is sunny and 18 degrees in Paris.": the bundled model's documented tool prompts).
+5. Codex's MCP tool round trip: with one MCP server (conformance/weather_mcp.py), "What is the
+   weather in Paris?" must make the model call `mcp__weather__get_weather` (a `function_call`
+   with `namespace`), Codex run it and send its output back, and the model answer: a completed
+   `mcp_tool_call` item, an agent message, `turn.completed`. The bundled model is trained on
+   exactly these two Codex turns (scripts/codex_prompts.json); without that training (no
+   src/model/bundled/codex_prompts.json) the check is listed under `not_run`.
+
+Exit status 0 when every check passed; a summary per client is printed as JSON and written to
+conformance/results/summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+CODEX = ROOT / "conformance" / "node_modules" / ".bin" / "codex"
+RESULTS = ROOT / "conformance" / "results"
+MODEL = "mlx-responses-tiny"
+CONTEXT = 4096
+START_DEADLINE = 90
+RUN_DEADLINE = 300
+
+# llm-comply test id -> why it fails here (docs/clients.md lists the same cases).
+EXPECTED_FAILURES: dict[str, dict[str, str]] = {
+    "open-responses": {
+        "image-input": "model capability: the bundled model is text-only (input_image is a 400)",
+        "compact-response": "spec 000: a history too short to shorten is a 400, not a compaction",
+        "response-output-phase-schema": "model capability: 'Say one word.' is not one of the "
+        "bundled model's documented prompts; greedy, it never stops and the response ends "
+        "incomplete at the context window",
+    },
+    "anthropic": {
+        "anth-image-input": "model capability: the bundled model is text-only (image is a 400)",
+    },
+}
+# Spec 000 (decision 21): a foreground response has no `background` key; Open Responses requires
+# one. Errors naming it are this documented difference, and are ignored.
+IGNORED_ERRORS = {"open-responses": ["'background' is a required property"], "anthropic": []}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_ready(base: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_DEADLINE
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("the server did not become ready in time")
+
+
+def llm_comply(fmt: str, base: str) -> dict[str, Any]:
+    command = [str(VENV_BIN / "llm-comply"), "--format", fmt, "-u", f"{base}/v1", "-k", "local"]
+    command += ["-m", MODEL, "--json"]
+    if fmt == "anthropic":
+        command += [
+            "--auth-header",
+            "x-api-key",
+            "--no-bearer",
+            "-H",
+            "anthropic-version:2023-06-01",
+        ]
+    for pattern in IGNORED_ERRORS[fmt]:
+        command += ["-i", pattern]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_DEADLINE, check=False)
+    try:
+        report = json.loads(run.stdout)
+    except ValueError:
+        return {
+            "ok": False,
+            "error": f"llm-comply printed no JSON: {run.stdout[-500:]}{run.stderr[-500:]}",
+        }
+    expected = EXPECTED_FAILURES[fmt]
+    results = report["results"]
+    failed = [r for r in results if r["status"] == "failed"]
+    unexpected = [r for r in failed if r["id"] not in expected]
+    return {
+        "ok": not unexpected,
+        "passed": sum(r["status"] == "passed" for r in results),
+        "failed": len(failed),
+        "skipped": sum(r["status"] == "skipped" for r in results),
+        "total": len(results),
+        "documented_failures": {r["id"]: expected[r["id"]] for r in failed if r["id"] in expected},
+        "skipped_tests": {
+            r["id"]: (r.get("errors") or [""])[0][:200] for r in results if r["status"] == "skipped"
+        },
+        "unexpected_failures": {r["id"]: r.get("errors", []) for r in unexpected},
+    }
+
+
+CODEX_PROFILE = """\
+model = "{model}"
+model_provider = "mlx"
+model_instructions_file = "{instructions}"
+include_permissions_instructions = false
+include_environment_context = false
+include_apps_instructions = false
+web_search = "disabled"
+
+[features]
+goals = false
+view_image = false
+
+[skills]
+include_instructions = false
+
+[agents]
+enabled = false
+
+[model_providers.mlx]
+name = "mlx-responses"
+base_url = "{base}/v1"
+env_key = "MLX_RESPONSES_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+
+# One MCP server: Codex sends its tools as the namespace tool `mcp__weather`.
+CODEX_MCP = """
+[mcp_servers.weather]
+command = "{python}"
+args = ["{server}"]
+default_tools_approval_mode = "approve"
+"""
+MCP_SERVER = ROOT / "conformance" / "weather_mcp.py"
+# The bundled model's Codex turns (scripts/build_tiny_model.py); without them it never calls a
+# tool under Codex's prompt.
+CODEX_TRAINED = ROOT / "src" / "model" / "bundled" / "codex_prompts.json"
+
+
+def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
+    """``codex exec --json`` with the smallest profile; its JSON events."""
+    with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
+        instructions = Path(home) / "instructions.md"
+        instructions.write_text("You are a coding agent. Use the tools when asked.\n")
+        profile = CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base)
+        if mcp:
+            profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
+        (Path(home) / "small.config.toml").write_text(profile)
+        work = Path(home) / "work"
+        work.mkdir()
+        env = {**os.environ, "CODEX_HOME": home, "MLX_RESPONSES_KEY": "local"}
+        command = [str(CODEX), "exec", "-p", "small", "--skip-git-repo-check", "--json"]
+        run = subprocess.run(
+            [*command, prompt],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=RUN_DEADLINE,
+            check=False,
+        )
+    events = []
+    for line in run.stdout.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    if run.returncode and not events:
+        events.append({"type": "error", "message": run.stderr[-500:]})
+    return events
+
+
+def _items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        e["item"]
+        for e in events
+        if e.get("type") == "item.completed" and e["item"].get("type") == kind
+    ]
+
+
+def _errors(events: list[dict[str, Any]]) -> list[Any]:
+    return [
+        e.get("message") or e.get("error")
+        for e in events
+        if e.get("type") in ("error", "turn.failed")
+    ]
+
+
+def codex_turn(base: str) -> dict[str, Any]:
+    """One turn completes."""
+    if not CODEX.exists():
+        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+    events = codex_exec(base, "Reply with: hello", mcp=False)
+    kinds = [event.get("type") for event in events]
+    return {
+        "ok": "turn.completed" in kinds and not _errors(events),
+        "events": kinds,
+        "agent_messages": [item.get("text") for item in _items(events, "agent_message")],
+        "errors": _errors(events),
+    }
+
+
+def codex_tool_round_trip(base: str) -> dict[str, Any]:
+    """The model calls the MCP tool (a namespaced function_call), Codex runs it on its MCP
+    server and sends the output back, the model answers: one turn, two requests."""
+    if not CODEX.exists():
+        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+    events = codex_exec(base, "What is the weather in Paris?", mcp=True)
+    calls = _items(events, "mcp_tool_call")
+    messages = [item.get("text") for item in _items(events, "agent_message")]
+    kinds = [event.get("type") for event in events]
+    ok = (
+        "turn.completed" in kinds
+        and not _errors(events)
+        and any(call.get("status") == "completed" for call in calls)
+        and bool(messages)
+    )
+    return {
+        "ok": ok,
+        "events": kinds,
+        "mcp_tool_calls": [
+            {k: call.get(k) for k in ("server", "tool", "arguments", "status")} for call in calls
+        ],
+        "agent_messages": messages,
+        "errors": _errors(events),
+    }
+
+
+# The bundled model's documented tool prompts (docs/bundled-model.md): the same tool, the same
+# tool output, so the Agents SDK's loop renders exactly the documented `tool_call` and
+# `tool_result` prompts.
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "The name of the city."}},
+    "required": ["city"],
+}
+WEATHER_RESULT = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
+
+
+def agents_tool_loop(base: str) -> dict[str, Any]:
+    """The OpenAI Agents SDK runs its tool loop: the model calls get_weather, the SDK runs it,
+    sends the output back, and the model answers."""
+    import asyncio
+
+    from agents import Agent, FunctionTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[Any] = []
+
+    async def invoke(_ctx: Any, arguments: str) -> str:
+        calls.append(json.loads(arguments))
+        return WEATHER_RESULT
+
+    tool = FunctionTool(
+        name="get_weather",
+        description="Get the current weather in a city.",
+        params_json_schema=WEATHER_SCHEMA,
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )
+
+    async def run() -> str:
+        async with AsyncOpenAI(base_url=f"{base}/v1", api_key="local", max_retries=0) as client:
+            model = OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = Agent(name="weather", model=model, tools=[tool])
+            result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+            return str(result.final_output)
+
+    try:
+        answer = asyncio.run(asyncio.wait_for(run(), RUN_DEADLINE))
+    except Exception as exc:  # any SDK error is this check's failure, reported
+        return {"ok": False, "tool_calls": calls, "error": repr(exc)[:500]}
+    expected = "It is sunny and 18 degrees in Paris."
+    return {
+        "ok": calls == [{"city": "Paris"}] and answer == expected,
+        "tool_calls": calls,
+        "final_output": answer,
+    }
+
+
+def main() -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    data_dir = tempfile.mkdtemp(prefix="data-", dir=RESULTS)
+    env = {**os.environ, "MLX_RESPONSES_DATA_DIR": data_dir}
+    log = (RESULTS / "server.log").open("wb")
+    server = subprocess.Popen(
+        [
+            str(VENV_BIN / "mlx-responses"),
+            "serve",
+            "--port",
+            str(port),
+            "--ctx-size",
+            str(CONTEXT),
+            "--unsupported-tools",
+            "drop",
+            # Codex never sends a temperature: greedy answers make its turn reproducible.
+            "--default-temperature",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        wait_ready(base, server)
+        summary: dict[str, Any] = {
+            "llm-comply open-responses": llm_comply("open-responses", base),
+            "llm-comply anthropic": llm_comply("anthropic", base),
+            "codex exec (one turn)": codex_turn(base),
+            "openai-agents (tool loop)": agents_tool_loop(base),
+        }
+        if CODEX_TRAINED.exists():
+            summary["codex exec (MCP tool round trip)"] = codex_tool_round_trip(base)
+        else:
+            summary["not_run"] = {
+                "codex tool round trip": "the bundled model was not trained on Codex's prompt "
+                f"({CODEX_TRAINED} is missing)"
+            }
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    text = json.dumps(summary, indent=2)
+    (RESULTS / "summary.json").write_text(text + "\n")
+    print(text)
+    checks = [value for key, value in summary.items() if key != "not_run"]
+    passed = sum(bool(check["ok"]) for check in checks)
+    print(f"conformance: {passed} passed, {len(checks) - passed} failed")
+    return 0 if passed == len(checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
