@@ -199,7 +199,7 @@ def create_app(rt: Runtime) -> QuartTrio:
     mount(app, "/models/<path:model_id>", ["GET"])(get_model)
     mount(app, "/chat/completions", ["POST"])(chat_completions)
     register_response_routes(app)
-    register_conversation_routes(app, rt.conversations)
+    register_conversation_routes(app)
     register_messages_routes(app)
     register_file_routes(app, rt.files)
     register_openapi_route(app)  # last: it lists the routes above

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from quart import Response, request
@@ -31,7 +31,7 @@ from ..protocol.conversation_items import (
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
-from .common import View, decode_json_body, json_response, mount, tenant
+from .common import View, decode_json_body, json_response, mount, runtime, tenant
 from .schemas import INCLUDABLE
 
 if TYPE_CHECKING:
@@ -69,93 +69,113 @@ def item_not_found(conversation_id: str, item_id: str, param: str = "item_id") -
     )
 
 
-def register_conversation_routes(app: QuartTrio, store: ConversationStoreHandle) -> None:
-    """Mount the conversations routes on ``app``; ``store`` is their only state."""
+def _store() -> ConversationStoreHandle:
+    return runtime().conversations
 
-    def route(rule: str, methods: list[str]) -> Callable[[View], View]:
-        def register(view: View) -> View:
-            @functools.wraps(view)
-            async def guarded(**kwargs: str) -> Response:
-                if not store.enabled:
-                    raise invalid_request(DISABLED_MESSAGE, None)
-                return await view(**kwargs)
 
-            mount(app, rule, methods)(guarded)
-            return view
+def _guarded(view: View) -> View:
+    """A conversations view that answers 400 while the conversation store is disabled."""
 
-        return register
+    @functools.wraps(view)
+    async def guarded(**kwargs: str) -> Response:
+        if not _store().enabled:
+            raise invalid_request(DISABLED_MESSAGE, None)
+        return await view(**kwargs)
 
-    async def body(*, empty_is_object: bool = False) -> object:
-        raw = await request.get_data(cache=False, as_text=False)
-        if empty_is_object and not raw.strip():
-            return {}
-        return decode_json_body(raw)
+    return guarded
 
-    def query() -> dict[str, list[str]]:
-        return request.args.to_dict(flat=False)
 
-    async def existing(conversation_id: str) -> ConversationRecord:
-        record = await store.get(conversation_id, tenant())
-        if record is None:
-            raise conversation_not_found(conversation_id)
-        return record
+async def body(*, empty_is_object: bool = False) -> object:
+    raw = await request.get_data(cache=False, as_text=False)
+    if empty_is_object and not raw.strip():
+        return {}
+    return decode_json_body(raw)
 
-    @route("/conversations", ["POST"])
-    async def create_conversation() -> Response:
-        parsed = parse_create_body(await body(empty_is_object=True))
-        return json_response(
-            conversation_object(await store.create(parsed.metadata, parsed.items, tenant()))
-        )
 
-    @route("/conversations/<conversation_id>", ["GET"])
-    async def get_conversation(conversation_id: str) -> Response:
-        return json_response(conversation_object(await existing(conversation_id)))
+def query() -> dict[str, list[str]]:
+    return request.args.to_dict(flat=False)
 
-    @route("/conversations/<conversation_id>", ["POST"])
-    async def update_conversation(conversation_id: str) -> Response:
-        metadata = parse_update_body(await body())
-        record = await store.update(conversation_id, metadata, tenant())
-        if record is None:
-            raise conversation_not_found(conversation_id)
-        return json_response(conversation_object(record))
 
-    @route("/conversations/<conversation_id>", ["DELETE"])
-    async def delete_conversation(conversation_id: str) -> Response:
-        if not await store.delete(conversation_id, tenant()):
-            raise conversation_not_found(conversation_id)
-        return json_response(deleted_object(conversation_id))
+async def existing(conversation_id: str) -> ConversationRecord:
+    record = await _store().get(conversation_id, tenant())
+    if record is None:
+        raise conversation_not_found(conversation_id)
+    return record
 
-    @route("/conversations/<conversation_id>/items", ["GET"])
-    async def list_conversation_items(conversation_id: str) -> Response:
-        args = query()
-        wanted = parse_list_query(args)
-        check_include(args)
-        record = await existing(conversation_id)
-        found = page(record.items, wanted, lambda item: item.get("id"))
-        if found is None:
-            raise item_not_found(conversation_id, wanted.after or "", param="after")
-        return json_response(item_list(found[0], has_more=found[1]))
 
-    @route("/conversations/<conversation_id>/items", ["POST"])
-    async def create_conversation_items(conversation_id: str) -> Response:
-        check_include(query())
-        items = parse_items_body(await body())
-        if await store.append(conversation_id, items, tenant()) is None:
-            raise conversation_not_found(conversation_id)
-        return json_response(item_list(items, has_more=False))
+async def create_conversation() -> Response:
+    parsed = parse_create_body(await body(empty_is_object=True))
+    return json_response(
+        conversation_object(await _store().create(parsed.metadata, parsed.items, tenant()))
+    )
 
-    @route("/conversations/<conversation_id>/items/<item_id>", ["GET"])
-    async def get_conversation_item(conversation_id: str, item_id: str) -> Response:
-        check_include(query())
-        item = find_item(await existing(conversation_id), item_id)
-        if item is None:
-            raise item_not_found(conversation_id, item_id)
-        return json_response(item)
 
-    @route("/conversations/<conversation_id>/items/<item_id>", ["DELETE"])
-    async def delete_conversation_item(conversation_id: str, item_id: str) -> Response:
-        record = await store.delete_item(conversation_id, item_id, tenant())
-        if record is None:
-            await existing(conversation_id)  # 404 naming the conversation if it is unknown
-            raise item_not_found(conversation_id, item_id)
-        return json_response(conversation_object(record))
+async def get_conversation(conversation_id: str) -> Response:
+    return json_response(conversation_object(await existing(conversation_id)))
+
+
+async def update_conversation(conversation_id: str) -> Response:
+    metadata = parse_update_body(await body())
+    record = await _store().update(conversation_id, metadata, tenant())
+    if record is None:
+        raise conversation_not_found(conversation_id)
+    return json_response(conversation_object(record))
+
+
+async def delete_conversation(conversation_id: str) -> Response:
+    if not await _store().delete(conversation_id, tenant()):
+        raise conversation_not_found(conversation_id)
+    return json_response(deleted_object(conversation_id))
+
+
+async def list_conversation_items(conversation_id: str) -> Response:
+    args = query()
+    wanted = parse_list_query(args)
+    check_include(args)
+    record = await existing(conversation_id)
+    found = page(record.items, wanted, lambda item: item.get("id"))
+    if found is None:
+        raise item_not_found(conversation_id, wanted.after or "", param="after")
+    return json_response(item_list(found[0], has_more=found[1]))
+
+
+async def create_conversation_items(conversation_id: str) -> Response:
+    check_include(query())
+    items = parse_items_body(await body())
+    if await _store().append(conversation_id, items, tenant()) is None:
+        raise conversation_not_found(conversation_id)
+    return json_response(item_list(items, has_more=False))
+
+
+async def get_conversation_item(conversation_id: str, item_id: str) -> Response:
+    check_include(query())
+    item = find_item(await existing(conversation_id), item_id)
+    if item is None:
+        raise item_not_found(conversation_id, item_id)
+    return json_response(item)
+
+
+async def delete_conversation_item(conversation_id: str, item_id: str) -> Response:
+    record = await _store().delete_item(conversation_id, item_id, tenant())
+    if record is None:
+        await existing(conversation_id)  # 404 naming the conversation if it is unknown
+        raise item_not_found(conversation_id, item_id)
+    return json_response(conversation_object(record))
+
+
+def register_conversation_routes(app: QuartTrio) -> None:
+    """Mount the conversations routes on ``app``; the conversation store is their only state."""
+    mount(app, "/conversations", ["POST"])(_guarded(create_conversation))
+    mount(app, "/conversations/<conversation_id>", ["GET"])(_guarded(get_conversation))
+    mount(app, "/conversations/<conversation_id>", ["POST"])(_guarded(update_conversation))
+    mount(app, "/conversations/<conversation_id>", ["DELETE"])(_guarded(delete_conversation))
+    mount(app, "/conversations/<conversation_id>/items", ["GET"])(_guarded(list_conversation_items))
+    mount(app, "/conversations/<conversation_id>/items", ["POST"])(
+        _guarded(create_conversation_items)
+    )
+    mount(app, "/conversations/<conversation_id>/items/<item_id>", ["GET"])(
+        _guarded(get_conversation_item)
+    )
+    mount(app, "/conversations/<conversation_id>/items/<item_id>", ["DELETE"])(
+        _guarded(delete_conversation_item)
+    )
