@@ -68,7 +68,11 @@ async def serve(
             settings.store, settings.responses_store, settings.conversation_store, settings.files
         )
         store = await nursery.start(
-            partial(run_response_store, settings.responses_store, open_storage=backends.responses)
+            partial(
+                run_response_store,
+                settings.responses_store,
+                open_storage=settings.response_storage or backends.responses,
+            )
         )
         conversations = await nursery.start(
             partial(

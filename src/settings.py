@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .actors.model import ModelSettings
@@ -9,7 +10,7 @@ from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
 from .http.auth import OPEN, ApiKeys
 from .storage.choice import MEMORY, StoreChoice
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
-from .storage.interface import StoreLimits
+from .storage.interface import ResponseStorage, StoreLimits
 
 # Spec 000, Storage Flags.
 DEFAULT_RESPONSE_LIMITS = StoreLimits(max_entries=1024, max_bytes=268435456, ttl_seconds=3600)
@@ -33,6 +34,8 @@ class ServerSettings:
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
     # Issue 15: the command line defaults to SQLite in the data dir; code and tests to memory.
     store: StoreChoice = MEMORY
+    # The seam for fault injection into the response store: tests install a backend factory.
+    response_storage: Callable[[], ResponseStorage] | None = None
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.
     websocket_max_connections: int = 16
     websocket_max_seconds: float = 3600.0

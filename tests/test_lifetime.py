@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import threading
 from typing import Any
 
 import httpx2 as httpx
@@ -19,6 +20,8 @@ import trio
 from mlx_responses.actors.model import GenerationRequest
 from mlx_responses.http.auth import load_api_keys
 from mlx_responses.server import ServerHandle, serve
+from mlx_responses.storage.interface import StoredResponse
+from mlx_responses.storage.memory import MemoryResponseStorage
 from tests.conformance import assert_stream_invariants, parse_sse
 
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
@@ -362,3 +365,49 @@ async def test_a_websocket_upgrade_without_a_websocket_mode_is_a_404(
     envelope = json.loads(seen.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[-1].strip() or b"{}")
     assert envelope["error"]["type"] == "not_found_error"
     assert "no WebSocket mode" in envelope["error"]["message"]
+
+
+# -- storing can fail without breaking the stream (issue 17) ---------------------------------
+
+
+class _FailingStorage(MemoryResponseStorage):
+    """The response store's backend, failing every write while ``failing`` is set."""
+
+    failing = threading.Event()
+
+    def put(self, record: StoredResponse) -> None:
+        if self.failing.is_set():
+            raise OSError("disk full (injected by a test)")
+        super().put(record)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_store_write_that_fails_ends_the_response_failed_and_streamed(
+    nursery: trio.Nursery, stream: bool
+) -> None:
+    limits = server_settings().responses_store
+    server = await start(nursery, response_storage=lambda: _FailingStorage(limits))
+    _FailingStorage.failing.set()
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+            with trio.fail_after(DEADLINE):
+                reply = await http.post("/v1/responses", json={**HELLO, "stream": stream})
+                _FailingStorage.failing.clear()
+                assert reply.status_code == 200
+                if stream:
+                    events = parse_sse(reply.content)
+                    assert_stream_invariants(events)
+                    final = events[-1][1]["response"]
+                    assert events[-1][0] == "response.failed"
+                else:
+                    final = reply.json()
+                missing = await http.get(f"/v1/responses/{final['id']}")
+                after = await http.post("/v1/responses", json=HELLO)
+    finally:
+        _FailingStorage.failing.clear()
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "server_error"
+    assert "could not be stored" in final["error"]["message"]
+    assert missing.status_code == 404  # nothing half-stored
+    assert after.status_code == 200
+    await assert_nothing_left(server)
