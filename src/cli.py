@@ -271,7 +271,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "created with a random secret when missing. Default: reasoning-secret under "
         "$MLX_RESPONSES_DATA_DIR (~/.local/share/mlx-responses)",
     ),
-    Flag(  # issue 13: read by http/server_defaults.py through its environment variable
+    Flag(
         "--default-temperature",
         "MLX_RESPONSES_DEFAULT_TEMPERATURE",
         "",
@@ -380,6 +380,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         store = parse_store(args.store, args.data_dir or default_data_dir())
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    try:
+        default_temperature = (
+            parse_temperature(args.default_temperature) if args.default_temperature else None
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--default-temperature: {exc}") from None
     return ServerSettings(
         store=store,
         host=args.host,
@@ -403,6 +409,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         api_keys=api_keys,
         max_request_bytes=args.max_request_bytes,
         reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
+        default_temperature=default_temperature,
         websocket_max_connections=args.websocket_max_connections,
         websocket_max_seconds=float(args.websocket_max_seconds),
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
@@ -434,12 +441,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(args)
     if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
         os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
-    if args.default_temperature:  # issue 13: read by http/server_defaults.py
-        try:
-            parse_temperature(args.default_temperature)
-        except ValueError as exc:
-            raise SystemExit(f"--default-temperature: {exc}") from None
-        os.environ["MLX_RESPONSES_DEFAULT_TEMPERATURE"] = args.default_temperature
     try:
         trio.run(lambda: serve(settings, handle_signals=True))
     except Exception as exc:  # issue 15: an unusable store file stops start-up with its message

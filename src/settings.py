@@ -34,6 +34,8 @@ class ServerSettings:
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
     # Issue 15: the command line defaults to SQLite in the data dir; code and tests to memory.
     store: StoreChoice = MEMORY
+    # --default-temperature: for requests that give none (None: OpenAI's 1.0).
+    default_temperature: float | None = None
     # The seam for fault injection into the response store: tests install a backend factory.
     response_storage: Callable[[], ResponseStorage] | None = None
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.

@@ -521,15 +521,17 @@ async def test_bad_custom_formats_are_400(
 
 
 async def test_default_temperature_applies_only_when_a_request_gives_none(
-    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery,
 ) -> None:
+    import dataclasses
+
     from mlx_responses.server import serve
 
     from .conftest import START_DEADLINE, server_settings
 
-    monkeypatch.setenv("MLX_RESPONSES_DEFAULT_TEMPERATURE", "0")
+    settings = dataclasses.replace(server_settings(), default_temperature=0.0)
     with trio.fail_after(START_DEADLINE):
-        handle: ServerHandle = await nursery.start(serve, server_settings())
+        handle: ServerHandle = await nursery.start(serve, settings)
     body = {"model": MODEL, "input": "What is the capital of France?"}
     with trio.fail_after(DEADLINE):
         defaulted = [await post(handle, "/v1/responses", body) for _ in range(2)]

@@ -1,8 +1,9 @@
 """Server-side defaults for request settings a client leaves out (docs/api.md).
 
 Invariants:
-- ``default_temperature()`` is ``MLX_RESPONSES_DEFAULT_TEMPERATURE`` (set by
-  ``--default-temperature``) as a float in 0..2, or None (the APIs' default, 1.0, applies). A
+- ``default_temperature()`` is ``ServerSettings.default_temperature`` (``--default-temperature``,
+  env ``MLX_RESPONSES_DEFAULT_TEMPERATURE``), a float in 0..2, or None (the APIs' default,
+  1.0, applies). A
   request's own ``temperature`` always wins; the Response echoes the temperature used. It
   applies to ``/v1/responses`` and ``/v1/messages`` alike.
 """
@@ -10,12 +11,10 @@ Invariants:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 
 from ..protocol.anthropic import MessagesRequest
-
-DEFAULT_TEMPERATURE_ENV = "MLX_RESPONSES_DEFAULT_TEMPERATURE"
+from .common import runtime
 
 
 def parse_temperature(raw: str) -> float:
@@ -26,8 +25,8 @@ def parse_temperature(raw: str) -> float:
 
 
 def default_temperature() -> float | None:
-    raw = os.environ.get(DEFAULT_TEMPERATURE_ENV)
-    return None if not raw else parse_temperature(raw)
+    """The running server's default temperature (its settings)."""
+    return runtime().settings.default_temperature
 
 
 def with_default_temperature(request: MessagesRequest) -> MessagesRequest:
