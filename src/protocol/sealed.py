@@ -87,6 +87,9 @@ class Sealer:
             raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
         except ValueError:
             raise SealError("it is not valid base64url") from None
+        if base64.urlsafe_b64encode(raw).decode().rstrip("=") != encoded:
+            # Base64's last character carries unused bits: a changed one must not pass.
+            raise SealError("it is not the canonical base64url of a sealed blob")
         if len(raw) < _NONCE + _TAG:
             raise SealError("it is truncated")
         nonce, body, tag = raw[:_NONCE], raw[_NONCE:-_TAG], raw[-_TAG:]
