@@ -35,6 +35,7 @@ from .actors.response_store import run_response_store
 from .actors.runtime import Actors
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
+from .http.metrics import Metrics
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
 from .storage.choice import openers
@@ -82,7 +83,7 @@ async def serve(
         )
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
-        actors = Actors(model, store, conversations, files, echo)
+        actors = Actors(model, store, conversations, files, echo, timings=Metrics())  # issue 16
         responses = await nursery.start(
             run_response_supervisor,
             actors,
