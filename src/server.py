@@ -38,6 +38,7 @@ from .http.app import create_app
 from .http.metrics import Metrics
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
+from .startup import log_startup
 from .storage.choice import openers
 
 __all__ = [
@@ -122,6 +123,7 @@ async def serve(
         binds = await nursery.start(run_http)
         runtime = dataclasses.replace(runtime, base_url=binds[0])
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
+        log_startup(log, model.info)  # issue 16: the model, its size, the backend
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
         task_status.started(runtime)
