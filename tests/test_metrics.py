@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mlx_responses.http.auth import load_api_keys
 from mlx_responses.server import ServerHandle, serve
 
-from .conftest import MODEL, START_DEADLINE, server_settings
+from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
 
 DEADLINE = 60
 HELLO = {"model": MODEL, "input": "Reply with: hello", "temperature": 0, "max_output_tokens": 8}
@@ -143,3 +143,25 @@ async def test_metrics_need_a_key_when_keys_are_set(nursery: trio.Nursery) -> No
         )
         == 2
     )
+
+
+async def test_cancellations_and_jobs_are_counted(server: ServerHandle) -> None:
+    base = server.base_url
+    count = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0}
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=base, timeout=DEADLINE) as http:
+            body = (await http.post("/v1/responses", json={**count, "background": True})).json()
+            await wait_until(lambda: server.model.statistics().tokens_generated > 5)
+            during, _ = await scrape(http, base)
+            cancelled = await http.post(f"/v1/responses/{body['id']}/cancel")
+            assert cancelled.status_code == 200
+            await server.model.wait_idle()
+            await wait_until(lambda: server.responses.statistics().jobs_active == 0)
+            after, _ = await scrape(http, base)
+    assert value(during, "mlx_responses_background_jobs_active") == 1
+    assert value(during, "mlx_responses_batch_sequences", state="active") == 1
+    assert value(after, "mlx_responses_background_jobs_active") == 0
+    assert value(after, "mlx_responses_background_jobs_total", status="started") == 1
+    assert value(after, "mlx_responses_background_jobs_total", status="finished") == 1
+    assert value(after, "mlx_responses_responses_cancelled_total", reason="cancel requested") == 1
+    assert value(after, "mlx_responses_sequences_ended_total", reason="cancelled") == 1

@@ -22,6 +22,18 @@ class TimingsObserver(Protocol):
 
     def finished(self, tokens: int, decode_seconds: float) -> None: ...
 
+    def cancelled(self, reason: str) -> None: ...
+
+
+def report_cancel(observer: TimingsObserver | None, reason: str | None) -> None:
+    """A response ended by cancellation (the supervisor's reason; None: its scope ended)."""
+    if observer is None:
+        return
+    try:
+        observer.cancelled(reason or "other")
+    except Exception:
+        log.exception("a timings observer failed")
+
 
 class RunTimings:
     """Owned by one ``ResponseRun`` (its task); ``saw`` is called with each model output."""

@@ -64,12 +64,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.cancellations = Counter(
+            "mlx_responses_responses_cancelled",
+            "Responses ended by cancellation, by reason (cancel requested, client "
+            "disconnected, shutdown, steered, other).",
+            ("reason",),
+            registry=self.registry,
+        )
+
     # actors.timings.TimingsObserver
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
     def finished(self, tokens: int, decode_seconds: float) -> None:
         self.tps.observe(tokens / decode_seconds)
+
+    def cancelled(self, reason: str) -> None:
+        self.cancellations.labels(reason).inc()
 
     def watch(self, rt: Runtime) -> None:
         self.registry.register(RuntimeCollector(rt))
