@@ -59,7 +59,7 @@ def check_model_folder(folder: Path, name: str) -> None:
             f'{where} has a config.json without a "model_type", so mlx-lm cannot tell its '
             f"architecture. {_FIX}"
         )
-    if not any(folder.glob("*.safetensors")):
+    if not any(folder.glob("model*.safetensors")):
         raise ModelSourceError(
             f"{where} has no weights: model.safetensors (or model-*.safetensors shards) is "
             f"missing. mlx-lm reads safetensors only; convert other formats with "
