@@ -60,18 +60,21 @@ def environment(**values: str) -> Iterator[None]:
                 os.environ[key] = old
 
 
-async def with_scraper(base_url: str, concurrency: int, max_tokens: int) -> tuple[Measurement, int]:
-    scrapes = 0
+async def with_scraper(
+    base_url: str, concurrency: int, max_tokens: int
+) -> tuple[Measurement, list[float]]:
+    """The load with a client reading /metrics every second; each scrape's round trip."""
+    scrapes: list[float] = []
     result: list[Measurement] = []
     async with httpx.AsyncClient(timeout=30) as scraper:
 
         async def scrape_every_second(cancel: trio.CancelScope) -> None:
-            nonlocal scrapes
             with cancel:
                 while True:
+                    started = time.perf_counter()
                     reply = await scraper.get(base_url + "/metrics")
                     assert reply.status_code == 200
-                    scrapes += 1
+                    scrapes.append(time.perf_counter() - started)
                     await trio.sleep(1.0)
 
         async with trio.open_nursery() as nursery:
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     blas: dict[str, list[float]] = {"openblas": [], "reference": []}
     scrape: dict[str, list[float]] = {"scraped": [], "quiet": []}
     mapped: dict[str, str] = {}
-    scrapes_total = 0
+    round_trips: list[float] = []
     for repeat in range(args.repeats):
         order = ["openblas", "reference"] if repeat % 2 == 0 else ["reference", "openblas"]
         for side in order:
@@ -124,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                     pair = ["scraped", "quiet"] if repeat % 2 == 0 else ["quiet", "scraped"]
                     for mode in pair:
                         if mode == "scraped":
-                            s, count = trio.run(with_scraper, srv.base_url, c, n)
-                            scrapes_total += count
+                            s, trips = trio.run(with_scraper, srv.base_url, c, n)
+                            round_trips += trips
                         else:
                             s = trio.run(server_run, srv.base_url, c, n)
                         scrape[mode].append(s.tokens_per_second)
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "medians": med,
         "openblas_speedup": med["openblas"] / med["reference"],
         "scrape_cost": 1 - med["scraped"] / med["quiet"],
-        "scrapes": scrapes_total,
+        "scrapes": len(round_trips),
+        "scrape_round_trip_seconds": sorted(round_trips),
     }
     print(f"BLAS seen by the servers: {mapped}")
     print(
@@ -151,8 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"/metrics every second: {med['scraped']:.1f} vs {med['quiet']:.1f} tok/s: "
-        f"{100 * report['scrape_cost']:+.2f}% cost ({scrapes_total} scrapes)"
+        f"{100 * report['scrape_cost']:+.2f}% cost ({len(round_trips)} scrapes)"
     )
+    if round_trips:
+        trip = statistics.median(round_trips)
+        print(
+            f"a scrape's round trip under load: median {1000 * trip:.2f} ms, max "
+            f"{1000 * max(round_trips):.2f} ms: at one a second, at most "
+            f"{100 * trip:.2f}% of the server's time"
+        )
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"operations-{stamp}.json"
     out.write_text(json.dumps(report, indent=2))
