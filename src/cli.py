@@ -7,6 +7,7 @@ its variable and default.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -17,11 +18,13 @@ from typing import Any
 import trio
 
 from .actors.model import ModelSettings
+from .check import run_check
 from .http.auth import load_api_keys
 from .http.server_defaults import parse_temperature
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
 from .model.prompt_cache import DEFAULT_MAX_ENTRIES
+from .model.source import ModelSourceError, locate_model
 from .server import (
     DEFAULT_CONVERSATION_LIMITS,
     DEFAULT_RESPONSE_LIMITS,
@@ -299,6 +302,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         prog="mlx-responses",
         description="A local server for the OpenAI Responses API running one MLX model.",
     )
+    parser.add_argument("--version", action="version", version=version_text())  # issue 16
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser(
         "serve",
@@ -330,6 +334,12 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         f"key is its own tenant) [env: {API_KEY_ENV}, comma-separated]",
     )
     serve_parser.set_defaults(env_api_keys=env_keys)
+    serve_parser.add_argument(  # issue 16
+        "--check",
+        action="store_true",
+        help="load the model, run one documented prompt through the server, print the "
+        "timings and exit (0 when it answered)",
+    )
     return parser
 
 
@@ -441,6 +451,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(args)
     if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
         os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
+    try:  # issue 16: a folder that is not a model, or a hub id that cannot be had, stops here
+        model = dataclasses.replace(
+            settings.model, model_path=locate_model(settings.model.model_path)
+        )
+    except ModelSourceError as exc:
+        raise SystemExit(f"mlx-responses: {exc}") from None
+    settings = dataclasses.replace(settings, model=model)
+    if args.check:
+        return run_check(settings)
     try:
         trio.run(lambda: serve(settings, handle_signals=True))
     except Exception as exc:  # issue 15: an unusable store file stops start-up with its message
@@ -449,6 +468,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         raise SystemExit(f"mlx-responses: {store_error}") from None
     return 0
+
+
+def version_text() -> str:
+    """``mlx-responses --version``: this package, MLX and mlx-lm (read without importing them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in ("mlx-responses", "mlx", "mlx-lm"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} (not installed)")
+    return ", ".join(parts)
 
 
 def _store_error(exc: BaseException) -> StoreError | None:

@@ -35,8 +35,10 @@ from .actors.response_store import run_response_store
 from .actors.runtime import Actors
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
+from .http.metrics import Metrics
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
+from .startup import log_startup
 from .storage.choice import openers
 
 __all__ = [
@@ -86,7 +88,7 @@ async def serve(
         )
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
-        actors = Actors(model, store, conversations, files, echo)
+        actors = Actors(model, store, conversations, files, echo, timings=Metrics())  # issue 16
         responses = await nursery.start(
             run_response_supervisor,
             actors,
@@ -125,6 +127,7 @@ async def serve(
         binds = await nursery.start(run_http)
         runtime = dataclasses.replace(runtime, base_url=binds[0])
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
+        log_startup(log, model.info)  # issue 16: the model, its size, the backend
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
         task_status.started(runtime)

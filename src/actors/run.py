@@ -36,6 +36,7 @@ from .admission import Admission
 from .event_log import EventLog
 from .prompt import PreparedPrompt
 from .runtime import Actors
+from .timings import RunTimings
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class ResponseRun:
         self._stop_sequence: str | None = None
         # The grammar a deferred admission (a background job's compaction) will use.
         self.grammar: Grammar | None = None
+        self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
 
     @property
     def response_id(self) -> str:
@@ -146,6 +148,7 @@ class ResponseRun:
         for step in admission.shaper.feed(output.text, output.logprobs):
             events += self._machine.feed(step)
         self._output_tokens += output.new_tokens
+        self._timings.saw(output.new_tokens, output.finish is not None)
         self._publish(events)
         if output.finish is None:
             return

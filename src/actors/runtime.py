@@ -15,6 +15,7 @@ from .file_store import FileStoreHandle
 from .model import ModelHandle
 from .reasoning_echo import ReasoningEchoHandle
 from .response_store import ResponseStoreHandle
+from .timings import TimingsObserver
 
 
 class RunningResponses(Protocol):
@@ -34,3 +35,5 @@ class Actors:
     echo: ReasoningEchoHandle | None = None
     # How long a store: false background job's final object stays readable (spec 000).
     ephemeral_ttl_seconds: float = 600.0
+    # Issue 16: where responses report time to first token and decode speed (``/metrics``).
+    timings: TimingsObserver | None = None

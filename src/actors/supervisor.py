@@ -40,6 +40,7 @@ from .prompt import PreparedPrompt, context_exceeded, needs_compaction, prepare_
 from .prompt_limit import prompt_limit
 from .run import ResponseRun
 from .runtime import Actors
+from .timings import report_cancel
 
 log = logging.getLogger(__name__)
 
@@ -468,6 +469,7 @@ async def _drive(
             await run.end_failed("The server had an internal error while generating this response.")
     if run.terminal:
         return
+    report_cancel(actors.timings, entry.reason)  # issue 16: cancellations by reason
     if entry.reason == "steered":
         await run.end_steered()
     else:  # cancelled

@@ -32,6 +32,7 @@ from .files import register_file_routes
 from .lifetime import RequestLifetimes
 from .limits import CountedRequest
 from .messages import register_messages_routes
+from .metrics import install_metrics
 from .openapi import register_openapi_route
 from .reasoning_secret import reasoning_sealer
 from .request_log import install_request_log
@@ -186,6 +187,7 @@ def create_app(rt: Runtime) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
     app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
     install_request_log(app)  # one structured line per request (before auth: 401s too)
+    install_metrics(app, rt)  # issue 16: /metrics and the request hooks (before auth)
     app.before_request(authenticate)
     app.before_websocket(authenticate)
     app.after_request(drain_body)

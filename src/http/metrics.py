@@ -1,0 +1,264 @@
+"""``GET /metrics``: the server's state in Prometheus text format (issue 16).
+
+Invariants:
+- One ``Metrics`` per server (its own ``CollectorRegistry``), so several servers in one
+  process (the tests) never share series.
+- What the actors already count (batch, tokens, sequences, prompt cache, jobs, sockets,
+  stores) is read from their ``statistics()`` snapshots at scrape time by a custom collector:
+  nothing is copied or double-counted, and a scrape sends no message to any actor.
+- What only happens at an edge is observed here: each HTTP request (route template, method,
+  status, latency to the response's headers) by an ``after_request`` hook, and each
+  response's time to first token and decode speed (``actors.timings``) by the response task.
+- ``/metrics`` is behind the API key like every route but ``/health`` (``app.authenticate``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from quart import Response, g, request
+from quart_trio import QuartTrio
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+class Metrics:
+    """The series observed at the edges, and the registry ``/metrics`` renders."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "mlx_responses_http_requests",
+            "HTTP requests answered, by route template, method and status.",
+            ("route", "method", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "mlx_responses_http_request_duration_seconds",
+            "Time from a request's arrival to its response headers (a stream's start).",
+            ("route", "method"),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "mlx_responses_time_to_first_token_seconds",
+            "Time from a response's creation (prompt prepared) to its first generated token.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.tps = Histogram(
+            "mlx_responses_decode_tokens_per_second",
+            "Output tokens per second of each response, after its first token.",
+            buckets=TPS_BUCKETS,
+            registry=self.registry,
+        )
+
+        self.cancellations = Counter(
+            "mlx_responses_responses_cancelled",
+            "Responses ended by cancellation, by reason (cancel requested, client "
+            "disconnected, shutdown, steered, other).",
+            ("reason",),
+            registry=self.registry,
+        )
+
+    # actors.timings.TimingsObserver
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def finished(self, tokens: int, decode_seconds: float) -> None:
+        self.tps.observe(tokens / decode_seconds)
+
+    def cancelled(self, reason: str) -> None:
+        self.cancellations.labels(reason).inc()
+
+    def watch(self, rt: Runtime) -> None:
+        self.registry.register(RuntimeCollector(rt))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RuntimeCollector(Collector):
+    """The actors' snapshots as metric families, read at scrape time."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked: the families are built at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self._rt
+        batch = rt.model.statistics()
+        info = GaugeMetricFamily(
+            "mlx_responses_model_info",
+            "The served model (value 1), its alias, context window and tool format.",
+            labels=("model", "context_window", "tool_format", "reasoning"),
+        )
+        info.add_metric(
+            (
+                rt.model.info.alias,
+                str(rt.model.info.context_window),
+                rt.model.info.tool_format,
+                str(rt.model.info.has_thinking).lower(),
+            ),
+            1,
+        )
+        yield info
+        gauges = GaugeMetricFamily(
+            "mlx_responses_batch_sequences",
+            "Sequences in the model's batch now, by state.",
+            labels=("state",),
+        )
+        for state, value in (
+            ("active", batch.active),
+            ("queued", batch.queued),
+            ("prefilling", batch.prefilling),
+            ("decoding", batch.decoding),
+            ("admitted", batch.admitted),
+        ):
+            gauges.add_metric((state,), value)
+        yield gauges
+        yield _counter(
+            "mlx_responses_generated_tokens",
+            "Tokens the model has generated since start.",
+            batch.tokens_generated,
+        )
+        yield _counter(
+            "mlx_responses_prompt_tokens",
+            "Prompt tokens the model has prefilled since start (cache hits excluded).",
+            batch.prompt_tokens_processed,
+        )
+        yield _counter(
+            "mlx_responses_batch_steps", "Generation steps of the batch since start.", batch.steps
+        )
+        ended = CounterMetricFamily(
+            "mlx_responses_sequences_ended",
+            "Sequences that left the batch since start, by how they ended.",
+            labels=("reason",),
+        )
+        ended.add_metric(("finished",), batch.sequences_finished)
+        ended.add_metric(("cancelled",), batch.sequences_cancelled)
+        ended.add_metric(("failed",), batch.sequences_failed)
+        yield ended
+        cache = batch.prompt_cache
+        yield _counter(
+            "mlx_responses_prompt_cache_hits", "Prompt-cache lookups that hit.", cache.hits
+        )
+        yield _counter(
+            "mlx_responses_prompt_cache_misses", "Prompt-cache lookups that missed.", cache.misses
+        )
+        yield _counter(
+            "mlx_responses_prompt_cache_reused_tokens",
+            "Prompt tokens served from the prompt cache instead of prefilled.",
+            cache.tokens_reused,
+        )
+        yield _counter(
+            "mlx_responses_prompt_cache_evictions", "Prompt-cache entries evicted.", cache.evictions
+        )
+        yield _gauge("mlx_responses_prompt_cache_entries", "Prompt-cache entries.", cache.entries)
+        yield _gauge("mlx_responses_prompt_cache_bytes", "Prompt-cache bytes held.", cache.bytes)
+        books = rt.responses.statistics()
+        yield _gauge(
+            "mlx_responses_response_tasks",
+            "Response tasks alive (opening, running, ending).",
+            books.tasks,
+        )
+        yield _gauge(
+            "mlx_responses_responses_running",
+            "Responses whose events are still open.",
+            books.running,
+        )
+        jobs = CounterMetricFamily(
+            "mlx_responses_background_jobs",
+            "Background jobs since start, by status (started, finished).",
+            labels=("status",),
+        )
+        jobs.add_metric(("started",), books.jobs_started)
+        jobs.add_metric(("finished",), books.jobs_finished)
+        yield jobs
+        yield _gauge(
+            "mlx_responses_background_jobs_active",
+            "Background jobs running now.",
+            books.jobs_active,
+        )
+        yield _gauge(
+            "mlx_responses_websocket_connections", "Open WebSocket connections.", books.sockets
+        )
+        entries = GaugeMetricFamily(
+            "mlx_responses_store_entries", "Entries held, per store.", labels=("store",)
+        )
+        held = GaugeMetricFamily(
+            "mlx_responses_store_bytes", "Bytes held, per store.", labels=("store",)
+        )
+        evicted = CounterMetricFamily(
+            "mlx_responses_store_evictions",
+            "Entries evicted to stay in budget, per store.",
+            labels=("store",),
+        )
+        stores = [
+            ("responses", rt.store.statistics()),
+            ("conversations", rt.conversations.statistics()),
+            ("files", rt.files.statistics()),
+        ]
+        if rt.actors.echo is not None:
+            stores.append(("reasoning_echo", rt.actors.echo.statistics()))
+        for name, stats in stores:
+            entries.add_metric((name,), stats.entries)
+            held.add_metric((name,), stats.bytes)
+            evicted.add_metric((name,), stats.evictions)
+        yield entries
+        yield held
+        yield evicted
+
+
+def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _gauge(name: str, documentation: str, value: int) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def metrics_of(rt: Runtime) -> Metrics:
+    """The server's ``Metrics``: the one its response tasks report to, or a new one."""
+    timings = rt.actors.timings
+    return timings if isinstance(timings, Metrics) else Metrics()
+
+
+async def _started() -> None:
+    g.metrics_started = time.monotonic()
+
+
+def install_metrics(app: QuartTrio, rt: Runtime) -> None:
+    """The ``/metrics`` route and the request hooks (call before the auth hook is added, so
+    a refused request is timed too)."""
+    metrics = metrics_of(rt)
+    metrics.watch(rt)
+
+    async def observe(response: Response) -> Response:
+        rule = request.url_rule
+        route = rule.rule if rule is not None else "unmatched"
+        metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+        started = g.get("metrics_started")
+        if isinstance(started, float):
+            metrics.latency.labels(route, request.method).observe(time.monotonic() - started)
+        return response
+
+    async def scrape() -> Response:
+        return Response(metrics.render(), status=200, content_type=CONTENT_TYPE)
+
+    app.before_request(_started)
+    app.after_request(observe)
+    app.add_url_rule("/metrics", view_func=scrape, methods=["GET"], endpoint="metrics")

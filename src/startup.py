@@ -1,0 +1,59 @@
+"""The start-up line: what is being served, and on which backend (issue 16)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from .actors.model import ModelInfo
+from .blas import HINT, openblas_loaded
+
+
+def weights_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors") if f.is_file())
+
+
+def human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def backend() -> tuple[str, bool]:
+    """MLX's device in words, and whether it is the CPU without OpenBLAS (on Linux)."""
+    import mlx.core as mx
+
+    device = str(mx.default_device())
+    version = getattr(mx, "__version__", "?")
+    gpu = "gpu" in device.lower()
+    if gpu:
+        return f"MLX {version} on {device}", False
+    if sys.platform.startswith("linux"):
+        blas = openblas_loaded()
+        return (
+            f"MLX {version} on {device} with {'OpenBLAS' if blas else 'the reference BLAS'}",
+            not blas,
+        )
+    return f"MLX {version} on {device}", False
+
+
+def startup_line(info: ModelInfo) -> tuple[str, bool]:
+    """The line to log once the model is loaded; whether the BLAS hint applies."""
+    where, slow = backend()
+    line = (
+        f"model {info.alias} ({info.path}, {human_bytes(weights_bytes(info.path))} of weights), "
+        f"context window {info.context_window} tokens, tool format {info.tool_format}, "
+        f"reasoning {'yes' if info.has_thinking else 'no'}; {where}"
+    )
+    return line, slow
+
+
+def log_startup(log: logging.Logger, info: ModelInfo) -> None:
+    line, slow = startup_line(info)
+    log.info("%s", line)
+    if slow:
+        log.warning("%s", HINT)
