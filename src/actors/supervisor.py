@@ -435,6 +435,12 @@ async def _open(
         if isinstance(exc, Exception):
             opened.fail(exc)
             return None
+        # Cancelled (the server is stopping): the opener still gets an answer.
+        opened.fail(
+            ApiError(
+                503, "server_error", "The server is shutting down.", code="server_shutting_down"
+            )
+        )
         raise
     opened.send(run.log)
     if run.admission is None:
