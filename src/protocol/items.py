@@ -121,13 +121,7 @@ def parse_item(item: object, path: str) -> InputItem:
         case "function_call":
             arguments = _require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
-            namespace = item.get("namespace")
-            if namespace is not None and not isinstance(namespace, str):
-                raise invalid_request(
-                    f"Invalid type for '{path}.namespace': expected a string, but got "
-                    f"{json_type(namespace)}.",
-                    f"{path}.namespace",
-                )
+            namespace = _optional_str(item, "namespace", path)
             return FunctionCall(
                 _require_str(item, "call_id", path),
                 _require_str(item, "name", path),
@@ -135,13 +129,7 @@ def parse_item(item: object, path: str) -> InputItem:
                 namespace or None,
             )
         case "custom_tool_call":
-            namespace = item.get("namespace")
-            if namespace is not None and not isinstance(namespace, str):
-                raise invalid_request(
-                    f"Invalid type for '{path}.namespace': expected a string, but got "
-                    f"{json_type(namespace)}.",
-                    f"{path}.namespace",
-                )
+            namespace = _optional_str(item, "namespace", path)
             return FunctionCall(
                 _require_str(item, "call_id", path),
                 _require_str(item, "name", path),
@@ -181,6 +169,16 @@ def parse_item(item: object, path: str) -> InputItem:
         "'custom_tool_call_output', 'reasoning', 'compaction'.",
         f"{path}.type",
     )
+
+
+def _optional_str(item: JsonObject, key: str, path: str) -> str | None:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
+            f"{path}.{key}",
+        )
+    return value
 
 
 _COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created_by"})
