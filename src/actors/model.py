@@ -10,8 +10,9 @@ Invariants:
   ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
 - A cancel puts a ``RemoveSequence`` on the thread's inbox: the sequence leaves the batch at
   the thread's next step (one decode step or one prefill chunk).
-- If the thread dies while the server lives, its sequences end with ``error`` (those it had
-  not taken in yet too), and a new thread loads the model again: the server keeps serving.
+- If the thread dies while the server lives, the sequences it held end with ``error``; those
+  it had not taken in yet go to a new thread, which loads the model again: the server keeps
+  serving.
 - ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
 """
 
@@ -30,7 +31,7 @@ from ..model.constrain import Constraints, Grammar
 from ..model.loader import LoadedModel, render_prompt
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
-from ..model.slot import SequenceOutput, SequenceSlot
+from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
     GenerationThread,
@@ -388,7 +389,9 @@ class _ModelState:
         self.settings = settings
         self.worker = worker
         self.board = board
-        self.admitted: dict[int, SequenceSlot] = {}
+        # Admitted and not yet reported ended: the command that inserted each.
+        self.admitted: dict[int, InsertSequence] = {}
+        self.cancelled: set[int] = set()  # of those, the ones a cancel was sent for
         self.closing = False
         self.stopped = False
         self.ids = itertools.count(1)
@@ -415,6 +418,7 @@ class _ModelState:
                     reply.send(self._admit(request, handle))
             case Cancel(seq_id):
                 if seq_id in self.admitted:
+                    self.cancelled.add(seq_id)
                     self.worker.thread.send(RemoveSequence(seq_id))
             case Shutdown():
                 if not self.closing:
@@ -422,19 +426,20 @@ class _ModelState:
                     self.worker.thread.send(StopGeneration())
             case SequenceEnded(seq_id):
                 self.admitted.pop(seq_id, None)
+                self.cancelled.discard(seq_id)
             case ThreadExited(thread, error):
                 if thread is not self.worker.thread:
                     return False
                 if self.closing and error is None:
                     self.stopped = True
-                    self._orphans("shutdown")
+                    self._end_all("shutdown")
                     return True
                 if not isinstance(self.worker.result, LoadedModel):
                     raise RuntimeError(f"could not load the model again: {self.worker.result}")
                 log.error("the generation thread died (%r); restarting it", error)
-                self._orphans("error")
                 self.worker = _Worker(self.settings, report, self.board)
                 handle.restarts += 1
+                self._resend()
                 # Commands sent from now on queue in the new thread's inbox until it has
                 # loaded; the actor keeps answering meanwhile.
             case _:
@@ -445,27 +450,38 @@ class _ModelState:
     def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
         seq_id = next(self.ids)
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        self.admitted[seq_id] = slot
-        self.worker.thread.send(
-            InsertSequence(
-                seq_id,
-                request.prompt,
-                request.max_tokens,
-                request.temperature,
-                request.top_p,
-                slot,
-                request.top_logprobs,
-                request.make_processors,
-                request.seed,
-                request.stop_texts,
-                request.owner,
-            )
+        command = InsertSequence(
+            seq_id,
+            request.prompt,
+            request.max_tokens,
+            request.temperature,
+            request.top_p,
+            slot,
+            request.top_logprobs,
+            request.make_processors,
+            request.seed,
+            request.stop_texts,
+            request.owner,
         )
+        self.admitted[seq_id] = command
+        self.worker.thread.send(command)
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)
 
-    def _orphans(self, reason: str) -> None:
-        """Sequences a dead thread never reported ended (it had not taken them in)."""
-        for slot in self.admitted.values():
-            slot.push(finish="error" if reason == "error" else "shutdown")
+    def _resend(self) -> None:
+        """Sequences a dead thread never took in (it reported every one it held as ended
+        before it exited) go to the new thread, unless a cancel was sent for them meanwhile."""
+        for seq_id, command in list(self.admitted.items()):
+            if seq_id in self.cancelled:
+                del self.admitted[seq_id]
+                self.cancelled.discard(seq_id)
+                command.slot.push(finish="cancelled")
+            else:
+                self.worker.thread.send(command)
+
+    def _end_all(self, reason: FinishReason) -> None:
+        """Sequences the stopped thread never reported ended end with ``reason``."""
+        for command in self.admitted.values():
+            command.slot.push(finish=reason)
         self.admitted.clear()
+        self.cancelled.clear()
         self._publish()
