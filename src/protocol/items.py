@@ -24,6 +24,7 @@ from typing import Any, Final, Literal, get_args
 
 from .errors import ApiError, invalid_request
 from .ids import new_id
+from .objects import custom_tool_call_item
 
 JsonObject = dict[str, Any]
 Role = Literal["system", "developer", "user", "assistant"]
@@ -304,18 +305,15 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "content": [part],
             }
         case FunctionCall(call_id, name, arguments, namespace, custom=True):
-            call: JsonObject = {
-                "id": item_id or new_id("ctc"),
-                "type": "custom_tool_call",
-                "call_id": call_id,
-                "name": name,
-                "input": arguments,
-            }
-            if namespace is not None:
-                call["namespace"] = namespace
-            return call
+            return custom_tool_call_item(
+                item_id or new_id("ctc"),
+                call_id=call_id,
+                name=name,
+                text=arguments,
+                namespace=namespace,
+            )
         case FunctionCall(call_id, name, arguments, namespace):
-            call = {
+            call: JsonObject = {
                 "id": item_id or new_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,

@@ -133,13 +133,12 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
-    spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    assert isinstance(spec, Mapping)
+def _name_and_description(spec: Mapping[str, Any], path: str, what: str) -> tuple[str, str | None]:
+    """A tool's ``name`` (1-128 of letters, digits, ``_-.:``) and optional ``description``."""
     name = spec.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise invalid_request(
-            f"Invalid value for '{path}.name': expected a function name of 1-128 letters, "
+            f"Invalid value for '{path}.name': expected a {what} name of 1-128 letters, "
             f"digits, '_', '-', '.' or ':', but got {name!r}.",
             f"{path}.name",
         )
@@ -150,6 +149,13 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
             f"{json_type(description)}.",
             f"{path}.description",
         )
+    return name, description
+
+
+def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+    spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    assert isinstance(spec, Mapping)
+    name, description = _name_and_description(spec, path, "function")
     parameters = spec.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
@@ -318,20 +324,7 @@ def _custom_format(raw: object, path: str) -> dict[str, Any]:
 
 
 def _custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
-    name = tool.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid_request(
-            f"Invalid value for '{path}.name': expected a tool name of 1-128 letters, "
-            f"digits, '_', '-', '.' or ':', but got {name!r}.",
-            f"{path}.name",
-        )
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.description': expected a string, but got "
-            f"{json_type(description)}.",
-            f"{path}.description",
-        )
+    name, description = _name_and_description(tool, path, "tool")
     extra = sorted(set(tool) - {"type", "name", "description", "format", "defer_loading"})
     if extra:
         raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
