@@ -28,6 +28,7 @@ from typing import Any, assert_never
 import trio
 
 from ..model.constrain import Constraints, Grammar
+from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
@@ -41,6 +42,7 @@ from ..model.thread import (
     StopGeneration,
     ThreadSettings,
 )
+from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 
 log = logging.getLogger(__name__)
@@ -203,6 +205,7 @@ class ModelHandle:
         self.constraints = loaded.constraints
         self._tokenizer = loaded.tokenizer
         self._bound = measure_tokenizer(loaded.tokenizer)
+        self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
         self._mailbox = mailbox
         self._board = board
         self.restarts = 0
@@ -231,6 +234,28 @@ class ModelHandle:
             )
         return await trio.to_thread.run_sync(
             render_prompt, self._tokenizer, chat, tools, template_kwargs
+        )
+
+    async def render_continuing(
+        self,
+        chat: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        max_tokens: int | None,
+        known: RenderedPrompt | None,
+    ) -> RenderedPrompt | None:
+        """``render``, tokenizing only what ``known`` (an earlier render) does not cover
+        (``model/incremental_render.py``): the same ids. ``None`` when this tokenizer or this
+        prompt cannot be tokenized so; then ``render`` it."""
+        return await trio.to_thread.run_sync(
+            self._incremental.render,
+            self._tokenizer,
+            self._bound,
+            max_tokens,
+            chat,
+            tools,
+            template_kwargs,
+            known,
         )
 
     def opens_reasoning(self, prompt: Sequence[int]) -> bool:

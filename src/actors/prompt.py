@@ -16,6 +16,7 @@ from ..model.prompt_bounds import PromptTooLong
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.history import input_items, items_from_json
 from ..protocol.objects import JsonObject
+from ..protocol.prompt_memo import PromptMemo
 from ..protocol.request import CreateRequest
 from .model import ModelHandle
 from .prompt_limit import too_long_to_tokenize
@@ -132,18 +133,26 @@ async def render_items(
     actors: Actors,
     items: tuple[JsonObject, ...],
     max_tokens: int | None = None,
+    memo: PromptMemo | None = None,
 ) -> tuple[int, ...]:
     """The token ids of ``items`` rendered as ``request`` renders (instructions, tools); with
-    ``max_tokens``, a prompt provably longer is refused before it is tokenized."""
+    ``max_tokens``, a prompt provably longer is refused before it is tokenized. With ``memo``
+    (issue 14), the text the memo's previous render shares is not tokenized again (the same
+    ids), and this render is written to the memo."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
+    tools = [tool.for_template() for tool in offered] or None
     try:
-        prompt = await actors.model.render(
-            await render_messages(request, actors, items),
-            [tool.for_template() for tool in offered] or None,
-            request.template_kwargs,
-            max_tokens,
-        )
+        chat = await render_messages(request, actors, items)
+        rendered = None
+        if memo is not None:
+            rendered = await actors.model.render_continuing(
+                chat, tools, request.template_kwargs, max_tokens, memo.previous
+            )
+            memo.rendered = rendered
+        if rendered is not None:
+            return rendered.ids
+        prompt = await actors.model.render(chat, tools, request.template_kwargs, max_tokens)
     except PromptTooLong as exc:  # refused untokenized
         raise too_long_to_tokenize(exc, actors.model.info.context_window) from None
     except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
@@ -166,5 +175,7 @@ async def prepare_prompt(
     check_model(request, actors.model)
     history = await load_history(request, actors, running)
     new_items = input_items(request.input)
-    prompt = await render_items(request, actors, history + new_items, max_tokens)
+    prompt = await render_items(
+        request, actors, history + new_items, max_tokens, request.prompt_memo
+    )
     return PreparedPrompt(history, new_items, prompt)

@@ -42,6 +42,7 @@ from ..protocol.errors import ApiError, invalid_request
 from ..protocol.ids import new_id
 from ..protocol.items import InputMessage
 from ..protocol.objects import JsonObject
+from ..protocol.prompt_memo import PromptMemo, RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
@@ -71,12 +72,15 @@ class _Kept:
 
     response_id: str
     history: tuple[JsonObject, ...]
+    # Its prompt as rendered and tokenized: a continuation tokenizes only what comes after it.
+    rendered: RenderedPrompt | None = None
 
 
 @dataclass(slots=True)
 class _Running:
     log: EventLog
     order: _Order
+    memo: PromptMemo
     steers: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)  # (id, raw input)
 
 
@@ -221,7 +225,7 @@ class _Connection:
 
     # -- one response ----------------------------------------------------------------------
 
-    def _request(self, order: _Order) -> CreateRequest:
+    def _request(self, order: _Order, memo: PromptMemo) -> CreateRequest:
         rt = self._runtime
         create = parse_create_request(
             {**order.body, "stream": True},
@@ -232,27 +236,34 @@ class _Connection:
         )
         previous = create.config.previous_response_id
         if previous is None:
-            return dataclasses.replace(create, generate=order.generate)
+            return dataclasses.replace(create, generate=order.generate, prompt_memo=memo)
         queued = self._pending_steers.pop(previous, [])
         steering = tuple(item for _, raw in queued for item in parse_input(list(raw)))
-        replay = self._kept.history if self._kept and self._kept.response_id == previous else None
+        kept = self._kept if self._kept and self._kept.response_id == previous else None
+        if kept is not None:
+            memo.previous = kept.rendered
         return dataclasses.replace(
-            create, input=steering + create.input, replay=replay, generate=order.generate
+            create,
+            input=steering + create.input,
+            replay=kept.history if kept is not None else None,
+            generate=order.generate,
+            prompt_memo=memo,
         )
 
     async def _respond(self, order: _Order) -> None:
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
             assert isinstance(inlined, dict)
+            memo = PromptMemo()
             response_log = await open_response(
-                self._request(dataclasses.replace(order, body=inlined))
+                self._request(dataclasses.replace(order, body=inlined), memo)
             )
         except ApiError as error:
             if error.code == "previous_response_not_found":
                 self._kept = None
             await self._error(error, order.stream_id)
             return
-        running = _Running(response_log, order)
+        running = _Running(response_log, order, memo)
         self._running[response_log.response_id] = running
         self._idle = trio.Event()
         try:
@@ -272,7 +283,7 @@ class _Connection:
         response_id = running.log.response_id
         if final.get("status") in ("completed", "incomplete"):
             history = running.log.input_items + tuple(final.get("output") or ())
-            self._kept = _Kept(response_id, history)
+            self._kept = _Kept(response_id, history, running.memo.rendered)
         else:
             self._kept = None  # a failed or cancelled turn is no continuation point
         if not running.steers:

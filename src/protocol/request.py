@@ -16,6 +16,7 @@ from typing import Any
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
 from .objects import JsonObject, ResponseConfig
+from .prompt_memo import PromptMemo
 from .text_format import TEXT, TextFormat
 from .tools import FunctionTool, ToolChoice
 
@@ -67,6 +68,9 @@ class CreateRequest:
     top_k: int = 0
     # include "reasoning.encrypted_content" (decision 23): seals a reasoning item's text.
     seal: Callable[[str], str] | None = None
+    # Issue 14: the transport's memo of the rendered prompt (a WebSocket connection's previous
+    # turn in, this turn's render out), so a continuation tokenizes only what is new.
+    prompt_memo: PromptMemo | None = None
 
 
 @dataclass(frozen=True, slots=True)
