@@ -122,6 +122,72 @@ async def test_store_false_continuation_sends_only_the_new_items(server: ServerH
         assert (await http.get(f"/v1/responses/{one['id']}")).status_code == 404
 
 
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The name of the city."}},
+        "required": ["city"],
+    },
+}
+WEATHER = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
+
+
+async def test_an_incremental_continuation_is_the_full_replay(server: ServerHandle) -> None:
+    """A tool loop on one socket (each continuation tokenized incrementally against the
+    connection's kept prompt) gives what the same history replayed in full over HTTP gives:
+    the same prompt (input_tokens), the same greedy answer, and cache hits as exact."""
+    settings = {"model": MODEL, "temperature": 0, "store": False, "tools": [WEATHER_TOOL]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def run() -> list[Event]:
+        with sdk(server).responses.connect() as connection:
+            connection.send({"type": "response.create", **settings, "input": ask})
+            first = strict(until_terminal(connection))
+            call = next(i for i in first["output"] if i["type"] == "function_call")
+            answer = [
+                {"type": "function_call_output", "call_id": call["call_id"], "output": WEATHER}
+            ]
+            connection.send(
+                {
+                    "type": "response.create",
+                    **settings,
+                    "previous_response_id": first["id"],
+                    "input": answer,
+                }
+            )
+            second = strict(until_terminal(connection))
+            connection.send(
+                {
+                    "type": "response.create",
+                    **settings,
+                    "previous_response_id": second["id"],
+                    "input": ask,
+                }
+            )
+            return [first, second, strict(until_terminal(connection))]
+
+    turns = await in_thread(run)
+    assert output_text(turns[1]) == "It is sunny and 18 degrees in Paris."
+    call = next(i for i in turns[0]["output"] if i["type"] == "function_call")
+    answer = [{"type": "function_call_output", "call_id": call["call_id"], "output": WEATHER}]
+    history: list[Any] = []
+    for index, (turn, new) in enumerate(zip(turns, [ask, answer, ask], strict=True)):
+        history += new
+        replayed = await post(server, {**settings, "input": history})
+        assert turn["usage"]["input_tokens"] == replayed["usage"]["input_tokens"]
+        assert [i["type"] for i in turn["output"]] == [i["type"] for i in replayed["output"]]
+        assert output_text(turn) == output_text(replayed)
+        cached = turn["usage"]["input_tokens_details"]["cached_tokens"]
+        assert cached < turn["usage"]["input_tokens"]
+        if index:
+            # The kept history's prompt was found in the prompt cache.
+            assert cached >= turns[index - 1]["usage"]["input_tokens"] - 1
+        history += turn["output"]
+
+
 async def test_an_unknown_previous_response_is_an_error_event_and_the_socket_stays(
     server: ServerHandle,
 ) -> None:
