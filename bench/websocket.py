@@ -3,7 +3,7 @@
 Run::
 
     .venv/bin/python bench/websocket.py [--turns 20] [--repeats 3] [--max-tokens 16]
-        [--tool-output-words 15] [--model PATH] [--server-command CMD]
+        [--tool-output-words 15] [--model PATH] [--server-command CMD] [--no-http-stream]
 
 One ``mlx-responses serve`` subprocess (the bench model from ``bench/make_bench_model.py`` by
 default, random weights: every turn generates exactly ``--max-tokens``). A Codex-shaped loop of
@@ -14,14 +14,19 @@ default, random weights: every turn generates exactly ``--max-tokens``). A Codex
 - **websocket**: one ``client.responses.connect()`` socket, ``store: false``; each turn sends
   only the new item with ``previous_response_id`` (the connection keeps the history);
 - **http-replay**: ``POST /v1/responses`` with ``store: false`` and the whole history every
-  turn (what Codex CLI does over HTTP);
-- **http-chain**: ``POST /v1/responses`` with ``store: true`` and ``previous_response_id``.
+  turn, streamed (``stream: true``, every event parsed: what Codex CLI does over HTTP);
+- **http-chain**: ``POST /v1/responses`` with ``store: true`` and ``previous_response_id``,
+  streamed too.
+
+``--no-http-stream`` makes the HTTP ways plain JSON requests instead (the server then sends one
+body per turn while the socket still sends every event).
 
 Reported per way: end-to-end time of the loop (median over repeats), the bench's own CPU
 seconds and the server's CPU seconds for the loop, and the ratio of each HTTP way's time to the
-WebSocket's. The model's work (prefill of the whole history each turn) is the same for all
-three while the server has no prompt cache; what differs is what the client sends and the
-server parses, stores and replays.
+WebSocket's. With the prompt cache the model's work is the same for all three (each turn
+prefills only what follows the cached history); what differs is what the client sends and the
+server parses, stores, replays and tokenizes (a socket continuation tokenizes only its new
+text, docs/websocket.md).
 
 Figures are printed and written to ``bench/results/websocket-<timestamp>.json``.
 """
@@ -92,6 +97,22 @@ def run_websocket(base_url: str, args: argparse.Namespace) -> None:
                     break
 
 
+def streamed(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """POST with ``stream: true``; every SSE event parsed (as the socket's client parses every
+    frame); the terminal event's response."""
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] in ("response.completed", "response.incomplete"):
+                return dict(event["response"])
+            if event["type"] in ("response.failed", "error"):
+                raise RuntimeError(event)
+    raise RuntimeError("the stream ended without a terminal event")
+
+
 def run_http(base_url: str, args: argparse.Namespace, *, chain: bool) -> None:
     history: list[dict[str, Any]] = []
     previous: str | None = None
@@ -106,9 +127,12 @@ def run_http(base_url: str, args: argparse.Namespace, *, chain: bool) -> None:
             else:
                 history += new
                 body |= {"store": False, "input": history}
-            reply = http.post("/v1/responses", json=body)
-            reply.raise_for_status()
-            data = reply.json()
+            if args.http_stream:
+                data = streamed(http, body)
+            else:
+                reply = http.post("/v1/responses", json=body)
+                reply.raise_for_status()
+                data = reply.json()
             previous = data["id"]
             if not chain:
                 history += data["output"]
@@ -129,6 +153,12 @@ def main() -> None:
     parser.add_argument("--tool-output-words", type=int, default=15)
     parser.add_argument("--model", default=None)
     parser.add_argument("--server-command", default=None)
+    parser.add_argument(
+        "--http-stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the HTTP ways stream (stream: true, as Codex CLI does); --no-http-stream: JSON",
+    )
     args = parser.parse_args()
     model = resolve_model(args.model)
     command = shlex.split(args.server_command) if args.server_command else default_server_command()

@@ -21,6 +21,9 @@ What it runs (docs/clients.md, "Conformance"):
    exactly these two Codex turns (scripts/codex_prompts.json); without that training (no
    src/model/bundled/codex_prompts.json) the check is listed under `not_run`.
 
+6. The Open Responses WebSocket compliance tests (7; the upstream suite runs on Bun, llm-comply
+   has none): equivalent checks of the same names and rules, tests/websocket_compliance.py.
+
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
 """
@@ -310,6 +313,14 @@ def agents_tool_loop(base: str) -> dict[str, Any]:
     }
 
 
+def websocket_checks(base: str) -> dict[str, Any]:
+    """The Open Responses WebSocket tests as equivalent checks (issue 14)."""
+    sys.path.insert(0, str(ROOT))  # tests/ is a package of the repository, not installed
+    from tests.websocket_compliance import run_checks
+
+    return run_checks(base, "local", MODEL)
+
+
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -342,6 +353,7 @@ def main() -> int:
             "llm-comply anthropic": llm_comply("anthropic", base),
             "codex exec (one turn)": codex_turn(base),
             "openai-agents (tool loop)": agents_tool_loop(base),
+            "open-responses websocket (7 checks)": websocket_checks(base),
         }
         if CODEX_TRAINED.exists():
             summary["codex exec (MCP tool round trip)"] = codex_tool_round_trip(base)

@@ -40,7 +40,7 @@ from quart import Response, websocket
 from ..actors.event_log import EventLog
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.ids import new_id
-from ..protocol.items import InputMessage
+from ..protocol.items import FunctionCall, FunctionCallOutput, InputMessage
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import PromptMemo, RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input
@@ -82,6 +82,24 @@ class _Running:
     order: _Order
     memo: PromptMemo
     steers: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)  # (id, raw input)
+
+
+def _check_call_outputs(history: tuple[JsonObject, ...], new: tuple[Any, ...]) -> None:
+    """A continuation's tool outputs answer calls the continued history (or the new input
+    itself) made: an output for no call is refused (Open Responses' failed-continuation rule)."""
+    calls = {
+        item.get("call_id")
+        for item in history
+        if item.get("type") in ("function_call", "custom_tool_call")
+    }
+    for index, item in enumerate(new):
+        if isinstance(item, FunctionCall):
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutput) and item.call_id not in calls:
+            raise invalid_request(
+                f"No tool call found for function call output with call_id '{item.call_id}'.",
+                f"input[{index}].call_id",
+            )
 
 
 async def responses_socket() -> Response | None:
@@ -242,6 +260,7 @@ class _Connection:
         kept = self._kept if self._kept and self._kept.response_id == previous else None
         if kept is not None:
             memo.previous = kept.rendered
+            _check_call_outputs(kept.history, create.input)
         return dataclasses.replace(
             create,
             input=steering + create.input,
@@ -259,8 +278,11 @@ class _Connection:
                 self._request(dataclasses.replace(order, body=inlined), memo)
             )
         except ApiError as error:
-            if error.code == "previous_response_not_found":
-                self._kept = None
+            previous = order.body.get("previous_response_id")
+            if error.code == "previous_response_not_found" or (
+                self._kept is not None and previous == self._kept.response_id
+            ):
+                self._kept = None  # a refused continuation evicts what it continued
             await self._error(error, order.stream_id)
             return
         running = _Running(response_log, order, memo)
