@@ -11,7 +11,13 @@ Invariants:
 - Continuation: the connection keeps its latest response that finished (``completed`` or
   ``incomplete``, ``store: false`` included), so ``previous_response_id`` plus only the new items
   continues it; any other id is looked up in the store as over HTTP (unknown:
-  ``previous_response_not_found``). A turn that fails or is cancelled evicts the kept response.
+  ``previous_response_not_found``). A turn that fails or is cancelled evicts the kept response,
+  and so does a refused continuation of it (Open Responses' failed-continuation rule); a
+  continuation's tool output must answer a call of the kept history (or of its own input).
+- Incremental prompts: the kept response carries its prompt as rendered and tokenized
+  (``PromptMemo``); a continuation hands it to the response task, which tokenizes only the text
+  after what both renders share (``model/incremental_render.py``: the same ids as a full
+  render), and writes its own render back for the next turn.
 - Lifetime: every response opened on the socket subscribes to the socket's lifetime, so closing
   the socket cancels them all (their sequences leave the batch at the next step). A connection
   lives at most ``--websocket-max-seconds``, then closes with 1001 (the SDK reconnects). At
