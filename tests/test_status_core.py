@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -78,7 +79,7 @@ def test_rates_add_up_to_the_counter(steps: list[tuple[float, int]]) -> None:
         samples.append(sample(at, tokens))
     found = rates(samples, lambda s: s.tokens_generated)
     assert len(found) == len(steps)
-    spans = [b.at - a.at for a, b in zip(samples, samples[1:], strict=False)]
+    spans = [b.at - a.at for a, b in itertools.pairwise(samples)]
     total = sum(rate * span for (_, rate), span in zip(found, spans, strict=True))
     assert math.isclose(total, tokens, rel_tol=1e-9, abs_tol=1e-6)
     assert all(rate >= 0 for _, rate in found)
