@@ -277,3 +277,26 @@ async def test_status_data_are_per_tenant(nursery: trio.Nursery, tmp_path: Path)
     assert as_bob["totals"]["running"] == 1
     assert as_bob["batch"]["active"] == 1
     assert as_bob["server"]["model"] == MODEL
+
+
+async def test_an_open_status_stream_ends_when_the_server_shuts_down(
+    nursery: trio.Nursery,
+) -> None:
+    # A long grace: without the stream ending by itself the deadline below would pass first.
+    settings = dataclasses.replace(server_settings(), graceful_timeout=60)
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(30):
+            async with http.stream("GET", "/status/events") as reply:
+                assert reply.status_code == 200
+                assert reply.headers["content-type"].startswith("text/event-stream")
+                views = 0
+                async for text in reply.aiter_lines():
+                    if text.startswith("data: "):
+                        view = json.loads(text.removeprefix("data: "))
+                        assert view["object"] == "mlx.status"
+                        views += 1
+                        if views == 2:
+                            server.shutdown()
+    assert views >= 2

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -125,7 +126,9 @@ class StatusHandle:
         self.ttft_bounds = ttft_bounds
 
     async def saw_request(self, owner: str, line: RequestLine) -> None:
-        await self._mailbox.send(SawRequest(owner, line))
+        """Never raises: once the actor has stopped (shutdown) the line is dropped."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._mailbox.send(SawRequest(owner, line))
 
     async def history(self, owner: str) -> StatusHistory:
         return await ask(self._mailbox, lambda reply: AskHistory(owner, reply))

@@ -13,6 +13,8 @@ Invariants:
   (``actors.status``), the running responses in the supervisor; this module asks them and
   renders. Cancel is the ordinary ``POST /v1/responses/{id}/cancel`` (the page calls it).
 - The page's own routes are not recorded as requests (the list shows the tenant's API work).
+- The event stream ends when the server begins to shut down, so an open page never holds up
+  the graceful close.
 """
 
 from __future__ import annotations
@@ -238,7 +240,10 @@ async def status_events() -> Response:
             view = await status_view(rt, owner)
             data = json.dumps(view, separators=(",", ":"))
             yield f"event: status\ndata: {data}\n\n".encode()
-            await trio.sleep(UPDATE_SECONDS)
+            with trio.move_on_after(UPDATE_SECONDS) as waiting:
+                await rt.wait_stopping()
+            if not waiting.cancelled_caught:
+                return  # shutting down: an open page must not hold up the graceful close
 
     return sse_response(body())
 
