@@ -57,7 +57,7 @@ TTFT_WINDOW_SECONDS = HISTORY_SECONDS
 
 @cache
 def page_html() -> bytes:
-    return files("mlx_responses.http").joinpath("static/status.html").read_bytes()
+    return files("mlx_responses.http").joinpath("status_page.html").read_bytes()
 
 
 @cache
