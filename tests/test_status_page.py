@@ -2,8 +2,9 @@
 
 The browser is Debian's ``chromium`` (``make test`` installs it), driven over the DevTools
 Protocol (``tests/browser.py``) on a worker thread while the server serves. Generation is slowed
-by a sleep before each batch step (the real model, the real batch: only slower), so a response
-is still running when the page has loaded and its cancel button is clicked.
+by a sleep before each batch step (the real model, the real batch: only slower; 0.2 s a step
+makes the counting answer run for about a minute), so a response is still running when the
+page has loaded and its cancel button is clicked, however slow the machine.
 
 Set ``MLX_RESPONSES_STATUS_SCREENSHOT=docs/status-page.png`` to write the screenshot kept in
 the docs (otherwise it goes to the test's temporary folder).
@@ -126,7 +127,7 @@ async def response_status(http: httpx.AsyncClient, response_id: str, **headers: 
 async def test_status_page_shows_running_responses_and_cancels_them(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    steps = SlowSteps(0.05)
+    steps = SlowSteps(0.2)
     server = await start_server(nursery, steps)
     model = server.model
     base = server.base_url
@@ -201,7 +202,7 @@ async def test_status_page_with_keys_shows_each_tenant_only_its_own(
 ) -> None:
     keys = tmp_path / "keys"
     keys.write_text("sk-alice alice\nsk-bob bob\n")
-    steps = SlowSteps(0.05)
+    steps = SlowSteps(0.2)
     server = await start_server(nursery, steps, api_keys=load_api_keys([], str(keys)))
     model = server.model
     alice = {"Authorization": "Bearer sk-alice"}
@@ -251,7 +252,7 @@ async def test_status_data_are_per_tenant(nursery: trio.Nursery, tmp_path: Path)
     """``GET /status``: each tenant's running responses and requests, the batch for all."""
     keys = tmp_path / "keys"
     keys.write_text("sk-alice alice\nsk-bob bob\n")
-    steps = SlowSteps(0.05)
+    steps = SlowSteps(0.2)
     server = await start_server(nursery, steps, api_keys=load_api_keys([], str(keys)))
     alice = {"Authorization": "Bearer sk-alice"}
     bob = {"Authorization": "Bearer sk-bob"}
