@@ -24,7 +24,10 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/mypy src
 
+# Debian packages tests need (scripts/ensure-debian.sh installs the missing ones, as root):
+# chromium for the status page's browser test (issue 16).
 unit: $(STAMP)
+	bash scripts/ensure-debian.sh chromium:/usr/bin/chromium
 	$(PY) -m pytest -q
 
 test: check unit

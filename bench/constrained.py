@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+import mlx_responses  # noqa: F401 - preloads OpenBLAS before MLX (issue 16)
+
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "src" / "model" / "bundled"
 MODELS_DIR = ROOT / "bench" / "models"

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx_responses  # noqa: F401 - preloads OpenBLAS before MLX (issue 16)
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = ROOT / "src" / "model" / "bundled"
 MODELS_DIR = ROOT / "bench" / "models"

@@ -1,8 +1,9 @@
 """OpenBLAS for MLX's CPU backend on Linux (issue 16, platform notes).
 
 Invariants:
-- ``preload_openblas`` runs before anything imports ``mlx`` (the ``mlx-responses`` entry point
-  calls it first, ``launch.main``): ``libopenblas.so.0`` is loaded with ``RTLD_GLOBAL`` so the
+- ``preload_openblas`` runs before anything imports ``mlx``: importing the package runs it
+  (``mlx_responses/__init__.py``: the test suite, the benchmarks), and so does the
+  ``mlx-responses`` entry point (``launch.main``): ``libopenblas.so.0`` is loaded with ``RTLD_GLOBAL`` so the
   CPU wheel's BLAS symbols resolve to it (2-15x faster prefill and decode than the reference
   BLAS). It never fails: without the library the server runs as before.
 - ``MLX_RESPONSES_OPENBLAS=0`` skips it (for measuring the difference).

@@ -15,6 +15,7 @@ from .actors.file_store import FileStoreHandle
 from .actors.model import ModelHandle
 from .actors.response_store import ResponseStoreHandle
 from .actors.runtime import Actors
+from .actors.status import StatusHandle
 from .actors.supervisor import ResponseSupervisorHandle
 from .settings import ServerSettings
 
@@ -27,6 +28,7 @@ class Runtime:
     created_at: int
     _stop: trio.Event
     base_url: str = ""
+    status: StatusHandle | None = None  # issue 16: the status page's history
 
     @property
     def model(self) -> ModelHandle:

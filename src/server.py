@@ -8,6 +8,7 @@ root nursery
  ├─ reasoning echo actor            nursery.start (reasoning of earlier plain replies)
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  ├─ response supervisor             nursery.start (every response a task, one scope each)
+ ├─ status history                  nursery.start (the status page's samples and requests)
  └─ hypercorn.trio.serve(app)       nursery.start (ready = socket bound)
 ```
 Shutdown (SIGINT/SIGTERM or ``Runtime.shutdown``): the model refuses new sequences and
@@ -33,6 +34,7 @@ from .actors.model import run_model_actor
 from .actors.reasoning_echo import run_reasoning_echo
 from .actors.response_store import run_response_store
 from .actors.runtime import Actors
+from .actors.status import run_status_history
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
 from .http.metrics import Metrics
@@ -88,7 +90,8 @@ async def serve(
         )
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
-        actors = Actors(model, store, conversations, files, echo, timings=Metrics())  # issue 16
+        metrics = Metrics()  # issue 16
+        actors = Actors(model, store, conversations, files, echo, timings=metrics)
         responses = await nursery.start(
             run_response_supervisor,
             actors,
@@ -99,7 +102,8 @@ async def serve(
                 max_sockets_per_tenant=settings.websocket_max_connections,
             ),
         )
-        runtime = Runtime(settings, actors, responses, int(time.time()), stop)
+        status = await nursery.start(run_status_history, model, responses, metrics)  # issue 16
+        runtime = Runtime(settings, actors, responses, int(time.time()), stop, status=status)
 
         config = HypercornConfig()
         config.bind = [f"{settings.host}:{settings.port}"]

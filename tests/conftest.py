@@ -12,6 +12,7 @@ import trio
 from openai import AsyncOpenAI
 
 from mlx_responses.actors.model import ModelSettings
+from mlx_responses.blas import openblas_loaded
 from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 from mlx_responses.storage.choice import MEMORY, StoreChoice
@@ -41,6 +42,11 @@ def _test_store() -> StoreChoice:
         return MEMORY
     folder = tempfile.mkdtemp(prefix="mlx-responses-test-")
     return StoreChoice("sqlite", os.path.join(folder, "store.sqlite3"))
+
+
+def pytest_report_header() -> str:
+    # Issue 16: importing mlx_responses preloaded OpenBLAS before MLX, when the system has it.
+    return f"mlx-responses: OpenBLAS {'loaded' if openblas_loaded() else 'not loaded (reference BLAS)'}"
 
 
 @pytest.fixture

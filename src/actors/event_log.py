@@ -35,6 +35,9 @@ class EventLog:
         self._closed = False
         self._changed = trio.Event()
         self.prompt_tokens = 0  # set by the owner once its prompt is admitted
+        # Issue 16 (the status page): set by the owner as it starts and generates.
+        self.status = "queued"
+        self.output_tokens = 0
         # Every item the response was generated from (history and input), set by the owner.
         self.input_items: tuple[JsonObject, ...] = ()
         self.final: JsonObject | None = None  # the final object, once closed

@@ -132,6 +132,7 @@ class ResponseRun:
 
     def _start(self) -> None:
         self._started = True
+        self.log.status = "in_progress"  # issue 16: the status page
         compaction = self._admission.compaction if self._admission is not None else None
         self._publish(self._machine.feed(Start(compaction)))
 
@@ -148,6 +149,7 @@ class ResponseRun:
         for step in admission.shaper.feed(output.text, output.logprobs):
             events += self._machine.feed(step)
         self._output_tokens += output.new_tokens
+        self.log.output_tokens = self._output_tokens  # issue 16: the status page
         self._timings.saw(output.new_tokens, output.finish is not None)
         self._publish(events)
         if output.finish is None:

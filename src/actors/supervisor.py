@@ -132,8 +132,37 @@ class CloseSocket:
     owner: str
 
 
+@dataclass(frozen=True, slots=True)
+class ListRunning:
+    """Sender: the status page (issue 16). Reply: ``owner``'s running responses, oldest first."""
+
+    owner: str
+    reply: Reply[tuple[RunningResponse, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningResponse:
+    """A running response as the status page shows it (no content)."""
+
+    response_id: str
+    background: bool
+    status: str  # queued or in_progress
+    age_seconds: float
+    prompt_tokens: int
+    output_tokens: int
+
+
 SupervisorMessage = (
-    Open | Register | Reserve | Ended | CancelResponse | Find | Forget | OpenSocket | CloseSocket
+    Open
+    | Register
+    | Reserve
+    | Ended
+    | CancelResponse
+    | Find
+    | Forget
+    | OpenSocket
+    | CloseSocket
+    | ListRunning
 )
 
 
@@ -149,6 +178,7 @@ class _Entry:
     log: EventLog | None = None
     size: int = 0
     retain_until: float | None = None
+    opened_at: float = field(default_factory=trio.current_time)  # issue 16: its age
 
     def cancel(self, reason: CancelReason) -> None:
         if self.reason is None:
@@ -219,6 +249,10 @@ class ResponseSupervisorHandle:
     async def open_socket(self, owner: str) -> bool:
         """Count a WebSocket connection of ``owner``; False when it is at its limit."""
         return await ask(self._mailbox, lambda reply: OpenSocket(owner, reply))
+
+    async def running(self, owner: str = "") -> tuple[RunningResponse, ...]:
+        """``owner``'s running responses (foreground and background), oldest first."""
+        return await ask(self._mailbox, lambda reply: ListRunning(owner, reply))
 
     async def close_socket(self, owner: str) -> None:
         with trio.CancelScope(shield=True):
@@ -295,6 +329,8 @@ async def run_response_supervisor(
                     state.sockets[owner] -= 1
                     if not state.sockets[owner]:
                         del state.sockets[owner]
+                case ListRunning(owner, reply):
+                    reply.send(state.running(owner, trio.current_time()))
                 case _:
                     assert_never(message)
             handle._stats = state.statistics()
@@ -346,6 +382,21 @@ class _State:
             if entry.retain_until is not None and entry.retain_until <= now
         ]:
             del self.entries[key]
+
+    def running(self, owner: str, now: float) -> tuple[RunningResponse, ...]:
+        found = [
+            RunningResponse(
+                e.log.response_id,
+                e.background,
+                e.log.status,
+                now - e.opened_at,
+                e.log.prompt_tokens,
+                e.log.output_tokens,
+            )
+            for e in self.entries.values()
+            if e.log is not None and not e.log.closed and e.log.owner == owner
+        ]
+        return tuple(sorted(found, key=lambda r: -r.age_seconds))
 
     def statistics(self) -> SupervisorStatistics:
         running = sum(1 for e in self.entries.values() if e.log is not None and not e.log.closed)
@@ -507,6 +558,7 @@ __all__ = [
     "Compacted",
     "PreparedPrompt",
     "ResponseSupervisorHandle",
+    "RunningResponse",
     "SupervisorSettings",
     "SupervisorStatistics",
     "TooManyJobs",

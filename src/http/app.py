@@ -37,6 +37,7 @@ from .openapi import register_openapi_route
 from .reasoning_secret import reasoning_sealer
 from .request_log import install_request_log
 from .responses import register_response_routes
+from .status_page import PAGE_PATH, install_status_page
 from .websocket import responses_socket
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ async def authenticate() -> Response | None:
     g.tenant = ""
     keys = runtime().settings.api_keys
     incoming = request if has_request_context() else websocket
-    if not keys.enabled or incoming.path == "/health":
+    if not keys.enabled or incoming.path in ("/health", PAGE_PATH):  # the page holds no data
         return None
     headers = incoming.headers
     presented = presented_key(headers.get("Authorization"), headers.get("x-api-key"))
@@ -188,6 +189,7 @@ def create_app(rt: Runtime) -> QuartTrio:
     app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
     install_request_log(app)  # one structured line per request (before auth: 401s too)
     install_metrics(app, rt)  # issue 16: /metrics and the request hooks (before auth)
+    install_status_page(app)  # issue 16: the status page at / and its data routes
     app.before_request(authenticate)
     app.before_websocket(authenticate)
     app.after_request(drain_body)

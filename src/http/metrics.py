@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -81,6 +82,15 @@ class Metrics:
 
     def cancelled(self, reason: str) -> None:
         self.cancellations.labels(reason).inc()
+
+    # actors.status.TtftHistogram (the status page's percentiles)
+    @property
+    def ttft_bounds(self) -> tuple[float, ...]:
+        return (*map(float, TTFT_BUCKETS), math.inf)
+
+    def ttft_counts(self) -> tuple[int, ...]:
+        (family,) = self.ttft.collect()
+        return tuple(int(s.value) for s in family.samples if s.name.endswith("_bucket"))
 
     def watch(self, rt: Runtime) -> None:
         self.registry.register(RuntimeCollector(rt))

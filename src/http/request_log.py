@@ -36,6 +36,9 @@ async def _response_id(response: Response) -> str | None:
     return match.group(1).decode() if match else None
 
 
+response_id_of = _response_id  # the status page's request lines read it the same way
+
+
 def install_request_log(app: QuartTrio) -> None:
     """Register the hooks; call before any other ``before_request`` so every request is timed."""
 
