@@ -385,14 +385,21 @@ class Case:
     drawn: dict[str, Any]
 
 
-def run(seconds: float, seed: int | None, fresh_connections: bool = False) -> int:
-    """Fuzz for ``seconds``; prints the summary (also left in ``SUMMARY``); 1 on a failure."""
+def run(
+    seconds: float, seed: int | None, fresh_connections: bool = False, min_cases: int = 0
+) -> int:
+    """Fuzz for ``seconds`` and at least ``min_cases`` cases (however slow the machine);
+    prints the summary (also left in ``SUMMARY``); 1 on a failure."""
     global SUMMARY
     SUMMARY = Summary()
     running = start_server()
     server = running.server
     known: dict[str, list[str]] = {"resp": [], "conv": [], "file": []}
     stop_at = time.monotonic() + seconds
+
+    def time_is_up() -> bool:
+        return time.monotonic() > stop_at and sum(SUMMARY.cases.values()) >= min_cases
+
     failures: list[str] = []
 
     def pick(draw: st.DrawFn, kind: str) -> Callable[[], str]:
@@ -612,7 +619,7 @@ def run(seconds: float, seed: int | None, fresh_connections: bool = False) -> in
         )
         @given(case())
         def property_holds(drawn: Case) -> None:
-            if time.monotonic() > stop_at:
+            if time_is_up():
                 return
             reply = exchange(http, server, drawn.route, drawn.send)
             if drawn.kind is not None:
@@ -622,7 +629,7 @@ def run(seconds: float, seed: int | None, fresh_connections: bool = False) -> in
         base = random.Random(seed).randrange(2**32) if seed is not None else random.randrange(2**32)
         rounds = 0
         try:
-            while time.monotonic() < stop_at:
+            while not time_is_up():
                 hypothesis_seed(base + rounds)(property_holds)()
                 rounds += 1
         except Exception as exc:  # report, then the summary
