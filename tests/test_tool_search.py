@@ -103,24 +103,26 @@ async def input_tokens(server: ServerHandle, payload: dict[str, Any]) -> int:
     return count
 
 
-async def test_server_search_loads_a_deferred_tool_then_it_is_called(
+async def test_server_search_loads_a_deferred_tool_and_the_response_goes_on(
     server: ServerHandle, client: AsyncOpenAI
 ) -> None:
+    """As OpenAI's hosted search: one response holds the search call, its output and the call
+    to the tool it loaded (``required`` forces the search, then a call to a loaded tool)."""
     tools = [SERVER_SEARCH, DEFERRED_WEATHER, CRM]
     with trio.fail_after(DEADLINE):
         events = await stream(server, body(input=[QUESTION], tools=tools, tool_choice="required"))
         final = assert_stream_invariants(events)  # every event strict, items paired
-        call, output = final["output"]
-        follow_input = [QUESTION, call, output]
+        call, output, fc = final["output"]
+        result = {"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny"}
         follow_raw = await client.responses.with_raw_response.create(
             model=MODEL,
-            input=follow_input,  # type: ignore[arg-type]
+            input=[QUESTION, call, output, fc, result],  # type: ignore[list-item]
             tools=tools,  # type: ignore[arg-type]
-            tool_choice={"type": "function", "name": "get_weather"},
             temperature=0,
-            max_output_tokens=60,
+            max_output_tokens=30,
         )
         follow = follow_raw.parse()
+    assert final["status"] == "completed"
     assert call["type"] == "tool_search_call"
     assert call["execution"] == "server"
     assert call["status"] == "completed"
@@ -129,14 +131,34 @@ async def test_server_search_loads_a_deferred_tool_then_it_is_called(
     assert output["call_id"] == call["call_id"]
     assert output["execution"] == "server"
     assert output["tools"] == [DEFERRED_WEATHER]  # the definition, as the request gave it
-    added = [d["item"] for n, d in events if n == "response.output_item.added"]
-    assert [item["type"] for item in added] == ["tool_search_call", "tool_search_output"]
+    assert fc["type"] == "function_call"
+    assert fc["name"] == "get_weather"
+    assert json.loads(fc["arguments"]).keys() == {"city"}
+    added = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
+    assert added == ["tool_search_call", "tool_search_output", "function_call"]
     assert not any("tool_search_call." in name for name, _ in events)  # no SDK type for them
     assert final["tools"] == tools  # echoed as sent, defer_loading included
+    # Two sequences: the usage adds up both prompts; the second renders the first's output
+    # with the loaded tool offered and no tool_search.
+    with trio.fail_after(DEADLINE):
+        first = await input_tokens(server, body(input=[QUESTION], tools=tools))
+        second = await input_tokens(server, body(input=[QUESTION, call, output], tools=[WEATHER]))
+    assert final["usage"]["input_tokens"] == first + second
     assert_strict_response(json.loads(follow_raw.text))
-    (fc,) = follow.output
-    assert fc.type == "function_call"
-    assert fc.name == "get_weather"
+    assert follow.status in ("completed", "incomplete")
+
+
+async def test_a_server_search_keeps_to_max_output_tokens(server: ServerHandle) -> None:
+    tools = [SERVER_SEARCH, DEFERRED_WEATHER]
+    with trio.fail_after(DEADLINE):
+        reply = await post(
+            server,
+            "/v1/responses",
+            body(input=[QUESTION], tools=tools, tool_choice="required", max_output_tokens=12),
+        )
+    data = reply.json()
+    assert_strict_response(data)
+    assert data["usage"]["output_tokens"] <= 12
 
 
 async def test_deferred_tools_are_left_out_of_the_prompt_until_loaded(

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 from .errors import invalid_request
 from .items import FunctionCallOutput, InputItem, json_type
 from .objects import tool_search_call_item, tool_search_output_item
-from .tools import FunctionTool, echo_tools, parse_tools
+from .tools import FunctionTool, ToolChoice, echo_tools, parse_tools
 
 JsonObject = dict[str, Any]
 
@@ -208,6 +209,37 @@ def discoverable(
     return tuple(offered)
 
 
+MAX_SERVER_SEARCHES = 1  # per response: the continuation offers no tool_search again
+
+
+def after_server_search(
+    tools: tuple[FunctionTool, ...], choice: ToolChoice, output: Sequence[Mapping[str, Any]]
+) -> tuple[tuple[FunctionTool, ...], ToolChoice] | None:
+    """When the output so far ends with a server search's ``tool_search_output``, what the
+    same response goes on generating with: the offered tools less ``tool_search``, plus the
+    loaded ones; a choice that named ``tool_search`` becomes ``auto``, ``required`` stays
+    (it now forces a call to a loaded tool). None: nothing to continue."""
+    if not output or output[-1].get("type") != "tool_search_output":
+        return None
+    if output[-1].get("execution") != "server":
+        return None
+    searches = sum(1 for item in output if item.get("type") == "tool_search_call")
+    if searches > MAX_SERVER_SEARCHES:
+        return None
+    kept = tuple(t for t in tools if t.search is None)
+    names = {t.name for t in kept}
+    loaded = [t.undeferred() for t in parse_tools(list(output[-1].get("tools") or []))]
+    added = tuple(t for t in loaded if t.name not in names and t.search is None)
+    if not kept and not added:
+        return None
+    if choice.name == SEARCH_NAME:
+        choice = ToolChoice("auto")
+    elif choice.allowed is not None:
+        allowed = tuple(n for n in choice.allowed if n != SEARCH_NAME)
+        choice = dataclasses.replace(choice, allowed=allowed + tuple(t.name for t in added))
+    return kept + added, choice
+
+
 def search(catalog: Sequence[FunctionTool], arguments: str) -> list[JsonObject]:
     """A server-executed search: the definitions of the deferred tools the model's arguments
     (``{"paths": [...]}``, or ``{"query": ...}``) name, as ``tool_search_output.tools``."""
@@ -262,6 +294,7 @@ def _matches(catalog: Sequence[FunctionTool], text: str) -> list[FunctionTool]:
 
 __all__ = [
     "SEARCH_NAME",
+    "after_server_search",
     "discoverable",
     "loaded_tools",
     "parse_search_tool",
