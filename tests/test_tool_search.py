@@ -133,6 +133,7 @@ async def test_server_search_loads_a_deferred_tool_and_the_response_goes_on(
     assert output["tools"] == [DEFERRED_WEATHER]  # the definition, as the request gave it
     assert fc["type"] == "function_call"
     assert fc["name"] == "get_weather"
+    assert fc["namespace"] == "get_weather"  # OpenAI's shape for a deferred top-level function
     assert json.loads(fc["arguments"]).keys() == {"city"}
     added = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
     assert added == ["tool_search_call", "tool_search_output", "function_call"]
@@ -301,3 +302,63 @@ def test_server_search_matches_names_namespaces_and_words() -> None:
     assert names({"paths": ["crm", "get_weather", "crm"]}) == ["get_weather", "crm"]
     assert names({"query": "stock prices"}) == []
     assert search(catalog, "not json") == []
+
+
+def _agents_tool_search_scenario(base_url: str) -> dict[str, Any]:
+    """The OpenAI Agents SDK's hosted tool search, on its own thread under asyncio."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        FunctionTool,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        ToolSearchTool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    calls: list[Any] = []
+
+    async def invoke(_ctx: Any, arguments: str) -> str:
+        calls.append(json.loads(arguments))
+        return '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
+
+    weather = FunctionTool(
+        name="get_weather",
+        description=WEATHER["description"],
+        params_json_schema=WEATHER["parameters"],
+        on_invoke_tool=invoke,
+        defer_loading=True,
+    )
+
+    async def scenario() -> dict[str, Any]:
+        async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-local", max_retries=0) as c:
+            agent = Agent(
+                name="weather",
+                model=OpenAIResponsesModel(model=MODEL, openai_client=c),
+                tools=[ToolSearchTool(), weather],
+                # Forced: the bundled model does not search unforced. Its answer after the
+                # tool's output is not a documented prompt: the run stops at the tool's result.
+                model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
+                tool_use_behavior="stop_on_first_tool",
+            )
+            result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+            return {
+                "calls": calls,
+                "items": [item.type for item in result.new_items],
+                "final": result.final_output,
+                "raw": [[o.type for o in response.output] for response in result.raw_responses],
+            }
+
+    return asyncio.run(scenario())
+
+
+async def test_the_agents_sdk_runs_a_tool_found_by_hosted_search(server: ServerHandle) -> None:
+    with trio.fail_after(DEADLINE * 2):
+        seen = await trio.to_thread.run_sync(_agents_tool_search_scenario, server.base_url)
+    assert seen["raw"][0] == ["tool_search_call", "tool_search_output", "function_call"]
+    assert len(seen["calls"]) == 1  # the SDK dispatched the loaded tool
+    assert seen["calls"][0].keys() == {"city"}
+    assert "sunny" in seen["final"]

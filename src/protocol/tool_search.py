@@ -172,6 +172,15 @@ def with_catalog(tools: tuple[FunctionTool, ...]) -> tuple[FunctionTool, ...]:
     return (*tools[:i], completed, *tools[i + 1 :])
 
 
+def loaded(tool: FunctionTool) -> FunctionTool:
+    """A tool a search loaded, as it is offered: no longer deferred; a top-level function's
+    calls carry ``namespace`` equal to its name, as OpenAI sends them (the Agents SDK routes a
+    deferred top-level function's call by that)."""
+    if tool.namespace is None and not tool.is_custom and tool.search is None:
+        return dataclasses.replace(tool, deferred=False, namespace=tool.name, local_name=tool.name)
+    return tool.undeferred()
+
+
 def loaded_tools(items: Sequence[InputItem]) -> tuple[FunctionTool, ...]:
     """The tools that the ``tool_search_output`` items of ``items`` loaded, in order (each
     parsed as a request's tool; a 400 names ``input[i].tools``)."""
@@ -204,7 +213,7 @@ def discoverable(
         if tool.name in names or tool.search is not None:
             continue
         own = by_name.get(tool.name, tool)
-        offered.append(own.undeferred())
+        offered.append(loaded(own))
         names.add(tool.name)
     return tuple(offered)
 
@@ -228,8 +237,8 @@ def after_server_search(
         return None
     kept = tuple(t for t in tools if t.search is None)
     names = {t.name for t in kept}
-    loaded = [t.undeferred() for t in parse_tools(list(output[-1].get("tools") or []))]
-    added = tuple(t for t in loaded if t.name not in names and t.search is None)
+    found = [loaded(t) for t in parse_tools(list(output[-1].get("tools") or []))]
+    added = tuple(t for t in found if t.name not in names and t.search is None)
     if not kept and not added:
         return None
     if choice.name == SEARCH_NAME:
@@ -296,6 +305,7 @@ __all__ = [
     "SEARCH_NAME",
     "after_server_search",
     "discoverable",
+    "loaded",
     "loaded_tools",
     "parse_search_tool",
     "search",

@@ -34,8 +34,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
 def qualified_name(namespace: str | None, name: str) -> str:
-    """The name the model sees for function ``name`` of ``namespace`` (itself when None)."""
-    if not namespace:
+    """The name the model sees for function ``name`` of ``namespace`` (itself when None, or
+    when the namespace is the name: OpenAI's wire shape of a loaded deferred top-level
+    function, ``tool_search.loaded``)."""
+    if not namespace or namespace == name:
         return name
     return f"{namespace}{'' if namespace.endswith('_') else '__'}{name}"
 
