@@ -265,14 +265,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "folder of the default SQLite store (default: the platform's user data folder, "
         "e.g. $XDG_DATA_HOME/mlx-responses or ~/.local/share/mlx-responses)",
     ),
-    Flag(  # issue 13: read by http/reasoning_secret.py through its environment variable
+    Flag(  # issue 13: ServerSettings.reasoning_secret_file
         "--reasoning-secret-file",
         "MLX_RESPONSES_REASONING_SECRET_FILE",
         "",
         str,
         "file holding the secret that seals reasoning (include reasoning.encrypted_content); "
         "created with a random secret when missing. Default: reasoning-secret under "
-        "$MLX_RESPONSES_DATA_DIR (~/.local/share/mlx-responses)",
+        "--data-dir",
     ),
     Flag(
         "--default-temperature",
@@ -423,6 +423,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         websocket_max_connections=args.websocket_max_connections,
         websocket_max_seconds=float(args.websocket_max_seconds),
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
+        data_dir=args.data_dir or None,
+        reasoning_secret_file=args.reasoning_secret_file,
     )
 
 
@@ -449,8 +451,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
-    if args.reasoning_secret_file:  # issue 13: the sealed-reasoning secret's file
-        os.environ["MLX_RESPONSES_REASONING_SECRET_FILE"] = args.reasoning_secret_file
     try:  # issue 16: a folder that is not a model, or a hub id that cannot be had, stops here
         model = dataclasses.replace(
             settings.model, model_path=locate_model(settings.model.model_path)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .actors.model import ModelSettings
 from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
 from .http.auth import OPEN, ApiKeys
-from .storage.choice import MEMORY, StoreChoice
+from .storage.choice import MEMORY, StoreChoice, default_data_dir
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import ResponseStorage, StoreLimits
 
@@ -41,3 +42,13 @@ class ServerSettings:
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.
     websocket_max_connections: int = 16
     websocket_max_seconds: float = 3600.0
+    # Issue 13: --data-dir (None: the platform's user data folder) and --reasoning-secret-file
+    # ("": ``reasoning-secret`` under the data dir), read through ``reasoning_secret_path``.
+    data_dir: str | None = None
+    reasoning_secret_file: str = ""
+
+    def reasoning_secret_path(self) -> Path:
+        """The file of the secret that seals reasoning (created on first use)."""
+        if self.reasoning_secret_file:
+            return Path(self.reasoning_secret_file)
+        return Path(self.data_dir or default_data_dir()) / "reasoning-secret"

@@ -179,11 +179,42 @@ THINK = "Think, then answer: what is 2 + 2?"
 
 
 @pytest.fixture
-def secret_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+async def sealing_server(
+    nursery: trio.Nursery, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> ServerHandle:
+    """A server whose settings put its data dir (and so its reasoning secret) in tmp_path."""
+    import dataclasses
+
+    from mlx_responses.server import serve
+
+    from .conftest import START_DEADLINE, server_settings
+
     monkeypatch.delenv("MLX_RESPONSES_REASONING_SECRET", raising=False)
-    monkeypatch.delenv("MLX_RESPONSES_REASONING_SECRET_FILE", raising=False)
-    monkeypatch.setenv("MLX_RESPONSES_DATA_DIR", str(tmp_path))
-    return tmp_path
+    settings = dataclasses.replace(server_settings(), data_dir=str(tmp_path))
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, settings)
+    return handle
+
+
+def test_the_reasoning_secret_file_is_a_setting_under_the_data_dir() -> None:
+    """--reasoning-secret-file (or its environment variable) and --data-dir reach the settings;
+    the default file follows --data-dir, not an environment hand-off."""
+    from pathlib import Path
+
+    from mlx_responses.cli import build_parser, settings_from_args
+    from mlx_responses.storage.choice import default_data_dir
+
+    def path_of(environ: dict[str, str], *argv: str) -> Path:
+        args = build_parser(environ).parse_args(["serve", "--store", "memory", *argv])
+        return settings_from_args(args).reasoning_secret_path()
+
+    assert path_of({}) == Path(default_data_dir()) / "reasoning-secret"
+    assert path_of({}, "--data-dir", "/d") == Path("/d/reasoning-secret")
+    assert path_of({"MLX_RESPONSES_DATA_DIR": "/e"}) == Path("/e/reasoning-secret")
+    assert path_of({}, "--data-dir", "/d", "--reasoning-secret-file", "/s") == Path("/s")
+    environ = {"MLX_RESPONSES_REASONING_SECRET_FILE": "/f"}
+    assert path_of(environ, "--data-dir", "/d") == Path("/f")
+    assert path_of(environ, "--reasoning-secret-file", "/s") == Path("/s")  # the flag wins
 
 
 async def input_tokens(server: ServerHandle, items: list[dict[str, Any]]) -> int:
@@ -194,8 +225,9 @@ async def input_tokens(server: ServerHandle, items: list[dict[str, Any]]) -> int
 
 
 async def test_sealed_reasoning_replays_like_its_text(
-    server: ServerHandle, secret_dir: Any
+    sealing_server: ServerHandle, tmp_path: Any
 ) -> None:
+    server = sealing_server
     with trio.fail_after(DEADLINE):
         first = await create(
             server, input=THINK, store=False, include=["reasoning.encrypted_content"]
@@ -205,7 +237,7 @@ async def test_sealed_reasoning_replays_like_its_text(
         blob = reasoning["encrypted_content"]
         assert blob.startswith("mlxr1.")
         assert "2 plus 2" not in blob
-        assert (secret_dir / "reasoning-secret").exists()
+        assert (tmp_path / "reasoning-secret").exists()  # under the settings' data dir
         user = {"role": "user", "content": THINK}
         follow = {"role": "user", "content": "Reply with: goodbye"}
         full = await input_tokens(server, [user, reasoning, message, follow])
@@ -223,9 +255,8 @@ async def test_sealed_reasoning_replays_like_its_text(
     assert output_text(replay) == "goodbye"
 
 
-async def test_tampered_or_foreign_blob_is_a_typed_400(
-    server: ServerHandle, secret_dir: Any
-) -> None:
+async def test_tampered_or_foreign_blob_is_a_typed_400(sealing_server: ServerHandle) -> None:
+    server = sealing_server
     from mlx_responses.protocol.sealed import Sealer
 
     with trio.fail_after(DEADLINE):

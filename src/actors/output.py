@@ -9,6 +9,8 @@ Invariants:
   still held back by the parser) contributes none.
 - A call to a namespaced function (its qualified name) begins an item with ``name`` and
   ``namespace`` apart (issue 13).
+- A call to ``tool_search`` begins a ``tool_search_call``; with server execution its end
+  carries the tools the server's search loaded (``protocol.tool_search.search``).
 - ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
 """
 
@@ -28,6 +30,7 @@ from ..model.stream_parse import (
     ToolCallStart,
 )
 from ..protocol import machine as m
+from ..protocol.tool_search import search
 from ..protocol.tools import CUSTOM_INPUT, CallTarget
 
 
@@ -57,6 +60,7 @@ class OutputShaper:
         # custom tool's call is a custom_tool_call whose input is the `input` argument.
         self._targets = targets or {}
         self._custom_open = False
+        self._search_open: CallTarget | None = None  # the open call is a tool search
         self._reasoning: list[str] = []
 
     @property
@@ -88,7 +92,10 @@ class OutputShaper:
                 case ToolCallStart(index=index, name=name) if self._accepted(index):
                     target = self._targets.get(name)
                     self._custom_open = target is not None and target.custom
-                    if target is not None:
+                    self._search_open = target if target and target.search else None
+                    if target is not None and target.search is not None:
+                        inputs.append(m.ToolCallBegin(target.name, search=target.search))
+                    elif target is not None:
                         inputs.append(
                             m.ToolCallBegin(
                                 target.name, namespace=target.namespace, custom=target.custom
@@ -103,5 +110,11 @@ class OutputShaper:
                     if self._custom_open:
                         arguments = custom_input(arguments)
                         self._custom_open = False
-                    inputs.append(m.ToolCallEnd(arguments))
+                    searched = self._search_open
+                    self._search_open = None
+                    if searched is not None and searched.search == "server":
+                        loaded = tuple(search(searched.catalog, arguments))
+                        inputs.append(m.ToolCallEnd(arguments, loaded=loaded))
+                    else:
+                        inputs.append(m.ToolCallEnd(arguments))
         return inputs

@@ -12,11 +12,16 @@ Invariants:
   finish within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
   ``server_error`` instead, and that terminal event is the one published.
 - ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
+- A server-executed tool search (issue 13) does not end the response: once its
+  ``tool_search_output`` is out, the run renders its input and output so far with the loaded
+  tools and admits a second sequence, which goes on in the same machine (``_continue``). The
+  usage adds both sequences up.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -26,15 +31,17 @@ import trio
 
 from ..model.constrain import Grammar
 from ..model.slot import SequenceOutput
+from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.request import CreateRequest
+from ..protocol.tool_search import after_server_search
 from ..storage.interface import StoredResponse
 from ..storage.replay import FAILED_UNSTARTED
-from .admission import Admission
+from .admission import Admission, admit, constrain
 from .event_log import EventLog
-from .prompt import PreparedPrompt
+from .prompt import PreparedPrompt, render_items
 from .runtime import Actors
 from .timings import RunTimings
 
@@ -65,6 +72,9 @@ class ResponseRun:
         # The grammar a deferred admission (a background job's compaction) will use.
         self.grammar: Grammar | None = None
         self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
+        # Earlier sequences of this response (a server tool search's continuation, issue 13).
+        self._prior = Usage(0, 0)
+        self._prior_reasoning = ""
 
     @property
     def response_id(self) -> str:
@@ -111,10 +121,12 @@ class ResponseRun:
         admission = self._admission
         if admission is None:
             return Usage(0, 0)
-        reasoning = self._actors.model.count_tokens(admission.shaper.reasoning_text)
+        reasoning = self._actors.model.count_tokens(
+            self._prior_reasoning + admission.shaper.reasoning_text
+        )
         return Usage(
-            input_tokens=admission.sequence.prompt_tokens,
-            cached_tokens=admission.sequence.cached_tokens,
+            input_tokens=self._prior.input_tokens + admission.sequence.prompt_tokens,
+            cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
             output_tokens=self._output_tokens,
             reasoning_tokens=min(reasoning, self._output_tokens),
         )
@@ -128,7 +140,9 @@ class ResponseRun:
             # in_progress at once); a background one stays queued until the model reports work.
             self._start()
         while not self._machine.terminal:
-            await self._apply(await admission.sequence.receive())
+            current = self._admission  # a tool search's continuation replaces it
+            assert current is not None
+            await self._apply(await current.sequence.receive())
 
     def _start(self) -> None:
         self._started = True
@@ -161,6 +175,8 @@ class ResponseRun:
                 for step in admission.shaper.finish():
                     events += self._machine.feed(step)
                 self._publish(events)
+                if output.finish == "stop" and await self._continue():
+                    return
                 self._stop_sequence = output.stop_sequence
                 terminal = Finish(output.finish, self.usage(), int(time.time()))
             case "cancelled":
@@ -172,6 +188,44 @@ class ResponseRun:
             case _:
                 assert_never(output.finish)
         await self.end(terminal)
+
+    async def _continue(self) -> bool:
+        """After a server tool search: admit the continuation; False when there is none (or
+        it cannot be admitted: the response then ends with the search)."""
+        admission = self._admission
+        assert admission is not None
+        request = self.request
+        output = self._machine.output_items
+        nxt = after_server_search(request.tools, request.tool_choice, output)
+        if nxt is None:
+            return False
+        tools, choice = nxt
+        config = request.config
+        if config.max_output_tokens is not None:  # the budget is the response's, not per sequence
+            left = config.max_output_tokens - self._output_tokens
+            if left < 1:
+                return False
+            config = dataclasses.replace(config, max_output_tokens=left)
+        follow = dataclasses.replace(request, config=config, tools=tools, tool_choice=choice)
+        items = self.prepared.all_items + tuple(output)
+        model = self._actors.model
+        try:
+            prompt = await render_items(follow, self._actors, items)
+            grammar = await constrain(follow, model)
+            prepared = PreparedPrompt(self.prepared.history, self.prepared.new_items, prompt)
+            following = await admit(follow, prepared, model, grammar)
+        except ApiError:
+            log.info("response %s: no continuation after its tool search", self.response_id)
+            return False
+        self._prior = Usage(
+            self._prior.input_tokens + admission.sequence.prompt_tokens,
+            0,
+            cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
+        )
+        self._prior_reasoning += admission.shaper.reasoning_text
+        self._admission = following
+        self.log.prompt_tokens = self._prior.input_tokens + following.sequence.prompt_tokens
+        return True
 
     async def warm_up(self) -> None:
         """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates

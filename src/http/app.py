@@ -180,7 +180,9 @@ def create_app(rt: Runtime) -> QuartTrio:
     app = QuartTrio("mlx_responses")
     app.extensions["mlx_responses"] = rt
     # Seals reasoning (include reasoning.encrypted_content); its secret is read on first use.
-    app.extensions["mlx_responses.sealer"] = reasoning_sealer(rt.model.info.alias)
+    app.extensions["mlx_responses.sealer"] = reasoning_sealer(
+        rt.model.info.alias, rt.settings.reasoning_secret_path()
+    )
     # An id with an encoded slash is an unknown id (404 in the envelope), not a 308 redirect.
     app.url_map.merge_slashes = False
     app.asgi_app = RequestLifetimes(app.asgi_app)  # type: ignore[method-assign]

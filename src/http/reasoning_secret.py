@@ -1,9 +1,9 @@
 """Where the sealed-reasoning secret comes from (docs/api.md, "Sealed reasoning").
 
 Invariants:
-- ``MLX_RESPONSES_REASONING_SECRET`` (a string) wins; else the file
-  ``MLX_RESPONSES_REASONING_SECRET_FILE``; else ``reasoning-secret`` under
-  ``MLX_RESPONSES_DATA_DIR`` (default ``~/.local/share/mlx-responses``).
+- ``MLX_RESPONSES_REASONING_SECRET`` (a string) wins; else the file the settings name
+  (``ServerSettings.reasoning_secret_path``: ``--reasoning-secret-file``, else
+  ``reasoning-secret`` under ``--data-dir``).
 - A missing file is created once with 32 random bytes (hex), mode 0600, exclusively (two servers
   starting together agree on one secret). Nothing is read or written until a request needs it.
 """
@@ -17,16 +17,6 @@ from pathlib import Path
 from ..protocol.sealed import Sealer, secret_from_text
 
 SECRET_ENV = "MLX_RESPONSES_REASONING_SECRET"
-SECRET_FILE_ENV = "MLX_RESPONSES_REASONING_SECRET_FILE"
-DATA_DIR_ENV = "MLX_RESPONSES_DATA_DIR"
-
-
-def secret_path() -> Path:
-    explicit = os.environ.get(SECRET_FILE_ENV)
-    if explicit:
-        return Path(explicit)
-    data_dir = os.environ.get(DATA_DIR_ENV) or str(Path.home() / ".local/share/mlx-responses")
-    return Path(data_dir) / "reasoning-secret"
 
 
 def _read_or_create(path: Path) -> bytes:
@@ -45,13 +35,13 @@ def _read_or_create(path: Path) -> bytes:
     return secret_from_text(text)
 
 
-def load_key() -> bytes:
+def load_key(path: Path) -> bytes:
     configured = os.environ.get(SECRET_ENV)
     if configured:
         return secret_from_text(configured)
-    return _read_or_create(secret_path())
+    return _read_or_create(path)
 
 
-def reasoning_sealer(model_alias: str) -> Sealer:
-    """The server's sealer for ``model_alias``; the secret is read on first use."""
-    return Sealer(load_key, model_alias)
+def reasoning_sealer(model_alias: str, path: Path) -> Sealer:
+    """The server's sealer for ``model_alias``, its secret in ``path`` (read on first use)."""
+    return Sealer(lambda: load_key(path), model_alias)

@@ -24,6 +24,7 @@ from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
 from ..protocol.sealed import Sealer, open_sealed
 from ..protocol.text_format import parse_text_format
+from ..protocol.tool_search import discoverable
 from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
@@ -236,8 +237,10 @@ def parse_create_request(
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
-    tool_choice = parse_tool_choice(body.tool_choice, tools)
     echoed_tools = echo_tools(tools)
+    # Tool discovery (issue 13): deferred tools wait for a tool_search_output in the input.
+    tools = discoverable(tools, messages)
+    tool_choice = parse_tool_choice(body.tool_choice, tools)
     tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those
     config = ResponseConfig(
         model=model,

@@ -24,7 +24,12 @@ from typing import Any, Final, Literal, get_args
 
 from .errors import ApiError, invalid_request
 from .ids import new_id
-from .objects import custom_tool_call_item
+from .objects import (
+    Execution,
+    custom_tool_call_item,
+    tool_search_call_item,
+    tool_search_output_item,
+)
 
 JsonObject = dict[str, Any]
 Role = Literal["system", "developer", "user", "assistant"]
@@ -44,13 +49,18 @@ class FunctionCall:
     arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
     namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
     custom: bool = False  # a ``custom_tool_call`` (issue 13)
+    # A ``tool_search_call`` (issue 13): its execution; ``name`` is ``tool_search``.
+    search: Execution | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallOutput:
     call_id: str
-    output: str
+    output: str  # a ``tool_search_output``: what the model reads (the loaded tools' names)
     custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
+    # A ``tool_search_output`` (issue 13): its execution and its ``tools`` (JSON text).
+    search: Execution | None = None
+    search_tools: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +148,10 @@ def parse_item(item: object, path: str) -> InputItem:
                 namespace or None,
                 custom=True,
             )
+        case "tool_search_call":
+            return _parse_search_call(item, path)
+        case "tool_search_output":
+            return _parse_search_output(item, path)
         case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
@@ -167,7 +181,8 @@ def parse_item(item: object, path: str) -> InputItem:
     raise invalid_request(
         f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
         "'function_call', 'function_call_output', 'custom_tool_call', "
-        "'custom_tool_call_output', 'reasoning', 'compaction'.",
+        "'custom_tool_call_output', 'tool_search_call', 'tool_search_output', 'reasoning', "
+        "'compaction'.",
         f"{path}.type",
     )
 
@@ -180,6 +195,86 @@ def _optional_str(item: JsonObject, key: str, path: str) -> str | None:
             f"{path}.{key}",
         )
     return value
+
+
+_SEARCH_CALL_KEYS: Final = frozenset(
+    {"type", "id", "call_id", "execution", "status", "arguments", "created_by"}
+)
+_SEARCH_OUTPUT_KEYS: Final = frozenset(
+    {"type", "id", "call_id", "execution", "status", "tools", "created_by"}
+)
+
+
+def _search_common(item: JsonObject, path: str, keys: frozenset[str]) -> tuple[str, Execution]:
+    """A tool search item's ``call_id`` ("" when null, as a server search's may be) and
+    ``execution`` (default ``server``)."""
+    extra = set(item) - keys
+    if extra:
+        key = sorted(extra)[0]
+        raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
+    call_id = _optional_str(item, "call_id", path) or ""
+    execution = item.get("execution") or "server"
+    if execution not in ("server", "client"):
+        raise invalid_request(
+            f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
+            f"{path}.execution",
+        )
+    return call_id, "client" if execution == "client" else "server"
+
+
+def _parse_search_call(item: JsonObject, path: str) -> FunctionCall:
+    call_id, execution = _search_common(item, path, _SEARCH_CALL_KEYS)
+    if "arguments" not in item:
+        raise invalid_request(
+            f"Missing required parameter: '{path}.arguments'.", f"{path}.arguments"
+        )
+    arguments = item["arguments"]
+    if not isinstance(arguments, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}.arguments': expected an object, but got "
+            f"{json_type(arguments)}.",
+            f"{path}.arguments",
+        )
+    text = json.dumps(arguments, ensure_ascii=False)
+    return FunctionCall(call_id, "tool_search", text, search=execution)
+
+
+def _parse_search_output(item: JsonObject, path: str) -> FunctionCallOutput:
+    call_id, execution = _search_common(item, path, _SEARCH_OUTPUT_KEYS)
+    tools = item.get("tools")
+    if not isinstance(tools, list):
+        raise invalid_request(
+            f"Invalid type for '{path}.tools': expected an array of tools, but got "
+            f"{json_type(tools)}.",
+            f"{path}.tools",
+        )
+    names = _loaded_names(tools)
+    summary = "Tools loaded: " + (", ".join(names) if names else "none") + "."
+    return FunctionCallOutput(
+        call_id,
+        summary,
+        search=execution,
+        search_tools=json.dumps(tools, ensure_ascii=False),
+    )
+
+
+def _loaded_names(tools: list[Any]) -> list[str]:
+    """The names the model calls the loaded tools by (a namespace's functions qualified)."""
+    from .tools import qualified_name
+
+    names: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        inner = tool.get("tools") if tool.get("type") == "namespace" else None
+        if isinstance(inner, list):
+            namespace = str(tool.get("name", ""))
+            names += [
+                qualified_name(namespace, str(t.get("name"))) for t in inner if isinstance(t, dict)
+            ]
+        elif isinstance(tool.get("name"), str):
+            names.append(tool["name"])
+    return names
 
 
 _COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created_by"})
@@ -304,6 +399,21 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "status": "completed",
                 "content": [part],
             }
+        case FunctionCall(call_id, name, arguments, search=str(execution)):
+            return tool_search_call_item(
+                item_id or new_id("tsc"),
+                call_id=call_id,
+                execution="client" if execution == "client" else "server",
+                arguments=arguments,
+                status="completed",
+            )
+        case FunctionCallOutput(call_id, search=str(execution), search_tools=str(tools)):
+            return tool_search_output_item(
+                item_id or new_id("tso"),
+                call_id=call_id,
+                execution="client" if execution == "client" else "server",
+                tools=json.loads(tools),
+            )
         case FunctionCall(call_id, name, arguments, namespace, custom=True):
             return custom_tool_call_item(
                 item_id or new_id("ctc"),

@@ -54,6 +54,10 @@ Decisions where OpenAI leaves room:
   is not trustworthy, and a ``.done`` would present it as finished.
 - ``Cancel`` closes the open item as ``incomplete`` (``.done`` events included), then emits
   ``response.cancelled``: what was streamed so far stays readable in the stored object.
+- A ``tool_search_call`` (``ToolCallBegin(search=...)``, issue 13) streams no argument
+  deltas (no SDK release types a ``response.tool_search_call.*`` event): it is added, then
+  done with its arguments as an object; a server search's ``ToolCallEnd(loaded=...)`` adds
+  the ``tool_search_output`` item right after it (added in progress with no tools, then done).
 - ``Fail`` and ``Cancel`` are legal before ``Start`` (a queued background job can be cancelled or
   fail to start); the stream is still well formed: ``response.created`` (status ``queued``),
   then the terminal.
@@ -97,6 +101,8 @@ from .objects import (
     reasoning_item,
     reasoning_text_part,
     response_object,
+    tool_search_call_item,
+    tool_search_output_item,
 )
 
 __all__ = [
@@ -177,6 +183,7 @@ class ToolCallBegin:
     call_id: str | None = None
     namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
     custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text (issue 13)
+    search: Literal["server", "client"] | None = None  # a ``tool_search_call`` (issue 13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +195,11 @@ class ToolCallArgs:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallEnd:
-    """The open call is complete; ``arguments`` is the end-of-generation parse, authoritative."""
+    """The open call is complete; ``arguments`` is the end-of-generation parse, authoritative.
+    ``loaded``: the tools a server-executed search loaded (a ``tool_search_output`` follows)."""
 
     arguments: str
+    loaded: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,8 +359,8 @@ def _is_compacted(step: Compacted) -> bool:
     )
 
 
-_ItemType = Literal["message", "reasoning", "function_call", "custom_tool_call"]
-_CALLS: Final = ("function_call", "custom_tool_call")
+_ItemType = Literal["message", "reasoning", "function_call", "custom_tool_call", "tool_search_call"]
+_CALLS: Final = ("function_call", "custom_tool_call", "tool_search_call")
 
 
 @dataclass(slots=True)
@@ -366,6 +375,7 @@ class _OpenItem:
     call_id: str = ""
     name: str = ""
     namespace: str | None = None
+    execution: Literal["server", "client"] = "server"  # a tool_search_call's
 
     @property
     def text(self) -> str:
@@ -378,6 +388,14 @@ class _OpenItem:
 
     def item(self, status: ItemStatus) -> JsonObject:
         """A fresh JSON copy of the item as it stands, with ``status``."""
+        if self.type == "tool_search_call":
+            return tool_search_call_item(
+                self.id,
+                call_id=self.call_id,
+                execution=self.execution,
+                arguments=self.text if status != "in_progress" else "",
+                status=status,
+            )
         if self.type == "custom_tool_call":
             return custom_tool_call_item(
                 self.id,
@@ -416,12 +434,14 @@ _ID_PREFIX: Final = {
     "reasoning": "rs",
     "function_call": "fc",
     "custom_tool_call": "ctc",
+    "tool_search_call": "tsc",
 }
 _ITEM_STATE: Final = {
     "message": _S.IN_MESSAGE,
     "reasoning": _S.IN_REASONING,
     "function_call": _S.IN_TOOL_CALL,
     "custom_tool_call": _S.IN_TOOL_CALL,
+    "tool_search_call": _S.IN_TOOL_CALL,
 }
 
 
@@ -534,19 +554,28 @@ class ResponseMachine:
             case ReasoningDelta(text=text) if text:
                 events += self._switch_to("reasoning")
                 events += self._delta(text)
-            case ToolCallBegin(name=name, call_id=call_id, namespace=namespace, custom=custom):
+            case ToolCallBegin(
+                name=name, call_id=call_id, namespace=namespace, custom=custom, search=search
+            ):
                 events += self._close("completed")
                 item_type: _ItemType = "custom_tool_call" if custom else "function_call"
+                if search is not None:
+                    item_type = "tool_search_call"
                 events += self._open_item(item_type, name, call_id, namespace)
+                if search is not None and self._open is not None:
+                    self._open.execution = search
             case ToolCallArgs(delta=delta) if delta:
                 events += self._delta(delta)
-            case ToolCallEnd(arguments=arguments):
+            case ToolCallEnd(arguments=arguments, loaded=loaded):
                 assert self._open is not None
                 streamed = self._open.text
                 if arguments.startswith(streamed):
                     events += self._delta(arguments[len(streamed) :])
                 self._open.chunks = [arguments]
+                call_id = self._open.call_id
                 events += self._close("completed")
+                if loaded is not None:
+                    events += self._search_output(call_id, loaded)
             case Finish(reason=reason, usage=usage, completed_at=completed_at):
                 events += self._close("completed" if reason == "stop" else "incomplete")
                 self._usage = usage
@@ -613,6 +642,21 @@ class ResponseMachine:
         self._done_items.append(item)
         return events
 
+    def _search_output(self, call_id: str, tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+        """A server search's ``tool_search_output``: added in progress with no tools, then done
+        with the loaded ones (it is whole at once)."""
+        item = tool_search_output_item(
+            self._id_factory("tso"), call_id=call_id, execution="server", tools=tools
+        )
+        added = {**item, "status": "in_progress", "tools": []}
+        index = len(self._done_items)
+        events = [
+            self._event("response.output_item.added", output_index=index, item=added),
+            self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)),
+        ]
+        self._done_items.append(item)
+        return events
+
     def _switch_to(self, type_: Literal["message", "reasoning"]) -> list[JsonObject]:
         """Keep the open item if it is of ``type_``; else close it and open a new one."""
         if self._open is not None and self._open.type == type_:
@@ -652,6 +696,8 @@ class ResponseMachine:
         if not delta:
             return []
         self._open.chunks.append(delta)
+        if self._open.type == "tool_search_call":
+            return []  # no SDK type for a tool search's argument deltas
         extra: JsonObject = {} if logprobs is None else {"logprobs": logprobs}
         return [
             self._event(_DELTA_EVENT[self._open.type], **self._open.where(), delta=delta, **extra)

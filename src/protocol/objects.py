@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -250,6 +251,41 @@ def custom_tool_call_item(
     if namespace is not None:
         item["namespace"] = namespace
     return item
+
+
+Execution = Literal["server", "client"]
+
+
+def tool_search_call_item(
+    item_id: str, *, call_id: str, execution: Execution, arguments: str, status: str
+) -> JsonObject:
+    """A ``tool_search_call`` output item; ``arguments`` (JSON text) as an object."""
+    try:
+        value: object = json.loads(arguments) if arguments else {}
+    except ValueError:
+        value = arguments  # an in-progress or unparsable call keeps its text
+    return {
+        "id": item_id,
+        "type": "tool_search_call",
+        "call_id": call_id or None,
+        "execution": execution,
+        "arguments": value,
+        "status": status,
+    }
+
+
+def tool_search_output_item(
+    item_id: str, *, call_id: str, execution: Execution, tools: Sequence[Mapping[str, Any]]
+) -> JsonObject:
+    """A ``tool_search_output`` item: the loaded tool definitions."""
+    return {
+        "id": item_id,
+        "type": "tool_search_output",
+        "call_id": call_id or None,
+        "execution": execution,
+        "status": "completed",
+        "tools": [dict(tool) for tool in tools],
+    }
 
 
 _PART_LOGPROB_KEYS: Final = frozenset({"token", "logprob", "bytes", "top_logprobs"})

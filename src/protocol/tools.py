@@ -12,10 +12,13 @@ Invariants:
   qualified name (``qualified_name``: ``mcp__weather`` + ``get_weather`` ->
   ``mcp__weather__get_weather``), the ``function_call`` item carries ``name`` and ``namespace``
   apart, and the Response echoes the namespace tool as it was sent (``echo_tools``).
+- ``defer_loading: true`` marks a tool ``deferred``; a ``tool_search`` tool is a
+  ``FunctionTool`` with ``search`` set (``tool_search.py`` decides what the model sees).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -31,8 +34,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
 def qualified_name(namespace: str | None, name: str) -> str:
-    """The name the model sees for function ``name`` of ``namespace`` (itself when None)."""
-    if not namespace:
+    """The name the model sees for function ``name`` of ``namespace`` (itself when None, or
+    when the namespace is the name: OpenAI's wire shape of a loaded deferred top-level
+    function, ``tool_search.loaded``)."""
+    if not namespace or namespace == name:
         return name
     return f"{namespace}{'' if namespace.endswith('_') else '__'}{name}"
 
@@ -48,6 +53,15 @@ class FunctionTool:
     local_name: str = ""  # the name inside its namespace ("" when not in one)
     # A ``custom`` tool (freeform input): its ``format`` as sent; None for a function tool.
     custom_format: Mapping[str, Any] | None = None
+    # Issue 13, tool discovery: ``defer_loading: true`` (offered once a search loads it).
+    deferred: bool = False
+    # A ``tool_search`` tool: its execution, the tool as sent, the deferred tools it searches.
+    search: Literal["server", "client"] | None = None
+    search_echo: Mapping[str, Any] | None = None
+    catalog: tuple[FunctionTool, ...] = ()
+
+    def undeferred(self) -> FunctionTool:
+        return dataclasses.replace(self, deferred=False)
 
     @property
     def is_custom(self) -> bool:
@@ -70,13 +84,18 @@ class FunctionTool:
 
     def echo_json(self) -> dict[str, Any]:
         """As a Response object echoes it (inside its namespace tool when it has one)."""
+        if self.search_echo is not None:
+            return _thaw_json(self.search_echo)  # type: ignore[no-any-return]
         if self.custom_format is not None:
             echoed: dict[str, Any] = {"type": "custom", "name": self.call_name}
             if self.description is not None:
                 echoed["description"] = self.description
             echoed["format"] = dict(self.custom_format)
-            return echoed
-        return {**self.to_json(), "name": self.call_name}
+        else:
+            echoed = {**self.to_json(), "name": self.call_name}
+        if self.deferred:
+            echoed["defer_loading"] = True
+        return echoed
 
     def for_template(self) -> dict[str, Any]:
         """As chat templates expect it (the Chat Completions tool shape)."""
@@ -152,6 +171,17 @@ def _name_and_description(spec: Mapping[str, Any], path: str, what: str) -> tupl
     return name, description
 
 
+def _deferred(spec: Mapping[str, Any], path: str) -> bool:
+    value = spec.get("defer_loading", False)
+    if not isinstance(value, bool):
+        raise invalid_request(
+            f"Invalid type for '{path}.defer_loading': expected a boolean, but got "
+            f"{json_type(value)}.",
+            f"{path}.defer_loading",
+        )
+    return value
+
+
 def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
     assert isinstance(spec, Mapping)
@@ -178,7 +208,7 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
             f"Invalid type for '{path}.strict': expected a boolean, but got {json_type(strict)}.",
             f"{path}.strict",
         )
-    return FunctionTool(name, description, parameters, strict)
+    return FunctionTool(name, description, parameters, strict, deferred=_deferred(spec, path))
 
 
 def echo_tools(tools: tuple[FunctionTool, ...]) -> list[dict[str, Any]]:
@@ -210,14 +240,18 @@ class CallTarget:
     name: str  # the item's ``name``
     namespace: str | None
     custom: bool  # a ``custom_tool_call`` whose ``input`` is the call's ``input`` argument
+    # A ``tool_search_call`` (issue 13): its execution, and the deferred tools a server search
+    # looks through.
+    search: Literal["server", "client"] | None = None
+    catalog: tuple[FunctionTool, ...] = ()
 
 
 def call_targets(tools: tuple[FunctionTool, ...]) -> dict[str, CallTarget]:
     """Offered name -> call target, for every namespaced or custom tool."""
     return {
-        t.name: CallTarget(t.call_name, t.namespace, t.is_custom)
+        t.name: CallTarget(t.call_name, t.namespace, t.is_custom, t.search, t.catalog)
         for t in tools
-        if t.namespace is not None or t.is_custom
+        if t.namespace is not None or t.is_custom or t.search is not None
     }
 
 
@@ -255,6 +289,7 @@ def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
                 namespace=namespace,
                 namespace_description=description,
                 local_name=function.name,
+                deferred=function.deferred,
             )
         )
     return inner
@@ -329,7 +364,14 @@ def _custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     if extra:
         raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
     fmt = _custom_format(tool.get("format"), f"{path}.format")
-    return FunctionTool(name, description, custom_parameters(fmt), True, custom_format=fmt)
+    return FunctionTool(
+        name,
+        description,
+        custom_parameters(fmt),
+        True,
+        custom_format=fmt,
+        deferred=_deferred(tool, path),
+    )
 
 
 def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
@@ -351,6 +393,10 @@ def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[Functio
             tools.append(_function_tool(tool, path))
         elif kind == "custom":
             tools.append(_custom_tool(tool, path))
+        elif kind == "tool_search":
+            from .tool_search import parse_search_tool
+
+            tools.append(parse_search_tool(tool, path))
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
             inner = tool["tools"]
             if all(isinstance(t, dict) and t.get("type") == "function" for t in inner):
@@ -374,6 +420,11 @@ def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[Functio
             )
     seen: set[str] = set()
     for i, tool in enumerate(tools):
+        if tool.name in seen and tool.search is not None:
+            raise invalid_request(
+                "Invalid value for 'tools': only one 'tool_search' tool may be given.",
+                f"tools[{i}]",
+            )
         if tool.name in seen:
             raise invalid_request(
                 f"Invalid value for 'tools': the function name {tool.name!r} appears twice.",
