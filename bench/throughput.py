@@ -212,7 +212,12 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def running_server(
-    command: Sequence[str], model_path: str, log_path: Path, *, ready_timeout: float = 120.0
+    command: Sequence[str],
+    model_path: str,
+    log_path: Path,
+    *,
+    ready_timeout: float = 120.0,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[ServerProcess]:
     """Start the server, wait for ``/health``; always SIGTERM it (then kill) on the way out."""
     port = free_port()
@@ -229,6 +234,7 @@ def running_server(
         "bench",
         "--log-level",
         "info",
+        *extra_args,
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
@@ -741,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         help="command that starts the server, before 'serve' (default: the mlx-responses "
         "script next to this Python); e.g. 'python -m cProfile -o out.prof -m mlx_responses.cli'",
     )
+    parser.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="keep the server's prompt cache on (by default it is off: every repeat sends the "
+        "same prompts, which a cache would serve, while the direct side prefills them)",
+    )
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM unwind through ``running_server``'s ``finally``, which stops the server
     # (started in its own session, so it does not receive the terminal's signals itself).
@@ -762,7 +774,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = {c: Row(c) for c in concurrencies}
     disconnect: dict[str, dict[str, Any]] = {}
     log_path = RESULTS_DIR / f"server-{stamp}.log"
-    with running_server(command, model_path, log_path) as server:
+    extra = () if args.prompt_cache else ("--prompt-cache-bytes", "0")
+    with running_server(command, model_path, log_path, extra_args=extra) as server:
         print(f"server: {server.base_url} (log {log_path.relative_to(ROOT)})")
         facts["openblas"] = {
             "direct": openblas_mapped(),
@@ -847,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_batch_size": PREFILL_BATCH_SIZE,
             "prefill_step_size": PREFILL_STEP_SIZE,
         },
-        "server_command": [*command, "serve", "..."],
+        "server_command": [*command, "serve", "...", *extra],
         "throughput": [row.as_json() for row in rows.values()],
         "disconnect": disconnect,
         "target": {
