@@ -263,3 +263,30 @@ async def test_prompt_cache_key_keeps_each_keys_latest_entry(nursery: trio.Nurse
     for stats in (plain_stats, keyed_stats):
         assert stats["evictions"] > 0, stats
         assert stats["bytes"] <= budget
+
+
+async def test_a_stop_sequence_keeps_the_reply_for_the_next_turn(server: ServerHandle) -> None:
+    """A stop *text* ends the sequence mid-batch: what it computed, reply included, is still
+    stored, so the next turn reuses past the end of the first prompt (issue 12)."""
+    first_turn = [{"role": "user", "content": "Count from 1 to 110."}]
+    body = {"model": MODEL, "max_tokens": 1000, **GREEDY}
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            one = await http.post(
+                "/v1/messages", json={**body, "messages": first_turn, "stop_sequences": ["9 10"]}
+            )
+            assert one.status_code == 200, one.text
+            first = one.json()
+            reply = "".join(block["text"] for block in first["content"])
+            history = [
+                *first_turn,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": TURNS[1]},
+            ]
+            two = await http.post("/v1/messages", json={**body, "messages": history})
+            assert two.status_code == 200, two.text
+            second = two.json()
+    assert first["stop_reason"] == "stop_sequence"
+    assert reply == "1 2 3 4 5 6 7 8 "
+    # The first prompt and the reply's tokens up to where the replay re-tokenizes differently.
+    assert second["usage"]["cache_read_input_tokens"] > first["usage"]["input_tokens"] + 4
