@@ -40,7 +40,8 @@ def drop_earlier_reasoning(folder: Path) -> Path:
     template = (copy / "chat_template.jinja").read_text()
     loop = "{%- for message in rest -%}"
     keep = "{%- if reasoning_content -%}"
-    assert template.count(loop) == 1 and template.count(keep) == 1
+    assert template.count(loop) == 1
+    assert template.count(keep) == 1
     last_user = (
         "{%- set ns = namespace(last_user=-1) -%}"
         "{%- for m in rest -%}{%- if m.role == 'user' -%}"
