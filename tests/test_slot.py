@@ -9,7 +9,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.slot import FinishReason, SequenceSlot, wake_together
+from mlx_responses.model.slot import FinishReason, SequenceSlot
 
 FINISHES: list[FinishReason] = ["stop", "length", "cancelled", "shutdown", "error"]
 
@@ -72,62 +72,3 @@ async def test_a_slow_consumer_gets_coalesced_output_and_never_blocks_the_produc
         assert last.finish == "stop"
         with pytest.raises(trio.EndOfChannel):
             await slot.receive()
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    steps=st.lists(st.lists(st.text(max_size=4), min_size=3, max_size=3), max_size=20),
-    delay=st.sampled_from([0.0, 0.001]),
-)
-def test_slots_woken_together_once_per_step_lose_nothing(
-    steps: list[list[str]], delay: float
-) -> None:
-    """A producer that defers its wake-ups and wakes a step's slots in one call (as the
-    generation thread does) delivers every piece to every consumer, in order, once."""
-
-    async def main() -> None:
-        token = trio.lowlevel.current_trio_token()
-        slots = [SequenceSlot(token) for _ in range(3)]
-
-        def produce() -> None:
-            for step in steps:
-                owed = [
-                    s for s, piece in zip(slots, step, strict=True) if s.push(piece, 1, defer=True)
-                ]
-                wake_together(owed)
-            wake_together([s for s in slots if s.push(finish="stop", defer=True)])
-
-        results: list[tuple[str, int, list[FinishReason]]] = [("", 0, [])] * 3
-        producer = threading.Thread(target=produce)
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                for i, slot in enumerate(slots):
-
-                    async def one(i: int = i, slot: SequenceSlot = slot) -> None:
-                        results[i] = await consume(slot, delay)
-
-                    nursery.start_soon(one)
-                producer.start()
-        producer.join()
-        for i, (text, tokens, finishes) in enumerate(results):
-            assert text == "".join(step[i] for step in steps)
-            assert tokens == len(steps)
-            assert finishes == ["stop"]
-
-    trio.run(main)
-
-
-def test_a_deferred_push_owes_one_wake_up_until_the_consumer_takes() -> None:
-    async def main() -> None:
-        slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        assert slot.push("a", 1, defer=True) is True
-        assert slot.push("b", 1, defer=True) is False  # the first one's wake-up covers it
-        wake_together([slot])
-        with trio.fail_after(5):
-            out = await slot.receive()
-        assert (out.text, out.new_tokens) == ("ab", 2)
-        assert slot.push("c", 1, defer=True) is True  # taken: a new wake-up is owed
-        assert slot.push("d", 1) is False  # not deferred: scheduled by push itself
-        wake_together([])  # nothing to wake is fine
-
-    trio.run(main)

@@ -5,9 +5,6 @@ Invariants:
   response). The producer never blocks on the consumer: it appends under a lock held for a few
   microseconds and, only when the slot goes from empty to non-empty, schedules a wake-up on the
   Trio loop with ``TrioToken.run_sync_soon`` (which does not wait).
-- The generation thread may defer the wake-up (``push(..., defer=True)`` returns whether one is
-  owed) and wake every slot of one batch step with a single ``wake_together`` call: one
-  hand-off to the Trio loop per step instead of one per sequence.
 - Deltas coalesce: however slow the consumer, it receives everything produced since its last
   ``receive`` as one ``SequenceOutput`` (text joined, token counts summed). Nothing is dropped;
   the buffer is bounded by the sequence's own ``max_tokens``.
@@ -40,23 +37,6 @@ class SequenceOutput:
     logprobs: tuple[dict[str, Any], ...] = ()
     # The stop sequence (of the request's ``stop_texts``) that ended the sequence, if one did.
     stop_sequence: str | None = None
-
-
-def wake_together(slots: Sequence[SequenceSlot]) -> None:
-    """Wake the consumers of ``slots`` (each owed a wake-up by a deferred ``push``) with one
-    call into their Trio loop; never blocks."""
-    if not slots:
-        return
-    batch = tuple(slots)
-
-    def wake() -> None:
-        for slot in batch:
-            slot._wake()
-
-    try:
-        batch[0]._token.run_sync_soon(wake)
-    except trio.RunFinishedError:
-        pass  # nobody is left to wake
 
 
 class SequenceSlot:
@@ -92,13 +72,10 @@ class SequenceSlot:
         error: str | None = None,
         logprobs: Sequence[dict[str, Any]] = (),
         stop_sequence: str | None = None,
-        defer: bool = False,
-    ) -> bool:
-        """Add output; with ``defer``, the wake-up is the caller's: True means one is owed
-        (pass the slot to ``wake_together``). Without it, always False."""
+    ) -> None:
         with self._lock:
             if self._finish is not None:
-                return False
+                return
             if text:
                 self._text.append(text)
             self._logprobs.extend(logprobs)
@@ -109,15 +86,12 @@ class SequenceSlot:
                 self._finish = finish
                 self._error = error
             if self._wake_scheduled:
-                return False
+                return
             self._wake_scheduled = True
-        if defer:
-            return True
         try:
             self._token.run_sync_soon(self._wake)
         except trio.RunFinishedError:
             pass  # nobody is left to wake
-        return False
 
     @property
     def finished(self) -> bool:

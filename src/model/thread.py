@@ -8,9 +8,7 @@ Invariants:
   one decode step). Commands are drained before every step, so a new sequence joins the running
   batch at the next step and a removed one leaves it before the next step: cancel latency is
   one step, or one prefill chunk while prefilling.
-- Output goes to each sequence's ``SequenceSlot``, which never blocks this thread. The slots a
-  step wrote to are woken together once the step's output is out (one hand-off to the Trio
-  loop per step, not one per sequence).
+- Output goes to each sequence's ``SequenceSlot``, which never blocks this thread.
 - Every inserted sequence receives exactly one finish on its slot (stop, length, cancelled,
   shutdown or error), and the owner hears of it once through ``on_ended``: that is what
   releases its admission in the model actor.
@@ -36,7 +34,7 @@ from .loader import LoadedModel, load_model
 from .prefix_cache import PrefixCacheStats
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .sampling import make_seeded_sampler, make_shared_sampler
-from .slot import FinishReason, SequenceSlot, wake_together
+from .slot import FinishReason, SequenceSlot
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +199,6 @@ class GenerationThread:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._counters = _Counters()
-        # During a step: the slots owed a wake-up, woken together when the step's output is out.
-        self._wakes: list[SequenceSlot] | None = None
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -288,7 +284,7 @@ class GenerationThread:
                 self._counters.finished += 1
             case _:
                 assert_never(reason)
-        self._push(entry.slot, finish=reason, error=error)
+        entry.slot.push(finish=reason, error=error)
         self._on_ended(entry.seq_id)
 
     def _intake(self, loaded: LoadedModel, generator: Any, stop_tokens: Any) -> bool:
@@ -368,29 +364,13 @@ class GenerationThread:
         self._live[command.seq_id] = entry
         self._by_uid[uid] = entry
 
-    def _push(self, slot: SequenceSlot, *args: Any, **fields: Any) -> None:
-        """``slot.push``; inside a step its wake-up waits for the step's end (``_step``)."""
-        wakes = self._wakes
-        if wakes is None:
-            slot.push(*args, **fields)
-        elif slot.push(*args, defer=True, **fields):
-            wakes.append(slot)
-
     def _step(self, generator: Any) -> None:
-        self._wakes = []
-        try:
-            self._step_outputs(generator)
-        finally:
-            wakes, self._wakes = self._wakes, None
-            wake_together(wakes or ())
-
-    def _step_outputs(self, generator: Any) -> None:
         prompt_responses, generation_responses = generator.next()
         for progress in prompt_responses:
             entry = self._by_uid.get(progress.uid)
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
-                self._push(entry.slot, prefill_done=True)
+                entry.slot.push(prefill_done=True)
                 self._prompt_cache.checkpoint(
                     entry.owner, generator, entry.uid, entry.cache_parent, entry.cache_key
                 )
@@ -433,9 +413,7 @@ class GenerationThread:
             if entry.top_logprobs is None or not tokens
             else (self._logprob_entry(response, entry.top_logprobs),)
         )
-        self._push(
-            entry.slot, text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched
-        )
+        entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
         if matched is not None:
             if finish is None:
                 # Keep what it computed for the next turn, then take it out of the batch.
