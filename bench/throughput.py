@@ -80,6 +80,9 @@ class Measurement:
     # the server for server runs), and by this process's HTTP clients (server runs only).
     cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    # Server runs: the CPU seconds of the server's main thread alone (the Trio loop: HTTP,
+    # events, JSON), the part of the server's work that is not the model's.
+    trio_cpu_s: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -167,10 +170,12 @@ class DirectRunner:
 # -- the server ----------------------------------------------------------------------------------
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process, all threads (Linux ``/proc``; NaN elsewhere)."""
+def process_cpu(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process, all threads, or of its ``thread`` (a Linux
+    thread id; the main thread's is the pid) (Linux ``/proc``; NaN elsewhere)."""
+    stat = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return math.nan
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -207,7 +212,12 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def running_server(
-    command: Sequence[str], model_path: str, log_path: Path, *, ready_timeout: float = 120.0
+    command: Sequence[str],
+    model_path: str,
+    log_path: Path,
+    *,
+    ready_timeout: float = 120.0,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[ServerProcess]:
     """Start the server, wait for ``/health``; always SIGTERM it (then kill) on the way out."""
     port = free_port()
@@ -224,6 +234,7 @@ def running_server(
         "bench",
         "--log-level",
         "info",
+        *extra_args,
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
@@ -567,8 +578,32 @@ class Row:
                 "direct_process": per_kilotoken(self.direct_runs, "cpu_s"),
                 "server_process": per_kilotoken(self.server_runs, "cpu_s"),
                 "bench_clients": per_kilotoken(self.server_runs, "client_cpu_s"),
+                "server_trio_thread": per_kilotoken(self.server_runs, "trio_cpu_s"),
             },
         }
+
+
+def preload_openblas() -> bool:
+    """OpenBLAS for the direct side too, as the server's entry point loads it (``src/blas.py``;
+    ``MLX_RESPONSES_OPENBLAS=0`` skips it on both sides). Before anything imports mlx."""
+    if os.environ.get("MLX_RESPONSES_OPENBLAS", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL("libopenblas.so.0", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def openblas_mapped(pid: int | str = "self") -> bool | None:
+    """Whether process ``pid`` has OpenBLAS mapped (None: cannot tell, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return any("libopenblas" in line for line in maps)
+    except OSError:
+        return None
 
 
 def machine_facts() -> dict[str, Any]:
@@ -635,12 +670,16 @@ def print_report(report: dict[str, Any]) -> None:
         "(tok/s: medians; server/direct: median of the per-repeat ratios; CPU ratio: direct CPU "
         "per token / server CPU per token)"
     )
-    print("CPU seconds per 1000 tokens (medians): direct process | server process | bench clients")
+    print(
+        "CPU seconds per 1000 tokens (medians): direct process | server process "
+        "(its Trio thread) | bench clients"
+    )
     for row in report["throughput"]:
         cpu = row["cpu_s_per_1k_tokens"]
         print(
             f"{row['concurrency']:>11}  {cpu['direct_process']:>6.2f} | "
-            f"{cpu['server_process']:>6.2f} | {cpu['bench_clients']:>6.2f}"
+            f"{cpu['server_process']:>6.2f} ({cpu['server_trio_thread']:>5.2f}) | "
+            f"{cpu['bench_clients']:>6.2f}"
         )
     for name, data in report["disconnect"].items():
         step = data["background_decode_step_ms"]
@@ -708,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         help="command that starts the server, before 'serve' (default: the mlx-responses "
         "script next to this Python); e.g. 'python -m cProfile -o out.prof -m mlx_responses.cli'",
     )
+    parser.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="keep the server's prompt cache on (by default it is off: every repeat sends the "
+        "same prompts, which a cache would serve, while the direct side prefills them)",
+    )
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM unwind through ``running_server``'s ``finally``, which stops the server
     # (started in its own session, so it does not receive the terminal's signals itself).
@@ -716,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     command = shlex.split(args.server_command) if args.server_command else default_server_command()
 
+    preload_openblas()
     started = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -728,8 +774,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = {c: Row(c) for c in concurrencies}
     disconnect: dict[str, dict[str, Any]] = {}
     log_path = RESULTS_DIR / f"server-{stamp}.log"
-    with running_server(command, model_path, log_path) as server:
+    extra = () if args.prompt_cache else ("--prompt-cache-bytes", "0")
+    with running_server(command, model_path, log_path, extra_args=extra) as server:
         print(f"server: {server.base_url} (log {log_path.relative_to(ROOT)})")
+        facts["openblas"] = {
+            "direct": openblas_mapped(),
+            "server": openblas_mapped(server.process.pid),
+        }
+        print(f"OpenBLAS mapped: {facts['openblas']}", flush=True)
         # Warm-up: JIT-compiled CPU kernels and first-use paths on both sides.
         warm = max(concurrencies)
         direct.run(1, 8)
@@ -748,9 +800,12 @@ def main(argv: list[str] | None = None) -> int:
                         got[side] = direct.run(c, args.max_tokens)
                         got[side].cpu_s = time.process_time() - cpu
                     else:
-                        cpu, server_cpu = time.process_time(), process_cpu(server.process.pid)
+                        pid = server.process.pid
+                        cpu, server_cpu = time.process_time(), process_cpu(pid)
+                        trio_cpu = process_cpu(pid, pid)
                         got[side] = trio.run(server_run, server.base_url, c, args.max_tokens)
-                        got[side].cpu_s = process_cpu(server.process.pid) - server_cpu
+                        got[side].cpu_s = process_cpu(pid) - server_cpu
+                        got[side].trio_cpu_s = process_cpu(pid, pid) - trio_cpu
                         got[side].client_cpu_s = time.process_time() - cpu
                 row.direct_runs.append(got["direct"])
                 row.server_runs.append(got["server"])
@@ -805,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_batch_size": PREFILL_BATCH_SIZE,
             "prefill_step_size": PREFILL_STEP_SIZE,
         },
-        "server_command": [*command, "serve", "..."],
+        "server_command": [*command, "serve", "...", *extra],
         "throughput": [row.as_json() for row in rows.values()],
         "disconnect": disconnect,
         "target": {

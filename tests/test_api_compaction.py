@@ -602,3 +602,22 @@ async def test_cancelling_a_background_job_while_it_compacts(nursery: trio.Nurse
     assert stats.sequences_cancelled == 1  # the summary left the batch
     assert stats.active == 0
     assert server.responses.statistics().jobs_active == 0
+
+
+async def test_compacting_the_same_history_again_reports_cached_tokens(
+    server: ServerHandle,
+) -> None:
+    """The summary's own prompt goes through the prompt cache: the second compaction of one
+    history reuses the first one's prefill, and its usage says so (issue 12)."""
+    body = {"model": MODEL, "input": HISTORY, "keep_tokens": 1, "max_output_tokens": 16}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            first = await http.post("/v1/responses/compact", json=body)
+            second = await http.post("/v1/responses/compact", json=body)
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    one, two = first.json()["usage"], second.json()["usage"]
+    assert_strict_compaction(first.json())
+    assert_strict_compaction(second.json())
+    assert one["input_tokens"] == two["input_tokens"] > 0
+    assert 0 < two["input_tokens_details"]["cached_tokens"] < two["input_tokens"]
+    assert first.json()["output"][-1]["type"] == second.json()["output"][-1]["type"]

@@ -198,3 +198,95 @@ async def test_messages_report_cache_reads(server: ServerHandle) -> None:
     reads = second.usage.cache_read_input_tokens or 0
     assert reads >= first.usage.input_tokens
     assert "".join(block.text for block in second.content if block.type == "text") == "goodbye"
+
+
+async def test_prompt_cache_key_keeps_each_keys_latest_entry(nursery: trio.Nursery) -> None:
+    """Two agents in one tenant, a tight byte budget: agent "a" runs three new conversations
+    between agent "b"'s turns. Without prompt_cache_key plain LRU evicts b's entry and b's
+    next turn re-prefills; with the keys, b's latest entry outlives a's older ones, so both
+    agents keep their hits (and the text is the same either way)."""
+    b_first = [{"role": "user", "content": TURNS[0]}]
+    a_prompts = ["Name three colors.", "Say yes.", "Say something short."]
+
+    async def traffic(http: httpx.AsyncClient, keyed: bool) -> list[dict[str, Any]]:
+        def key(name: str) -> dict[str, Any]:
+            return {"prompt_cache_key": name} if keyed else {}
+
+        first = await create(http, input=b_first, store=False, **key("b"))
+        done = [first]
+        for text in a_prompts:
+            done.append(
+                await create(
+                    http, input=[{"role": "user", "content": text}], store=False, **key("a")
+                )
+            )
+        # a's latest conversation comes back: its entry is the most recent, it hits.
+        a_last = [{"role": "user", "content": a_prompts[-1]}]
+        done.append(await create(http, input=a_last, store=False, **key("a")))
+        history = [*b_first, *first["output"], {"role": "user", "content": TURNS[1]}]
+        done.append(await create(http, input=history, store=False, **key("b")))
+        return done
+
+    # Measure each entry's size on a roomy server, then leave room for b's entry and a's
+    # last one plus half of another: a plain LRU must drop b's to fit a's second and third.
+    probe = await start(nursery)
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=probe.base_url, timeout=60) as http:
+            sizes = []
+            before = 0
+            for step in range(4):
+                body = b_first if step == 0 else [{"role": "user", "content": a_prompts[step - 1]}]
+                await create(http, input=body, store=False)
+                now = (await health(http))["bytes"]
+                sizes.append(now - before)
+                before = now
+    size_b, _, size_a2, size_a3 = sizes
+    assert min(sizes) > 0
+    budget = size_b + size_a3 + size_a2 // 2
+    plain_server = await start(nursery, prompt_cache_bytes=budget)
+    keyed_server = await start(nursery, prompt_cache_bytes=budget)
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=plain_server.base_url, timeout=60) as http:
+            plain = await traffic(http, keyed=False)
+            plain_stats = await health(http)
+        async with httpx.AsyncClient(base_url=keyed_server.base_url, timeout=60) as http:
+            keyed = await traffic(http, keyed=True)
+            keyed_stats = await health(http)
+    assert [output_text(r) for r in plain] == [output_text(r) for r in keyed]
+    b_prompt = keyed[0]["usage"]["input_tokens"]
+    assert cached(keyed[-1]) >= b_prompt  # b kept its entry
+    assert cached(plain[-1]) < b_prompt  # without keys it was evicted (the template's
+    # first tokens may still be shared with a's entries)
+    for run in (plain, keyed):
+        a_again = run[-2]
+        assert cached(a_again) == a_again["usage"]["input_tokens"] - 1
+    for stats in (plain_stats, keyed_stats):
+        assert stats["evictions"] > 0, stats
+        assert stats["bytes"] <= budget
+
+
+async def test_a_stop_sequence_keeps_the_reply_for_the_next_turn(server: ServerHandle) -> None:
+    """A stop *text* ends the sequence mid-batch: what it computed, reply included, is still
+    stored, so the next turn reuses past the end of the first prompt (issue 12)."""
+    first_turn = [{"role": "user", "content": "Count from 1 to 110."}]
+    body = {"model": MODEL, "max_tokens": 1000, **GREEDY}
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            one = await http.post(
+                "/v1/messages", json={**body, "messages": first_turn, "stop_sequences": ["9 10"]}
+            )
+            assert one.status_code == 200, one.text
+            first = one.json()
+            reply = "".join(block["text"] for block in first["content"])
+            history = [
+                *first_turn,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": TURNS[1]},
+            ]
+            two = await http.post("/v1/messages", json={**body, "messages": history})
+            assert two.status_code == 200, two.text
+            second = two.json()
+    assert first["stop_reason"] == "stop_sequence"
+    assert reply == "1 2 3 4 5 6 7 8 "
+    # The first prompt and the reply's tokens up to where the replay re-tokenizes differently.
+    assert second["usage"]["cache_read_input_tokens"] > first["usage"]["input_tokens"] + 4

@@ -175,3 +175,48 @@ async def test_eight_concurrent_streams_equal_their_solo_outputs(server: ServerH
     assert stats.active == 0
     # They shared the running batch rather than queueing one after another.
     assert stats.peak_decoding >= 4
+
+
+def shape(events: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A stream's event types, each run of text deltas as one entry (how many deltas a run of
+    text arrives in follows the batch's timing, on an unloaded server too)."""
+    out: list[str] = []
+    for name, _ in events:
+        if not (name.endswith(".delta") and out and out[-1] == name):
+            out.append(name)
+    return out
+
+
+async def test_sixteen_streams_under_load_equal_their_unloaded_streams(
+    server: ServerHandle,
+) -> None:
+    """16 streams at once: the SSE writer joins pending events into fewer writes (issue 12);
+    every stream is still strictly valid event by event, numbered without a gap, and carries
+    the same events and text as the same request alone."""
+    prompts = user_prompts()
+    chosen = [prompts[i % len(prompts)][0] for i in range(16)]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+
+        async def run(text: str) -> list[tuple[str, dict[str, Any]]]:
+            body = {"model": MODEL, "input": text, "temperature": 0, "max_output_tokens": 1000}
+            return await post_stream(http, body)
+
+        with trio.fail_after(DEADLINE):
+            alone = {text: await run(text) for text, _ in prompts}
+            loaded: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in chosen]
+
+            async def one(i: int, text: str) -> None:
+                loaded[i] = await run(text)
+
+            async with trio.open_nursery() as n:
+                for i, text in enumerate(chosen):
+                    n.start_soon(one, i, text)
+    for text, events in zip(chosen, loaded, strict=True):
+        final = assert_stream_invariants(events)  # strict, numbered 0..n-1, deltas join
+        solo = alone[text]
+        assert output_text(final) == output_text(assert_stream_invariants(solo))
+        assert shape(events) == shape(solo)
+        solo_usage = solo[-1][1]["response"]["usage"]
+        for count in ("input_tokens", "output_tokens"):  # the cached share may differ
+            assert final["usage"][count] == solo_usage[count]
+    assert server.model.statistics().peak_decoding > 2  # the writers did coalesce

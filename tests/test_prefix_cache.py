@@ -32,6 +32,25 @@ class Model:
         default_factory=OrderedDict
     )
     evictions: int = 0
+    # (tenant, key) -> the entry's partition (its prompt_cache_key), for partitioned entries.
+    partitions: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
+
+    def evict_one(self) -> None:
+        """The oldest entry that is not the last of its partition (of its tenant), else the
+        oldest."""
+        victim = next(iter(self.lru))
+        for owner, key in self.lru:
+            part = self.partitions.get((owner, key))
+            same = [k for k in self.lru if k[0] == owner and self.partitions.get(k) == part]
+            if part is None or len(same) > 1:
+                victim = (owner, key)
+                break
+        self.drop(victim)
+        self.evictions += 1
+
+    def drop(self, entry: tuple[str, tuple[int, ...]]) -> None:
+        self.lru.pop(entry, None)
+        self.partitions.pop(entry, None)
 
     @property
     def nbytes(self) -> int:
@@ -45,6 +64,7 @@ class Model:
         size: int,
         sup: bool,
         replaces: tuple[int, ...] | None = None,
+        partition: str | None = None,
     ) -> None:
         if not key:
             return
@@ -53,15 +73,17 @@ class Model:
             return
         self.lru[(tenant, key)] = (value, size)
         self.lru.move_to_end((tenant, key))
+        self.partitions.pop((tenant, key), None)
+        if partition is not None:
+            self.partitions[(tenant, key)] = partition
         if sup and replaces is not None and replaces != key:
-            self.lru.pop((tenant, replaces), None)
+            self.drop((tenant, replaces))
         if sup:
             for owner, other in list(self.lru):
                 if owner == tenant and len(other) < len(key) and key[: len(other)] == other:
-                    del self.lru[(owner, other)]
+                    self.drop((owner, other))
         while len(self.lru) > self.max_entries or self.nbytes > self.max_bytes:
-            self.lru.popitem(last=False)
-            self.evictions += 1
+            self.evict_one()
 
     def best_reuse(self, tenant: str, tokens: tuple[int, ...], limit: int, trim_ok: bool) -> int:
         best = 0
@@ -97,6 +119,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         size=st.integers(0, 25),
         sup=st.booleans(),
         replaces=st.none() | tokens_st,
+        partition=st.sampled_from([None, None, "a", "b"]),
     )
     def insert(
         self,
@@ -105,14 +128,23 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         size: int,
         sup: bool,
         replaces: tuple[int, ...] | None,
+        partition: str | None = None,
     ) -> None:
         assert self.cache is not None
         assert self.model is not None
         self.counter += 1
         value = f"v{self.counter}:{tenant}:{key}"
-        self.cache.insert(tenant, key, value, size, supersedes_prefixes=sup, replaces=replaces)
+        self.cache.insert(
+            tenant,
+            key,
+            value,
+            size,
+            supersedes_prefixes=sup,
+            replaces=replaces,
+            partition=partition,
+        )
         if self.cache.enabled:
-            self.model.insert(tenant, key, value, size, sup, replaces)
+            self.model.insert(tenant, key, value, size, sup, replaces, partition)
 
     @precondition(lambda self: self.model is not None and bool(self.model.lru))
     @rule(data=st.data(), extra=tokens_st, size=st.integers(0, 25))
@@ -121,7 +153,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert self.model is not None
         tenant, parent = data.draw(st.sampled_from(sorted(self.model.lru)))
         keep = data.draw(st.integers(0, len(parent)))
-        self.insert(tenant, parent[:keep] + extra, size, True, parent)
+        partition = self.model.partitions.get((tenant, parent))
+        self.insert(tenant, parent[:keep] + extra, size, True, parent, partition)
 
     @precondition(lambda self: self.cache is not None)
     @rule(
@@ -159,8 +192,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert self.model is not None
         self.cache.trim_to(budget)
         while self.model.lru and self.model.nbytes > budget:
-            self.model.lru.popitem(last=False)
-            self.model.evictions += 1
+            self.model.evict_one()
 
     @invariant()
     def agrees_with_the_model(self) -> None:
@@ -235,3 +267,39 @@ def test_a_zero_bound_disables_the_cache(max_bytes: int, max_entries: int) -> No
     assert len(cache) == 0
     assert cache.lookup("t", (1, 2, 3, 4)) is None
     assert not cache.stats.to_json()["enabled"]
+
+
+def test_a_busy_key_does_not_evict_another_keys_latest_entry() -> None:
+    """Room for 3 entries: key "a" stores 4 conversations, key "b" one (first). Plain LRU
+    would drop b's; partitioned, a's oldest go instead and each key keeps its latest."""
+    cache: PrefixCache[str] = PrefixCache(max_bytes=30, max_entries=10)
+    cache.insert("t", (9, 9), "b1", 10, partition="b")
+    for i in range(4):
+        cache.insert("t", (i, i), f"a{i}", 10, partition="a")
+    assert cache.keys("t") == [(9, 9), (2, 2), (3, 3)]
+    found = cache.lookup("t", (9, 9, 5))
+    assert found is not None
+    assert found.value == "b1"
+    # Without keys the same traffic is plain LRU: the first entry is gone.
+    plain: PrefixCache[str] = PrefixCache(max_bytes=30, max_entries=10)
+    plain.insert("t", (9, 9), "b1", 10)
+    for i in range(4):
+        plain.insert("t", (i, i), f"a{i}", 10)
+    assert plain.lookup("t", (9, 9, 5)) is None
+    # Partitions are per tenant: another tenant's key "b" is its own partition, and a's
+    # older entry is what makes room for it.
+    cache.insert("u", (9, 9), "u", 10, partition="b")
+    assert cache.keys("t") == [(3, 3), (9, 9)]  # (9, 9) was used last
+    assert cache.keys("u") == [(9, 9)]
+    found = cache.lookup("u", (9, 9, 5))
+    assert found is not None
+    assert found.value == "u"
+
+
+def test_when_every_entry_is_some_keys_latest_lru_applies() -> None:
+    cache: PrefixCache[str] = PrefixCache(max_bytes=20, max_entries=10)
+    cache.insert("t", (1,), "x", 10, partition="x")
+    cache.insert("t", (2,), "y", 10, partition="y")
+    cache.insert("t", (3,), "z", 10, partition="z")
+    assert cache.keys("t") == [(2,), (3,)]
+    assert cache.stats.evictions == 1

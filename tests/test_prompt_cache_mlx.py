@@ -72,7 +72,7 @@ def test_disabled_cache_stores_and_serves_nothing() -> None:
 def test_a_grown_entry_replaces_the_one_it_was_served_from() -> None:
     cache = PromptCache(1 << 20, 8)
     first = tuple(range(10))
-    cache.store("t", first, kv_cache(10))
+    cache.store("t", first, kv_cache(10), prompt_tokens=5)  # a 5-token prompt, 5 generated
     # The next turn shares 6 tokens, then goes its own way (a reply that re-tokenized).
     reuse = cache.fetch("t", (*first[:6], 50, 51, 52))
     assert reuse.parent == first
@@ -80,3 +80,17 @@ def test_a_grown_entry_replaces_the_one_it_was_served_from() -> None:
     cache.store("t", (*first[:6], 50, 51, 52), kv_cache(9), replaces=reuse.parent)
     assert cache.stats.entries == 1
     assert cache.fetch("t", (*first[:6], 50, 51, 52, 53)).tokens == 9
+
+
+def test_another_conversation_sharing_only_a_prefix_does_not_replace_the_entry() -> None:
+    cache = PromptCache(1 << 20, 8)
+    first = tuple(range(10))
+    cache.store("t", first, kv_cache(10), prompt_tokens=8)
+    # A new conversation shares the first 3 tokens (a system prompt), not the whole prompt.
+    other = (*first[:3], 70, 71, 72)
+    reuse = cache.fetch("t", other)
+    assert reuse.tokens == 3
+    assert reuse.parent is None
+    cache.store("t", other, kv_cache(6), replaces=reuse.parent)
+    assert cache.stats.entries == 2
+    assert cache.fetch("t", (*first, 11)).tokens == 10  # the first conversation still hits

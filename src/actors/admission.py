@@ -136,6 +136,7 @@ async def admit(
                 make_processors=make_processors,
                 stop_texts=request.stop_sequences,
                 owner=request.owner,
+                cache_key=config.prompt_cache_key,
             )
         )
     except ModelUnavailable as exc:

@@ -163,6 +163,7 @@ async def _summarize(
     counted = final["usage"]
     usage = Usage(
         input_tokens=counted["input_tokens"],
+        cached_tokens=counted["input_tokens_details"]["cached_tokens"],
         output_tokens=counted["output_tokens"],
         reasoning_tokens=counted["output_tokens_details"]["reasoning_tokens"],
     )

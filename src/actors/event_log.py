@@ -5,6 +5,7 @@ Invariants:
   subscribers (an SSE body, a JSON answer, the Anthropic encoder, a replaying ``GET
   ?stream=true``) wait on it. Events are only appended, never changed; ``close`` is final,
   records the final object, and wakes every reader.
+- Each event is encoded as SSE at most once (``encoded``), however many subscribers read it.
 - A stored response's record is in the response store before its log closes, so a
   subscriber that saw the terminal event and then GETs the response finds it.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ..protocol.sse import encode_sse
 from ..storage.interface import scoped
 
 JsonObject = dict[str, Any]
@@ -32,6 +34,7 @@ class EventLog:
         self.key = scoped(owner, response_id)
         self._snapshot = snapshot
         self._events: list[JsonObject] = []
+        self._sse: list[bytes] = []  # the first len(_sse) events, SSE-encoded (filled lazily)
         self._closed = False
         self._changed = trio.Event()
         self.prompt_tokens = 0  # set by the owner once its prompt is admitted
@@ -77,6 +80,13 @@ class EventLog:
     def _wake(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+
+    def encoded(self, start: int, stop: int) -> bytes:
+        """Events ``[start, stop)`` as one SSE chunk; each event is encoded once, for all."""
+        sse, events = self._sse, self._events
+        for index in range(len(sse), min(stop, len(events))):
+            sse.append(encode_sse(events[index]))
+        return b"".join(sse[start:stop])
 
     async def wait_after(self, position: int) -> list[JsonObject]:
         """Events from ``position`` on, waiting for some; ``[]`` once closed and read out."""

@@ -104,6 +104,8 @@ class GenerationRequest:
     stop_texts: tuple[str, ...] = ()
     # The tenant (decision 12): scopes the prompt cache.
     owner: str = ""
+    # The request's prompt_cache_key: the prompt-cache partition its entries are kept in.
+    cache_key: str | None = None
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -487,6 +489,7 @@ class _ModelState:
             request.seed,
             request.stop_texts,
             request.owner,
+            request.cache_key,
         )
         self.admitted[seq_id] = command
         self.worker.thread.send(command)

@@ -9,7 +9,11 @@ Invariants:
   channel, so the tenant is part of the key, not a filter applied afterwards).
 - ``bytes`` is the sum of the stored entries' sizes and never exceeds ``max_bytes`` after a
   call returns; the entry count never exceeds ``max_entries``. Least recently used (stored or
-  served) goes first. An entry larger than ``max_bytes`` is not kept (counted as an eviction).
+  served) goes first, except that the most recent entry of each ``partition`` (a tenant's
+  ``prompt_cache_key``) goes only once every other entry has gone: one busy key cannot evict
+  the latest entry of every other key while the bounds can hold them. Entries stored without
+  a partition are plain LRU. An entry larger than ``max_bytes`` is not kept (counted as an
+  eviction). Partitions never reach across tenants (they are counted per tenant).
 - ``lookup`` reuses at most ``limit`` tokens of the prompt and picks, among
   - an entry equal to a prefix of the prompt (used as it is),
   - an entry that shares a longer prefix with the prompt but goes on past it or diverges
@@ -76,6 +80,7 @@ class PrefixMatch(Generic[V]):
 class _Entry(Generic[V]):
     value: V
     nbytes: int
+    partition: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -118,6 +123,8 @@ class PrefixCache(Generic[V]):
         self._misses = 0
         self._reused = 0
         self._evictions = 0
+        # (tenant, partition) -> how many entries it holds (partitioned entries only).
+        self._partitions: dict[tuple[str, str], int] = {}
         self.stats = PrefixCacheStats(max_bytes=max_bytes, max_entries=max_entries)
 
     @property
@@ -205,8 +212,11 @@ class PrefixCache(Generic[V]):
         *,
         supersedes_prefixes: bool = False,
         replaces: Sequence[int] | None = None,
+        partition: str | None = None,
     ) -> None:
-        """Store ``value`` under ``(tenant, tokens)``, replacing an entry with the same key.
+        """Store ``value`` under ``(tenant, tokens)``, replacing an entry with the same key;
+        ``partition`` (the request's ``prompt_cache_key``) protects the latest entry of each
+        partition from eviction while others can go (see the module's invariants).
         ``supersedes_prefixes``: the value can be trimmed, so entries under proper prefixes
         of ``tokens`` are redundant and dropped (not counted as evictions); then ``replaces``
         too, if given: the entry this one grew from, whose own continuation the
@@ -222,7 +232,9 @@ class PrefixCache(Generic[V]):
         node = self._node_for(tenant, tokens)
         if node.entry is not None:
             self._bytes -= node.entry.nbytes
-        node.entry = _Entry(value, nbytes)
+            self._count(tenant, node.entry.partition, -1)
+        node.entry = _Entry(value, nbytes, partition)
+        self._count(tenant, partition, 1)
         self._bytes += nbytes
         self._lru[(tenant, tokens)] = node
         self._lru.move_to_end((tenant, tokens))
@@ -240,24 +252,43 @@ class PrefixCache(Generic[V]):
                 depth -= len(ancestor.edge)
                 ancestor = parent
         while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
-            (owner, key), _ = next(iter(self._lru.items()))
-            self._remove(owner, key)
+            self._remove(*self._victim())
             self._evictions += 1
         self._refresh()
 
     def trim_to(self, max_bytes: int) -> None:
         """Evict least recently used entries until at most ``max_bytes`` are held."""
         while self._lru and self._bytes > max(0, max_bytes):
-            (owner, key), _ = next(iter(self._lru.items()))
-            self._remove(owner, key)
+            self._remove(*self._victim())
             self._evictions += 1
         self._refresh()
 
     def clear(self) -> None:
         self._roots.clear()
         self._lru.clear()
+        self._partitions.clear()
         self._bytes = 0
         self._refresh()
+
+    def _victim(self) -> tuple[str, Tokens]:
+        """The least recently used entry that is not its partition's only (latest) one; the
+        least recently used of all when every entry is."""
+        for (owner, key), node in self._lru.items():
+            assert node.entry is not None
+            partition = node.entry.partition
+            if partition is None or self._partitions[(owner, partition)] > 1:
+                return owner, key
+        return next(iter(self._lru))
+
+    def _count(self, tenant: str, partition: str | None, change: int) -> None:
+        if partition is None:
+            return
+        slot = (tenant, partition)
+        left = self._partitions.get(slot, 0) + change
+        if left > 0:
+            self._partitions[slot] = left
+        else:
+            self._partitions.pop(slot, None)
 
     def _node_for(self, tenant: str, tokens: Tokens) -> _Node[V]:
         """The node for ``tokens`` in the tenant's tree, made (splitting an edge) if needed."""
@@ -287,6 +318,7 @@ class PrefixCache(Generic[V]):
         node = self._lru.pop((tenant, tokens))
         assert node.entry is not None
         self._bytes -= node.entry.nbytes
+        self._count(tenant, node.entry.partition, -1)
         node.entry = None
         # Prune: drop empty leaves, merge a valueless node with its only child.
         while node.parent is not None and node.entry is None and len(node.children) <= 1:

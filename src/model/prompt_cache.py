@@ -12,6 +12,10 @@ Invariants:
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
 - An entry's key is exactly the tokens its KV cache holds (checked on store).
+- ``Reuse.parent`` (the entry a new sequence may replace once it is stored) is set only when
+  the new prompt reuses all of that entry's *prompt*, diverging at most in its generated tail
+  (a replayed reply that re-tokenized): another conversation that shares only a system prompt
+  with an entry never replaces it.
 - Best effort: an exception while fetching is a miss, while storing a lost entry (both
   logged); neither ever fails the sequence it happened for.
 """
@@ -62,6 +66,14 @@ def _size(cache: Sequence[Any]) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class _Stored:
+    """A stored KV cache and how many of its tokens were its sequence's prompt."""
+
+    layers: list[Any]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Reuse:
     """What ``fetch`` found: a fresh cache holding the prompt's first ``tokens`` tokens
     (None: nothing reusable) and the key of the entry it came from."""
@@ -78,7 +90,7 @@ class PromptCache:
     """KV caches keyed by ``(tenant, tokens)``; bounded by bytes and entries (0 disables)."""
 
     def __init__(self, max_bytes: int, max_entries: int) -> None:
-        self._core: PrefixCache[list[Any]] = PrefixCache(max_bytes, max_entries)
+        self._core: PrefixCache[_Stored] = PrefixCache(max_bytes, max_entries)
 
     @property
     def enabled(self) -> bool:
@@ -103,14 +115,18 @@ class PromptCache:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         match = self._core.lookup(
-            tenant, prompt, limit=len(prompt) - 1, trimmable=can_trim_prompt_cache
+            tenant,
+            prompt,
+            limit=len(prompt) - 1,
+            trimmable=lambda stored: bool(can_trim_prompt_cache(stored.layers)),
         )
         if match is None:
             return MISS
-        cache = [_copy_layer(layer) for layer in match.value]
+        cache = [_copy_layer(layer) for layer in match.value.layers]
         if match.trim:
             trim_prompt_cache(cache, match.trim)
-        return Reuse(cache, match.reused, match.key)
+        grown = match.reused >= match.value.prompt_tokens
+        return Reuse(cache, match.reused, match.key if grown else None)
 
     def store(
         self,
@@ -118,14 +134,19 @@ class PromptCache:
         tokens: Sequence[int],
         cache: Sequence[Any] | None,
         replaces: tuple[int, ...] | None = None,
+        partition: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         """Keep ``cache``, which holds exactly ``tokens``, for later prompts of ``tenant``;
         ``replaces``: the entry the sequence was served from (``Reuse.parent``), dropped when
-        this one can stand in for it (``PrefixCache.insert``)."""
+        this one can stand in for it (``PrefixCache.insert``); ``partition``: the request's
+        ``prompt_cache_key``, whose latest entry eviction spares while it can; ``prompt_tokens``:
+        how many of ``tokens`` were the prompt (the rest was generated; default: all)."""
         if not self._core.enabled or cache is None or not tokens:
             return
         try:
-            self._store(tenant, tokens, cache, replaces)
+            prompt = len(tokens) if prompt_tokens is None else min(prompt_tokens, len(tokens))
+            self._store(tenant, tokens, cache, replaces, partition, prompt)
         except Exception:
             log.exception("prompt cache: could not store an entry")
 
@@ -135,6 +156,8 @@ class PromptCache:
         tokens: Sequence[int],
         cache: Sequence[Any],
         replaces: tuple[int, ...] | None,
+        partition: str | None,
+        prompt_tokens: int,
     ) -> None:
         if _size(cache) != len(tokens):
             log.debug("prompt cache: a cache of %s tokens for %d tokens", _size(cache), len(tokens))
@@ -149,14 +172,21 @@ class PromptCache:
         self._core.insert(
             tenant,
             tokens,
-            layers,
+            _Stored(layers, prompt_tokens),
             nbytes,
             supersedes_prefixes=can_trim_prompt_cache(layers),
             replaces=replaces,
+            partition=partition,
         )
 
     def checkpoint(
-        self, tenant: str, generator: Any, uid: int, replaces: tuple[int, ...] | None = None
+        self,
+        tenant: str,
+        generator: Any,
+        uid: int,
+        replaces: tuple[int, ...] | None = None,
+        partition: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end)."""
         if not self._core.enabled:
@@ -168,7 +198,7 @@ class PromptCache:
             return
         if found is not None:
             cache, tokens = found
-            self.store(tenant, tuple(tokens), cache, replaces)
+            self.store(tenant, tuple(tokens), cache, replaces, partition, prompt_tokens)
 
     def clear(self) -> None:
         self._core.clear()

@@ -60,6 +60,8 @@ class InsertSequence:
     stop_texts: tuple[str, ...] = ()
     # The tenant: the prompt cache serves a sequence only from its own tenant's prefixes.
     owner: str = ""
+    # Its prompt_cache_key: the tenant's cache keeps each key's latest entry (PrefixCache).
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,8 @@ class _Live:
     prefill_done: bool = False
     owner: str = ""
     cache_parent: tuple[int, ...] | None = None  # the prompt-cache entry it was served from
+    cache_key: str | None = None
+    prompt_length: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +358,8 @@ class GenerationThread:
             command.top_logprobs,
             owner=command.owner,
             cache_parent=reuse.parent,
+            cache_key=command.cache_key,
+            prompt_length=len(command.prompt),
         )
         self._live[command.seq_id] = entry
         self._by_uid[uid] = entry
@@ -365,7 +371,9 @@ class GenerationThread:
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)
-                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid, entry.cache_parent)
+                self._prompt_cache.checkpoint(
+                    entry.owner, generator, entry.uid, entry.cache_parent, entry.cache_key
+                )
         for response in generation_responses:
             entry = self._by_uid.get(response.uid)
             if entry is None or entry.fault.error is not None:
@@ -409,13 +417,32 @@ class GenerationThread:
         if matched is not None:
             if finish is None:
                 # Keep what it computed for the next turn, then take it out of the batch.
-                self._prompt_cache.checkpoint(entry.owner, generator, entry.uid, entry.cache_parent)
+                self._prompt_cache.checkpoint(
+                    entry.owner,
+                    generator,
+                    entry.uid,
+                    entry.cache_parent,
+                    entry.cache_key,
+                    entry.prompt_length,
+                )
                 generator.remove([entry.uid])
             else:
-                self._prompt_cache.store(entry.owner, response.all_tokens, response.prompt_cache)
+                self._prompt_cache.store(
+                    entry.owner,
+                    response.all_tokens,
+                    response.prompt_cache,
+                    partition=entry.cache_key,
+                    prompt_tokens=entry.prompt_length,
+                )
             self._end(entry, "stop")
         elif finish is not None:
-            self._prompt_cache.store(entry.owner, response.all_tokens, response.prompt_cache)
+            self._prompt_cache.store(
+                entry.owner,
+                response.all_tokens,
+                response.prompt_cache,
+                partition=entry.cache_key,
+                prompt_tokens=entry.prompt_length,
+            )
             self._end(entry, "length" if finish == "length" else "stop")
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from typing import Any
 
 __all__ = ["SseDecoder", "SseError", "encode_sse"]
 
+# One encoder for every event (``json.dumps`` with options builds a new one per call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
 
 class SseError(ValueError):
     """A decoded event whose data is not one JSON object."""
@@ -33,8 +36,7 @@ def encode_sse(event: dict[str, Any]) -> bytes:
         or "\r" in event_type
     ):
         raise ValueError(f"event type must be a one-line non-empty string, got {event_type!r}")
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return f"event: {event_type}\ndata: {data}\n\n".encode()
+    return f"event: {event_type}\ndata: {_ENCODER.encode(event)}\n\n".encode()
 
 
 class SseDecoder:
