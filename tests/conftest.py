@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import settings as hypothesis_settings
 from openai import AsyncOpenAI
 
 from mlx_responses.actors.model import ModelSettings
@@ -20,6 +21,11 @@ from mlx_responses.storage.choice import MEMORY, StoreChoice
 from .faults import ThreadFaults
 
 MODEL = BUNDLED_ALIAS
+
+# Tests never assert timings: Hypothesis' per-example deadline would fail a property on a slow,
+# shared machine for no behaviour a user sees, so it is off for every property test.
+hypothesis_settings.register_profile("mlx-responses", deadline=None)
+hypothesis_settings.load_profile("mlx-responses")
 # Start-up, including the first-run JIT of MLX's CPU kernels, stays well under this.
 START_DEADLINE = 60
 
