@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance
+.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance postgres
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/mypy src
 
-unit: $(STAMP)
+# Issue 15: the tests start a real PostgreSQL server from Debian's postgresql-15 binaries.
+PG_PROBE := /usr/lib/postgresql/15/bin/postgres
+postgres:
+	scripts/ensure-debian.sh postgresql-15:$(PG_PROBE)
+
+unit: $(STAMP) postgres
 	$(PY) -m pytest -q
 
 test: check unit

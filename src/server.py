@@ -31,6 +31,7 @@ from .actors.conversation_store import run_conversation_store
 from .actors.file_store import run_file_store
 from .actors.model import run_model_actor
 from .actors.reasoning_echo import run_reasoning_echo
+from .actors.replica_link import new_replica_id, start_replica_link
 from .actors.response_store import run_response_store
 from .actors.runtime import Actors
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
@@ -66,8 +67,14 @@ async def serve(
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
         # Issue 15: each store actor opens its durable backend (if any) on a thread of its own.
+        replica_id = new_replica_id()
         backends = openers(
-            settings.store, settings.responses_store, settings.conversation_store, settings.files
+            settings.store,
+            settings.responses_store,
+            settings.conversation_store,
+            settings.files,
+            replica_id=replica_id,
+            lease_seconds=settings.replica_lease_seconds,
         )
         store = await nursery.start(
             partial(
@@ -88,7 +95,10 @@ async def serve(
         )
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
-        actors = Actors(model, store, conversations, files, echo, timings=Metrics())  # issue 16
+        replica = await start_replica_link(nursery, settings, replica_id, store)  # issue 15
+        actors = Actors(
+            model, store, conversations, files, echo, timings=Metrics(), replica=replica
+        )  # issue 16: timings
         responses = await nursery.start(
             run_response_supervisor,
             actors,
@@ -99,6 +109,8 @@ async def serve(
                 max_sockets_per_tenant=settings.websocket_max_connections,
             ),
         )
+        if replica is not None:
+            replica.bind(responses.cancel)
         runtime = Runtime(settings, actors, responses, int(time.time()), stop)
 
         config = HypercornConfig()

@@ -41,3 +41,5 @@ class ServerSettings:
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.
     websocket_max_connections: int = 16
     websocket_max_seconds: float = 3600.0
+    # Issue 15: with a postgresql:// store, how long a replica's lease lasts (docs/deploy.md).
+    replica_lease_seconds: float = 10.0

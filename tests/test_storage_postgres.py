@@ -41,7 +41,9 @@ class Clock:
         return self.now
 
 
-def record(response_id: str, text: str = "hello", owner: str = "", **extra: object) -> StoredResponse:
+def record(
+    response_id: str, text: str = "hello", owner: str = "", **extra: object
+) -> StoredResponse:
     response = {"id": response_id, "object": "response", "status": "completed", "output": []}
     response.update(extra)
     return StoredResponse(response, ({"id": "msg_1", "role": "user", "content": text},), (), owner)

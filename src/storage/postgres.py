@@ -144,7 +144,7 @@ class PgDatabase:
                 )
             for step in MIGRATIONS[version:]:
                 for statement in step:
-                    conn.execute(statement)  # type: ignore[call-overload]
+                    conn.execute(statement)
             conn.execute("UPDATE mlx_schema SET version = %s", (SCHEMA_VERSION,))
 
     @contextmanager
@@ -200,7 +200,7 @@ class _PgTable:
 
     def _expire(self, conn: psycopg.Connection[Any], now: float) -> None:
         cur = conn.execute(
-            f"DELETE FROM {self._table} WHERE NOT ({self._readable()})",  # type: ignore[arg-type]
+            f"DELETE FROM {self._table} WHERE NOT ({self._readable()})",
             {"now": now},
         )
         self._expirations += max(cur.rowcount, 0)
@@ -216,7 +216,7 @@ class _PgTable:
                         SELECT key, sum(nbytes) OVER w AS total, row_number() OVER w AS n
                         FROM {self._table}
                         WINDOW w AS (ORDER BY used DESC ROWS UNBOUNDED PRECEDING)) AS ranked
-                    WHERE total > %s OR n > %s)""",  # type: ignore[arg-type]
+                    WHERE total > %s OR n > %s)""",
                 (limits.max_bytes, limits.max_entries),
             )
             self._evictions += max(cur.rowcount, 0)
@@ -225,7 +225,7 @@ class _PgTable:
 
     def _totals(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
         row = conn.execute(
-            f"SELECT count(*), coalesce(sum(nbytes), 0) FROM {self._table}"  # type: ignore[arg-type]
+            f"SELECT count(*), coalesce(sum(nbytes), 0) FROM {self._table}"
         ).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
@@ -248,7 +248,7 @@ class _PgTable:
         with self._db.transaction() as conn:
             self._lock(conn)
             self._expire(conn, now)
-            conn.execute(f"DELETE FROM {self._table} WHERE key = %s", (key,))  # type: ignore[arg-type]
+            conn.execute(f"DELETE FROM {self._table} WHERE key = %s", (key,))
             kept = not refuse
             if kept and (
                 limits.max_entries == 0 or limits.max_bytes == 0 or nbytes > limits.max_bytes
@@ -257,7 +257,7 @@ class _PgTable:
                 kept = False
             if kept:
                 conn.execute(
-                    f"INSERT INTO {self._table} (key, owner, blob, nbytes, written_at, used, "  # type: ignore[arg-type]
+                    f"INSERT INTO {self._table} (key, owner, blob, nbytes, written_at, used, "
                     "deadline, data, uploaded) VALUES "
                     "(%s, %s, %s, %s, %s, nextval('mlx_use'), %s, %s, nextval('mlx_use'))",
                     (key, owner, blob, nbytes, now, deadline, data),
@@ -272,7 +272,7 @@ class _PgTable:
         with self._db.transaction() as conn:
             conn.execute("SET LOCAL synchronous_commit = off")
             return conn.execute(
-                f"UPDATE {self._table} SET used = nextval('mlx_use') "  # type: ignore[arg-type]
+                f"UPDATE {self._table} SET used = nextval('mlx_use') "
                 f"WHERE key = %(key)s AND {self._readable()} RETURNING {columns}",
                 {"key": key, "now": self._clock()},
             ).fetchone()
@@ -282,7 +282,7 @@ class _PgTable:
         with self._db.transaction() as conn:
             self._lock(conn)
             self._expire(conn, now)
-            cur = conn.execute(f"DELETE FROM {self._table} WHERE key = %s", (key,))  # type: ignore[arg-type]
+            cur = conn.execute(f"DELETE FROM {self._table} WHERE key = %s", (key,))
             self._entries, self._bytes = self._totals(conn)
         return cur.rowcount > 0
 
@@ -483,14 +483,14 @@ class PgFileStorage(_PgTable):
 
     def list(self, owner: str = "", purpose: str | None = None) -> tuple[StoredFile, ...]:
         rows = self._db.conn.execute(
-            f"SELECT blob FROM files WHERE owner = %(owner)s AND {self._readable()} "  # type: ignore[arg-type]
+            f"SELECT blob FROM files WHERE owner = %(owner)s AND {self._readable()} "
             "ORDER BY uploaded",
             {"owner": owner, "now": self._clock()},
         ).fetchall()
         found = (_file_from(row[0], None) for row in rows)
         return tuple(f for f in found if purpose is None or f.purpose == purpose)
 
-    def delete(self, file_id: str, owner: str = "") -> bool:  # type: ignore[override]
+    def delete(self, file_id: str, owner: str = "") -> bool:
         return super().delete(scoped(owner, file_id))
 
 
@@ -547,9 +547,7 @@ def read_events(conn: psycopg.Connection[Any], key: str, start: int) -> tuple[li
 
 def read_job(conn: psycopg.Connection[Any], key: str) -> tuple[str, JsonObject] | None:
     """A running job's replica and its latest snapshot (its queued object before any)."""
-    row = conn.execute(
-        "SELECT replica, snapshot, blob FROM jobs WHERE key = %s", (key,)
-    ).fetchone()
+    row = conn.execute("SELECT replica, snapshot, blob FROM jobs WHERE key = %s", (key,)).fetchone()
     if row is None:
         return None
     if row[1] is not None:
