@@ -50,6 +50,15 @@ def client(server: ServerHandle | str, key: str = ALICE) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base, timeout=60, headers={"Authorization": f"Bearer {key}"})
 
 
+async def status_past(http: httpx.AsyncClient, path: str, status: str) -> dict[str, Any]:
+    """The response at ``path`` once its status is no longer ``status`` (polled)."""
+    while True:
+        seen: dict[str, Any] = (await http.get(path)).json()
+        if seen["status"] != status:
+            return seen
+        await trio.sleep(0.02)
+
+
 async def test_two_replicas_share_state_and_keep_tenants_apart(
     nursery: trio.Nursery, postgresql_url: str
 ) -> None:
@@ -123,8 +132,7 @@ async def test_cancel_and_live_stream_across_replicas(
             job = (await on_a.post("/v1/responses", json=LONG_JOB)).json()
             path = f"/v1/responses/{job['id']}"
             await wait_until(lambda: model.statistics().tokens_generated > 3, poll=0.01)
-            while (running := (await on_b.get(path)).json())["status"] == "queued":
-                await trio.sleep(0.01)  # until A's first events are published
+            running = await status_past(on_b, path, "queued")  # A's first events published
             assert running["status"] == "in_progress", running
             assert (await bob_on_b.get(path)).status_code == 404
             assert (await bob_on_b.get(f"{path}?stream=true")).status_code == 404
@@ -186,15 +194,12 @@ async def test_a_killed_replicas_jobs_are_failed_by_lease(
             async with client(url) as on_a, client(b) as on_b:
                 job = (await on_a.post("/v1/responses", json=LONG_JOB)).json()
                 path = f"/v1/responses/{job['id']}"
-                while (await on_b.get(path)).json()["status"] == "queued":
-                    await trio.sleep(0.02)
-                running = (await on_b.get(path)).json()
+                running = await status_past(on_b, path, "queued")
                 assert running["status"] == "in_progress", running
             await killed.kill()
             process.cancel_scope.cancel()
         async with client(b) as on_b:
-            while (seen := (await on_b.get(path)).json())["status"] == "in_progress":
-                await trio.sleep(0.05)
+            seen = await status_past(on_b, path, "in_progress")
             replay = parse_sse((await on_b.get(f"{path}?stream=true")).content)
     assert_strict_response(seen)
     assert seen["status"] == "failed"
