@@ -251,3 +251,20 @@ def test_a_dead_replicas_jobs_end_failed_once_its_lease_expires(postgresql_url: 
     assert b.sweep_dead_replicas() == 0
     a.close()
     b.close()
+
+
+def test_the_store_flag_takes_a_postgresql_url_and_a_lease() -> None:
+    from mlx_responses.cli import build_parser, settings_from_args
+    from mlx_responses.storage.choice import StoreChoice
+
+    url = "postgresql://mlx:pw@db.example:5432/mlx"
+    args = build_parser({}).parse_args(["serve", "--store", url, "--replica-lease-secs", "2.5"])
+    settings = settings_from_args(args)
+    assert settings.store == StoreChoice("postgresql", url)
+    assert settings.store.describe() == "postgresql://mlx:***@db.example:5432/mlx"
+    assert settings.replica_lease_seconds == 2.5
+    from_env = build_parser({"MLX_RESPONSES_STORE": url}).parse_args(["serve"])
+    assert settings_from_args(from_env).store == StoreChoice("postgresql", url)
+    zero = build_parser({}).parse_args(["serve", "--store", url, "--replica-lease-secs", "0"])
+    with pytest.raises(SystemExit, match="--replica-lease-secs must be above 0"):
+        settings_from_args(zero)
