@@ -34,7 +34,7 @@ def replica_settings(url: str, **changes: Any) -> ServerSettings:
         server_settings(),
         store=StoreChoice("postgresql", url),
         api_keys=load_api_keys([ALICE, BOB]),
-        replica_lease_seconds=1.0,
+        replica_lease_seconds=2.0,
         **changes,
     )
 
@@ -185,7 +185,7 @@ async def test_a_killed_replicas_jobs_are_failed_by_lease(
     nursery: trio.Nursery, postgresql_url: str, tmp_path: Path
 ) -> None:
     killed = Cli(postgresql_url, tmp_path / "data")
-    killed.env["MLX_RESPONSES_REPLICA_LEASE_SECS"] = "1"
+    killed.env["MLX_RESPONSES_REPLICA_LEASE_SECS"] = "2"
     killed.env["MLX_RESPONSES_API_KEY"] = ALICE
     b = await start_replica(nursery, postgresql_url)
     with trio.fail_after(DEADLINE):

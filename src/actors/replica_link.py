@@ -239,29 +239,43 @@ def _listen(
     deliver: Callable[[LinkMessage], None],
     stopping: threading.Event,
 ) -> None:
-    """The listener thread: notifications in, lease renewed, dead replicas swept."""
+    """The listener thread: notifications in, lease renewed, dead replicas swept. A database
+    error is logged and the thread reconnects (its lease is renewed again as soon as it can)."""
+    while not stopping.is_set():
+        try:
+            _listen_once(settings, deliver, stopping)
+        except Exception:
+            if stopping.is_set():
+                return
+            log.exception("the replica link lost its database connection; reconnecting")
+            stopping.wait(min(settings.lease_seconds / 3, 1.0))
+
+
+def _listen_once(
+    settings: ReplicaSettings,
+    deliver: Callable[[LinkMessage], None],
+    stopping: threading.Event,
+) -> None:
     interval = max(settings.lease_seconds / 3, 0.05)
     listener = connect(settings.url)
     db = PgDatabase(settings.url)
-    sweeper = PgResponseStorage(db, settings.responses)
     try:
+        sweeper = PgResponseStorage(db, settings.responses)
         listener.execute(f"LISTEN {CANCEL_CHANNEL}")
         listener.execute(f"LISTEN {PROGRESS_CHANNEL}")
         while not stopping.is_set():
+            register_replica(db, settings.replica_id, settings.lease_seconds)
+            try:
+                if sweeper.sweep_dead_replicas():
+                    log.warning("failed the jobs of a replica whose lease expired")
+            except psycopg.errors.DeadlockDetected:
+                pass  # another replica's write won; the next sweep retries
             for note in listener.notifies(timeout=min(interval, 0.2)):
                 if note.channel == CANCEL_CHANNEL:
                     body = json.loads(note.payload)
                     deliver(CancelArrived(str(body["owner"]), str(body["id"])))
                 else:
                     deliver(ProgressArrived(note.payload.rsplit("\t", 1)[0]))
-            if stopping.is_set():
-                break
-            register_replica(db, settings.replica_id, settings.lease_seconds)
-            if sweeper.sweep_dead_replicas():
-                log.warning("failed the jobs of a replica whose lease expired")
-    except Exception:
-        if not stopping.is_set():
-            log.exception("the replica link's listener stopped")
     finally:
         listener.close()
         db.close()
