@@ -137,6 +137,7 @@ async def test_cancel_and_live_stream_across_replicas(
             assert (await bob_on_b.get(path)).status_code == 404
             assert (await bob_on_b.get(f"{path}?stream=true")).status_code == 404
             assert (await bob_on_b.post(f"{path}/cancel")).status_code == 404
+            assert (await on_b.delete(path)).status_code == 400  # running: cancel it first
             assert model.statistics().sequences_cancelled == 0
             on_a_events: list[Any] = []
             on_b_raw: list[bytes] = []

@@ -211,7 +211,9 @@ async def delete_response(response_id: str) -> Response:
     if not rt.store.enabled:
         raise persistence_disabled("Deleting a response")
     running = await rt.responses.find(response_id, tenant())
-    if running is not None and not running.closed:
+    replica = rt.actors.replica  # issue 15: a job still running on another replica
+    remote = running is None and replica is not None and await replica.job(response_id, tenant())
+    if (running is not None and not running.closed) or remote:
         raise invalid_request(
             f"Response '{response_id}' has not finished; cancel it first "
             f"(POST /v1/responses/{response_id}/cancel).",
