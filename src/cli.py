@@ -271,8 +271,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "MLX_RESPONSES_REPLICA_LEASE_SECS",
         10.0,
         float,
-        "with a postgresql:// store: seconds a replica's lease lasts (renewed every third of "
-        "it); the background jobs of a replica that stopped end failed once it expires",
+        "with a postgresql:// store: seconds a replica's lease lasts (renewed at least every "
+        "third of it); the background jobs of a replica that stopped end failed once it expires",
     ),
     Flag(  # issue 13: read by http/reasoning_secret.py through its environment variable
         "--reasoning-secret-file",
