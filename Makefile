@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance
+.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance debian-packages
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,10 +24,14 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/mypy src
 
-# Debian packages tests need (scripts/ensure-debian.sh installs the missing ones, as root):
-# chromium for the status page's browser test (issue 16).
-unit: $(STAMP)
-	bash scripts/ensure-debian.sh chromium:/usr/bin/chromium
+# Debian packages the tests need (scripts/ensure-debian.sh installs the missing ones, as root):
+# PostgreSQL 15 for the replica tests (issue 15), chromium for the status page's browser test
+# (issue 16). Elsewhere, install them yourself; the tests that need them fail without them.
+PG_PROBE := /usr/lib/postgresql/15/bin/postgres
+debian-packages:
+	bash scripts/ensure-debian.sh postgresql-15:$(PG_PROBE) chromium:/usr/bin/chromium
+
+unit: $(STAMP) debian-packages
 	$(PY) -m pytest -q
 
 test: check unit

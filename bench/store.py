@@ -1,10 +1,12 @@
 """Response store throughput, memory and disk: 10,000 stored responses per backend (memory,
-SQLite) against a small and a big budget, all in one run.
+SQLite, PostgreSQL) against a small and a big budget, all in one run; for PostgreSQL also the
+cross-replica cancel latency (a second replica on the same database cancels jobs running on
+the first).
 
 Run::
 
     .venv/bin/python bench/store.py [--count 10000] [--gets 2000]
-        [--small-bytes 8388608] [--big-bytes 2147483648] [--backends memory,sqlite]
+        [--small-bytes 8388608] [--big-bytes 2147483648] [--backends memory,sqlite,postgresql]
 
 For each backend and byte budget, a fresh child process (so one run's heap cannot flatter the
 other's; the SQLite file is a fresh one in a temporary folder):
@@ -90,6 +92,8 @@ class Run:
     put_p50_ms: float = 0.0
     put_p99_ms: float = 0.0
     disk_bytes: int = 0
+    cancel_p50_ms: float = 0.0
+    cancel_p99_ms: float = 0.0
 
     @property
     def rss_growth(self) -> int:
@@ -137,6 +141,8 @@ def make_record(rng: random.Random, created_at: int) -> StoredResponse:
 
 
 async def measure(backend: str, budget: int, count: int, gets: int) -> Run:
+    if backend == "postgresql":
+        return await measure_postgresql(budget, count, gets)
     with tempfile.TemporaryDirectory(prefix="bench-store-") as folder:
         path = os.path.join(folder, "store.sqlite3")
         store = MEMORY if backend == "memory" else StoreChoice("sqlite", path)
@@ -145,12 +151,75 @@ async def measure(backend: str, budget: int, count: int, gets: int) -> Run:
         return run
 
 
+CANCELS = 20
+
+
+async def measure_postgresql(budget: int, count: int, gets: int) -> Run:
+    """The PostgreSQL backend (issue 15) on a real PostgreSQL server started here (the tests'
+    ``PostgresServer``), then the cross-replica cancel latency with a second replica."""
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+    from tests.postgres import PostgresServer
+
+    pg = PostgresServer()
+    try:
+        url = pg.new_database()
+        store = StoreChoice("postgresql", url)
+        cancels: list[float] = []
+        run = await _measure(store, budget, count, gets, cancels=cancels)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM FULL responses")
+            row = conn.execute("SELECT pg_total_relation_size('responses')").fetchone()
+        run.disk_bytes = int(row[0]) if row else 0
+        if cancels:
+            q = statistics.quantiles(cancels, n=100)
+            run.cancel_p50_ms, run.cancel_p99_ms = q[49] * 1000, q[98] * 1000
+        return run
+    finally:
+        pg.stop()
+
+
+async def cross_replica_cancels(server: ServerHandle, settings: ServerSettings) -> list[float]:
+    """``CANCELS`` background jobs on ``server`` (replica A), each cancelled through a second
+    replica B on the same database: seconds from B's cancel request to its answer (A has
+    cancelled the job, freed its sequence and stored the cancelled record)."""
+    seconds: list[float] = []
+    body = {
+        "model": BUNDLED_ALIAS,
+        "input": "Count from 1 to 500.",
+        "background": True,
+        "max_output_tokens": 2000,
+    }
+    async with trio.open_nursery() as nursery:
+        b: ServerHandle = await nursery.start(serve, settings)
+        async with (
+            httpx.AsyncClient(base_url=server.base_url, timeout=60) as on_a,
+            httpx.AsyncClient(base_url=b.base_url, timeout=60) as on_b,
+        ):
+            for _ in range(CANCELS):
+                job = (await on_a.post("/v1/responses", json=body)).json()
+                path = f"/v1/responses/{job['id']}"
+                for _ in range(3000):  # until B sees it running (A published its events)
+                    if (await on_b.get(path)).json()["status"] == "in_progress":
+                        break
+                    await trio.sleep(0.01)
+                t0 = time.perf_counter()
+                reply = await on_b.post(f"{path}/cancel")
+                seconds.append(time.perf_counter() - t0)
+                assert reply.json()["status"] == "cancelled", reply.text
+                await server.model.wait_idle()
+        b.shutdown()
+    return seconds
+
+
 def folder_bytes(folder: str) -> int:
     """The bytes of the files in ``folder`` (the store file, its WAL if any is left)."""
     return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
 
 
-async def _measure(store: StoreChoice, budget: int, count: int, gets: int) -> Run:
+async def _measure(
+    store: StoreChoice, budget: int, count: int, gets: int, cancels: list[float] | None = None
+) -> Run:
     model = ModelSettings(model_path=str(BUNDLED_MODEL_PATH), alias=BUNDLED_ALIAS)
     settings = replace(
         ServerSettings(host="127.0.0.1", port=0, model=model, graceful_timeout=5),
@@ -202,6 +271,8 @@ async def _measure(store: StoreChoice, budget: int, count: int, gets: int) -> Ru
             get_cpu_seconds = time.process_time() - cpu_started
             gc.collect()
             rss_after_gets = rss_bytes()
+        if cancels is not None:
+            cancels.extend(await cross_replica_cancels(server, settings))
         server.shutdown()
 
     quantiles = statistics.quantiles(latencies, n=100)
@@ -284,6 +355,13 @@ def report(runs: list[Run]) -> None:
         "on disk per response held",
         [f"{r.disk_bytes / max(1, r.entries):,.0f} B" if r.disk_bytes else "-" for r in runs],
     )
+    row(
+        "cancel via another replica",
+        [
+            f"{r.cancel_p50_ms:.0f}/{r.cancel_p99_ms:.0f} ms" if r.cancel_p50_ms else "-"
+            for r in runs
+        ],
+    )
     print()
     print("ratios")
     base = {r.budget_bytes: r for r in runs if r.backend == "memory"}
@@ -330,7 +408,9 @@ def main() -> None:
         "--repeats", type=int, default=1, help="runs per budget, the order flipping each time"
     )
     parser.add_argument(
-        "--backends", default="memory,sqlite", help="comma-separated: memory, sqlite"
+        "--backends",
+        default="memory,sqlite,postgresql",
+        help="comma-separated: memory, sqlite, postgresql",
     )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

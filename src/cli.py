@@ -255,7 +255,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "sqlite",
         str,
         "where responses, conversations, files and background jobs are kept: 'sqlite' (a "
-        "durable file in --data-dir), 'sqlite:PATH' or 'memory' (forgotten at exit)",
+        "durable file in --data-dir), 'sqlite:PATH', 'memory' (forgotten at exit) or "
+        "'postgresql://user@host:port/db' (one database shared by replicas)",
     ),
     Flag(
         "--data-dir",
@@ -264,6 +265,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         str,
         "folder of the default SQLite store (default: the platform's user data folder, "
         "e.g. $XDG_DATA_HOME/mlx-responses or ~/.local/share/mlx-responses)",
+    ),
+    Flag(  # issue 15: replicas over one PostgreSQL store (docs/deploy.md)
+        "--replica-lease-secs",
+        "MLX_RESPONSES_REPLICA_LEASE_SECS",
+        10.0,
+        float,
+        "with a postgresql:// store: seconds a replica's lease lasts (renewed at least every "
+        "third of it); the background jobs of a replica that stopped end failed once it expires",
     ),
     Flag(  # issue 13: ServerSettings.reasoning_secret_file
         "--reasoning-secret-file",
@@ -390,6 +399,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         store = parse_store(args.store, args.data_dir or default_data_dir())
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if not args.replica_lease_secs > 0:  # issue 15
+        raise SystemExit("--replica-lease-secs must be above 0")
     try:
         default_temperature = (
             parse_temperature(args.default_temperature) if args.default_temperature else None
@@ -425,6 +436,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
         data_dir=args.data_dir or None,
         reasoning_secret_file=args.reasoning_secret_file,
+        replica_lease_seconds=args.replica_lease_secs,  # issue 15
     )
 
 

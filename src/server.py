@@ -32,6 +32,7 @@ from .actors.conversation_store import run_conversation_store
 from .actors.file_store import run_file_store
 from .actors.model import run_model_actor
 from .actors.reasoning_echo import run_reasoning_echo
+from .actors.replica_link import new_replica_id, start_replica_link
 from .actors.response_store import run_response_store
 from .actors.runtime import Actors
 from .actors.status import run_status_history
@@ -68,8 +69,14 @@ async def serve(
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
         # Issue 15: each store actor opens its durable backend (if any) on a thread of its own.
+        replica_id = new_replica_id()
         backends = openers(
-            settings.store, settings.responses_store, settings.conversation_store, settings.files
+            settings.store,
+            settings.responses_store,
+            settings.conversation_store,
+            settings.files,
+            replica_id=replica_id,
+            lease_seconds=settings.replica_lease_seconds,
         )
         store = await nursery.start(
             partial(
@@ -91,7 +98,10 @@ async def serve(
         echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
         model = await nursery.start(run_model_actor, settings.model)
         metrics = Metrics()  # issue 16
-        actors = Actors(model, store, conversations, files, echo, timings=metrics)
+        replica = await start_replica_link(nursery, settings, replica_id, store)  # issue 15
+        actors = Actors(
+            model, store, conversations, files, echo, timings=metrics, replica=replica
+        )
         responses = await nursery.start(
             run_response_supervisor,
             actors,
@@ -102,6 +112,8 @@ async def serve(
                 max_sockets_per_tenant=settings.websocket_max_connections,
             ),
         )
+        if replica is not None:
+            replica.bind(responses.cancel)
         status = await nursery.start(run_status_history, model, responses, metrics)  # issue 16
         runtime = Runtime(settings, actors, responses, int(time.time()), stop, status=status)
 

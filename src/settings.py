@@ -46,6 +46,8 @@ class ServerSettings:
     # ("": ``reasoning-secret`` under the data dir), read through ``reasoning_secret_path``.
     data_dir: str | None = None
     reasoning_secret_file: str = ""
+    # Issue 15: with a postgresql:// store, how long a replica's lease lasts (docs/deploy.md).
+    replica_lease_seconds: float = 10.0
 
     def reasoning_secret_path(self) -> Path:
         """The file of the secret that seals reasoning (created on first use)."""

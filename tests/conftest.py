@@ -19,6 +19,7 @@ from mlx_responses.server import ServerHandle, ServerSettings, serve
 from mlx_responses.storage.choice import MEMORY, StoreChoice
 
 from .faults import ThreadFaults
+from .postgres import postgresql_server, postgresql_url  # noqa: F401  (issue 15: real PostgreSQL)
 
 MODEL = BUNDLED_ALIAS
 

@@ -325,7 +325,7 @@ async def test_a_second_server_on_the_same_file_stops_with_a_message(tmp_path: P
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("postgresql://db/mlx", "not available in this build"),
+        ("postgresql://", "needs a host or a database"),
         ("sqlite:", "needs a file path"),
         ("redis://x", "--store must be"),
     ],

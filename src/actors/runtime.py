@@ -7,7 +7,7 @@ tasks and the tests all receive this one object (with the settings it was starte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .conversation_store import ConversationStoreHandle
 from .event_log import EventLog
@@ -16,6 +16,9 @@ from .model import ModelHandle
 from .reasoning_echo import ReasoningEchoHandle
 from .response_store import ResponseStoreHandle
 from .timings import TimingsObserver
+
+if TYPE_CHECKING:  # issue 15
+    from .replica_link import ReplicaLink
 
 
 class RunningResponses(Protocol):
@@ -37,3 +40,5 @@ class Actors:
     ephemeral_ttl_seconds: float = 600.0
     # Issue 16: where responses report time to first token and decode speed (``/metrics``).
     timings: TimingsObserver | None = None
+    # Issue 15: the link to the other replicas of a shared PostgreSQL store (None otherwise).
+    replica: ReplicaLink | None = None

@@ -427,7 +427,7 @@ async def _respond(
         try:
             run = await _open(entry, request, opened, actors, supervisor, mailbox)
             if run is not None:
-                await _drive(entry, run, request, presence, actors)
+                await _drive_published(entry, run, request, presence, actors)
         finally:
             if presence is not None:
                 presence.close()
@@ -531,6 +531,25 @@ async def _drive(
         await run.end_steered()
     else:  # cancelled
         await run.end_cancelled(record=entry.reason != "client disconnected")
+
+
+async def _drive_published(
+    entry: _Entry,
+    run: ResponseRun,
+    request: CreateRequest,
+    presence: trio.MemoryReceiveChannel[None] | None,
+    actors: Actors,
+) -> None:
+    """``_drive``; with replicas (issue 15), a stored background job's events are published
+    to the shared store while it runs, so any replica can follow it."""
+    replica = actors.replica
+    if replica is None or not entry.background or entry.ephemeral:
+        await _drive(entry, run, request, presence, actors)
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(replica.publish, run.log)
+        await _drive(entry, run, request, presence, actors)
+        nursery.cancel_scope.cancel()  # its record is stored: followers read that
 
 
 async def _admit_later(run: ResponseRun, request: CreateRequest, actors: Actors) -> bool:

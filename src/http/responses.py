@@ -114,6 +114,14 @@ async def cancel_response(response_id: str) -> Response:
         record = await rt.store.get(response_id, tenant())
         return json_response(record.response if record is not None else running.snapshot())
     known = await rt.responses.find(response_id, tenant())
+    replica = rt.actors.replica  # issue 15: a job running on another replica
+    if known is None and replica is not None and await replica.cancel(response_id, tenant()):
+        with trio.move_on_after(CANCEL_WAIT_SECONDS):
+            stored = await replica.wait_record(response_id, tenant())
+            return json_response(stored.response)
+        snapshot = await replica.job(response_id, tenant())
+        if snapshot is not None:
+            return json_response(snapshot)
     if known is not None or await rt.store.get(response_id, tenant()) is not None:
         raise invalid_request(
             f"Response '{response_id}' cannot be cancelled: it has already finished.",
@@ -157,6 +165,18 @@ async def get_response(response_id: str) -> Response:
         # It finished between the two lookups: its record (if stored) is the answer.
         record = await rt.store.get(response_id, tenant())
     # A closed log answers for a store: false background job kept for its ephemeral TTL.
+    replica = rt.actors.replica  # issue 15: a job running on another replica
+    if record is None and log is None and replica is not None:
+        snapshot = await replica.job(response_id, tenant())
+        if snapshot is not None and not stream:
+            return json_response(snapshot)
+        if snapshot is not None:
+            return sse_response(
+                replica.follow(
+                    response_id, tenant(), 0 if starting_after is None else starting_after + 1
+                )
+            )
+        record = await rt.store.get(response_id, tenant())  # it may have just finished
     if record is None and log is None:
         raise _missing(response_id)
     start = 0 if starting_after is None else starting_after + 1
@@ -191,7 +211,9 @@ async def delete_response(response_id: str) -> Response:
     if not rt.store.enabled:
         raise persistence_disabled("Deleting a response")
     running = await rt.responses.find(response_id, tenant())
-    if running is not None and not running.closed:
+    replica = rt.actors.replica  # issue 15: a job still running on another replica
+    remote = running is None and replica is not None and await replica.job(response_id, tenant())
+    if (running is not None and not running.closed) or remote:
         raise invalid_request(
             f"Response '{response_id}' has not finished; cancel it first "
             f"(POST /v1/responses/{response_id}/cancel).",

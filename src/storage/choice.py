@@ -4,7 +4,8 @@ Invariants:
 - ``memory`` is spec 000's in-memory behaviour exactly: no file is touched, a restart forgets
   everything. ``sqlite`` (the command line's default) is one SQLite file, ``store.sqlite3`` in
   the data directory, or the file named by ``sqlite:PATH``.
-- ``postgresql://`` is refused with a message: this build has no PostgreSQL backend yet.
+- ``postgresql://...`` (or ``postgres://...``) is one PostgreSQL database shared by every
+  replica that names it (``storage/postgres.py``); no lock file, each replica holds a lease.
 - The openers returned run on the store actor's own thread (``StorageThread``), which is the
   thread that then uses the backend.
 - One server process per store file: ``openers`` locks ``PATH.lock`` for the process's life;
@@ -29,10 +30,14 @@ APP_DIR = "mlx-responses"
 
 @dataclass(frozen=True, slots=True)
 class StoreChoice:
-    kind: Literal["memory", "sqlite"]
-    path: str = ""
+    kind: Literal["memory", "sqlite", "postgresql"]
+    path: str = ""  # the SQLite file, or the PostgreSQL URL
 
     def describe(self) -> str:
+        if self.kind == "postgresql":
+            from .postgres import redact
+
+            return redact(self.path)
         return "memory" if self.kind == "memory" else f"sqlite:{self.path}"
 
 
@@ -65,13 +70,12 @@ def parse_store(value: str, data_dir: str) -> StoreChoice:
             raise ValueError("--store sqlite:PATH needs a file path")
         return StoreChoice("sqlite", os.path.expanduser(path))
     if text.startswith(("postgresql://", "postgres://")):
-        raise ValueError(
-            "--store postgresql://... is not available in this build: the PostgreSQL backend "
-            "(replicas) is not implemented yet; use 'memory', 'sqlite' or 'sqlite:PATH' "
-            "(docs/stores.md)"
-        )
+        if not text.split("://", 1)[1].strip("/"):
+            raise ValueError("--store postgresql://... needs a host or a database")
+        return StoreChoice("postgresql", text)
     raise ValueError(
-        f"--store must be 'memory', 'sqlite', 'sqlite:PATH' (got {value!r}; docs/stores.md)"
+        "--store must be 'memory', 'sqlite', 'sqlite:PATH' or 'postgresql://...' "
+        f"(got {value!r}; docs/stores.md)"
     )
 
 
@@ -118,9 +122,23 @@ def openers(
     responses: StoreLimits,
     conversations: StoreLimits,
     files: FileLimits,
+    *,
+    replica_id: str = "",
+    lease_seconds: float = 10.0,
 ) -> Openers:
     if choice.kind == "memory":
         return Openers()
+    if choice.kind == "postgresql":
+        from .postgres import PgConversationStorage, PgDatabase, PgFileStorage, PgResponseStorage
+
+        url = choice.path
+        return Openers(
+            responses=lambda: PgResponseStorage(
+                PgDatabase(url), responses, replica_id, lease_seconds=lease_seconds
+            ),
+            conversations=lambda: PgConversationStorage(PgDatabase(url), conversations),
+            files=lambda: PgFileStorage(PgDatabase(url), files),
+        )
     from .sqlite import (
         Database,
         SqliteConversationStorage,
