@@ -99,9 +99,7 @@ async def serve(
         model = await nursery.start(run_model_actor, settings.model)
         metrics = Metrics()  # issue 16
         replica = await start_replica_link(nursery, settings, replica_id, store)  # issue 15
-        actors = Actors(
-            model, store, conversations, files, echo, timings=metrics, replica=replica
-        )
+        actors = Actors(model, store, conversations, files, echo, timings=metrics, replica=replica)
         responses = await nursery.start(
             run_response_supervisor,
             actors,
