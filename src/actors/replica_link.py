@@ -281,6 +281,15 @@ def _listen_once(
         db.close()
 
 
+def _register_lease(settings: ReplicaSettings) -> None:
+    """Take this replica's lease once, on a worker thread (the listener renews it)."""
+    db = PgDatabase(settings.url)
+    try:
+        register_replica(db, settings.replica_id, settings.lease_seconds)
+    finally:
+        db.close()
+
+
 def new_replica_id() -> str:
     """This process's replica id: host name, pid and a random part (unique per start)."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -330,6 +339,9 @@ async def run_replica_link(
         except trio.RunFinishedError:
             pass
 
+    # The lease exists before this replica takes its first job, so no other replica's sweep can
+    # take a job of a replica that is starting for one whose lease is missing.
+    await trio.to_thread.run_sync(_register_lease, settings)
     listener = threading.Thread(
         target=_listen, args=(settings, deliver, stopping), name="replica-listener", daemon=True
     )
