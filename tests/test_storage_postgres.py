@@ -5,7 +5,9 @@ versions; a dead replica's job rows end ``failed`` once its lease expires."""
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -268,3 +270,35 @@ def test_the_store_flag_takes_a_postgresql_url_and_a_lease() -> None:
     zero = build_parser({}).parse_args(["serve", "--store", url, "--replica-lease-secs", "0"])
     with pytest.raises(SystemExit, match="--replica-lease-secs must be above 0"):
         settings_from_args(zero)
+
+
+def test_two_replicas_appending_to_one_conversation_at_once_keep_every_item(
+    postgresql_url: str,
+) -> None:
+    """Each replica's conversation actor reads, edits and writes; over one shared database
+    the two must not overwrite each other's turns."""
+    limits = StoreLimits(10, 1 << 20, 0)
+    stores = [PgConversationStorage(PgDatabase(postgresql_url), limits) for _ in range(2)]
+    stores[0].put(ConversationRecord("conv_1", 5, {}, ()))
+    appends = 40
+
+    def append_all(store: PgConversationStorage, name: str) -> None:
+        for n in range(appends):
+            item = {"id": f"{name}_{n}", "type": "message"}
+            store.change("conv_1", lambda c, item=item: replace(c, items=(*c.items, item)))
+
+    threads = [
+        threading.Thread(target=append_all, args=(store, name))
+        for store, name in zip(stores, ("a", "b"), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    held = stores[1].get("conv_1")
+    assert held is not None
+    ids = [item["id"] for item in held.items]
+    assert sorted(ids) == sorted(f"{name}_{n}" for name in "ab" for n in range(appends))
+    for store in stores:
+        store.close()

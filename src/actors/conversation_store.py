@@ -194,27 +194,17 @@ def _answer(backend: ConversationStorage, message: ConversationMessage) -> objec
         case GetConversation(conversation_id, _):
             return backend.get(conversation_id)
         case UpdateConversation(conversation_id, metadata, _):
-            current = backend.get(conversation_id)
-            if current is not None:
-                current = replace(current, metadata=dict(metadata))
-                backend.put(current)
-            return current
+            return backend.change(conversation_id, lambda c: replace(c, metadata=dict(metadata)))
         case DeleteConversation(conversation_id, _):
             return backend.delete(conversation_id)
         case AppendItems(conversation_id, items, _):
-            current = backend.get(conversation_id)
-            if current is not None:
-                current = replace(current, items=current.items + items)
-                backend.put(current)
-            return current
+            return backend.change(conversation_id, lambda c: replace(c, items=c.items + items))
         case DeleteItem(conversation_id, item_id, _):
-            current = backend.get(conversation_id)
-            if current is not None:
+
+            def without_item(current: ConversationRecord) -> ConversationRecord | None:
                 kept = tuple(i for i in current.items if i.get("id") != item_id)
-                if len(kept) == len(current.items):
-                    return None
-                current = replace(current, items=kept)
-                backend.put(current)
-            return current
+                return None if len(kept) == len(current.items) else replace(current, items=kept)
+
+            return backend.change(conversation_id, without_item)
         case _:
             assert_never(message)

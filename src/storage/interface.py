@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -177,9 +177,25 @@ class ResponseStorage(Protocol):
     def close(self) -> None: ...
 
 
+ConversationEdit = Callable[[ConversationRecord], ConversationRecord | None]
+
+
 class ConversationStorage(Protocol):
     def put(self, record: ConversationRecord) -> None: ...
     def get(self, conversation_id: str) -> ConversationRecord | None: ...
+    def change(self, conversation_id: str, edit: ConversationEdit) -> ConversationRecord | None: ...
     def delete(self, conversation_id: str) -> bool: ...
     def statistics(self) -> StoreStatistics: ...
     def close(self) -> None: ...
+
+
+def change_in_place(
+    storage: ConversationStorage, conversation_id: str, edit: ConversationEdit
+) -> ConversationRecord | None:
+    """``change`` for a backend only this process writes (memory, SQLite behind its lock
+    file): read, edit, write. ``edit`` returning None writes nothing; the written record."""
+    current = storage.get(conversation_id)
+    changed = None if current is None else edit(current)
+    if changed is not None:
+        storage.put(changed)
+    return changed

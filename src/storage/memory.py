@@ -26,7 +26,14 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .budget import BudgetedMap
-from .interface import ConversationRecord, StoredResponse, StoreLimits, StoreStatistics
+from .interface import (
+    ConversationEdit,
+    ConversationRecord,
+    StoredResponse,
+    StoreLimits,
+    StoreStatistics,
+    change_in_place,
+)
 
 Clock = Callable[[], float]
 
@@ -108,3 +115,6 @@ class MemoryConversationStorage(_MemoryRecords[ConversationRecord]):
 
     def __init__(self, limits: StoreLimits, *, clock: Clock = time.monotonic) -> None:
         super().__init__(limits, ConversationRecord.from_json, clock)
+
+    def change(self, conversation_id: str, edit: ConversationEdit) -> ConversationRecord | None:
+        return change_in_place(self, conversation_id, edit)

@@ -44,11 +44,13 @@ from psycopg import errors as pg_errors
 
 from .files import FileLimits, StoredFile, charged_bytes
 from .interface import (
+    ConversationEdit,
     ConversationRecord,
     JsonObject,
     StoredResponse,
     StoreLimits,
     StoreStatistics,
+    change_in_place,
     scoped,
 )
 from .memory import encode_json
@@ -421,6 +423,13 @@ class PgConversationStorage(_PgRecords[ConversationRecord]):
 
     def put(self, record: ConversationRecord) -> None:
         self._put(record)
+
+    def change(self, conversation_id: str, edit: ConversationEdit) -> ConversationRecord | None:
+        """Read, edit and write in one transaction holding the table's lock, so two replicas
+        appending to one conversation at once both keep their items."""
+        with self._db.transaction() as conn:
+            self._lock(conn)
+            return change_in_place(self, conversation_id, edit)
 
 
 def _file_meta(record: StoredFile) -> bytes:

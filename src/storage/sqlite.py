@@ -42,7 +42,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .budget import BudgetedMap
 from .files import FileLimits, MemoryFileStorage, StoredFile
-from .interface import ConversationRecord, StoredResponse, StoreLimits, StoreStatistics
+from .interface import (
+    ConversationEdit,
+    ConversationRecord,
+    StoredResponse,
+    StoreLimits,
+    StoreStatistics,
+    change_in_place,
+)
 from .memory import encode_json
 from .replay import FAILED_UNSTARTED
 
@@ -284,6 +291,9 @@ class SqliteConversationStorage(_SqliteRecords[ConversationRecord]):
 
     def __init__(self, db: Database, limits: StoreLimits, *, clock: Clock = time.time) -> None:
         super().__init__(db, "conversations", limits, ConversationRecord.from_json, clock)
+
+    def change(self, conversation_id: str, edit: ConversationEdit) -> ConversationRecord | None:
+        return change_in_place(self, conversation_id, edit)  # one process: the lock file
 
 
 _FileKey = tuple[str, str]
