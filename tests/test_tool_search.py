@@ -362,3 +362,67 @@ async def test_the_agents_sdk_runs_a_tool_found_by_hosted_search(server: ServerH
     assert len(seen["calls"]) == 1  # the SDK dispatched the loaded tool
     assert seen["calls"][0].keys() == {"city"}
     assert "sunny" in seen["final"]
+
+
+async def test_a_search_in_the_history_loads_its_tools_as_one_in_the_input_does(
+    server: ServerHandle,
+) -> None:
+    """A ``tool_search_output`` replayed from a ``previous_response_id`` chain (or a
+    conversation) loads its deferred tools: the prompt is the one of the same items sent as
+    input."""
+    call = {
+        "type": "tool_search_call",
+        "call_id": "call_1",
+        "execution": "server",
+        "status": "completed",
+        "arguments": {"paths": ["get_weather"]},
+    }
+    found = {
+        "type": "tool_search_output",
+        "call_id": "call_1",
+        "execution": "server",
+        "status": "completed",
+        "tools": [DEFERRED_WEATHER],
+    }
+    follow_up = {"role": "user", "content": "And in Rome?"}
+    with_search = [SERVER_SEARCH, DEFERRED_WEATHER]
+    with trio.fail_after(DEADLINE):
+        made = await post(
+            server,
+            "/v1/responses",
+            body(input=[QUESTION, call, found], tools=with_search, max_output_tokens=8),
+        )
+        assert made.status_code == 200, made.text
+        first = made.json()
+        from_history = await input_tokens(
+            server, body(previous_response_id=first["id"], input=[follow_up], tools=with_search)
+        )
+        replayed = [QUESTION, call, found, *first["output"], follow_up]
+        as_input = await input_tokens(server, body(input=replayed, tools=with_search))
+        unloaded = await input_tokens(
+            server, body(input=[QUESTION, *first["output"], follow_up], tools=with_search)
+        )
+        chained = await post(
+            server,
+            "/v1/responses",
+            body(
+                previous_response_id=first["id"],
+                input=[follow_up],
+                tools=with_search,
+                tool_choice="required",
+            ),
+        )
+    assert from_history == as_input
+    assert from_history > unloaded
+    assert chained.status_code == 200, chained.text
+    answer = chained.json()
+    assert_strict_response(answer)
+    assert answer["usage"]["input_tokens"] == from_history
+    # Forced to call a tool, the model may now call the loaded one (before, only tool_search
+    # was offered), and its call carries the namespace the client routes by.
+    (call_out,) = answer["output"]
+    assert (call_out["type"], call_out["name"], call_out["namespace"]) == (
+        "function_call",
+        "get_weather",
+        "get_weather",
+    )

@@ -183,7 +183,7 @@ async def compact_for_request(
         keep_tokens=default_keep_tokens(window),
         summary_tokens=auto_summary_tokens(window),
     )
-    compacted = PreparedPrompt(prepared.history, prepared.new_items, result.prompt)
+    compacted = PreparedPrompt(prepared.history, prepared.new_items, result.prompt, prepared.tools)
     return compacted, Compacted(result.item, result.tokens_before, result.tokens_after)
 
 

@@ -9,6 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..model.chat import ChatMessage, to_chat
@@ -18,6 +19,8 @@ from ..protocol.history import input_items, items_from_json
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import PromptMemo
 from ..protocol.request import CreateRequest
+from ..protocol.tool_search import discoverable
+from ..protocol.tools import FunctionTool, offered_tools
 from .model import ModelHandle
 from .prompt_limit import too_long_to_tokenize
 from .runtime import Actors, RunningResponses
@@ -30,6 +33,9 @@ class PreparedPrompt:
     history: tuple[JsonObject, ...]  # items replayed before this request's input
     new_items: tuple[JsonObject, ...]  # this request's input, ids assigned
     prompt: tuple[int, ...]
+    # The tools offered once the history's tool searches loaded theirs (``history_tools``);
+    # None: the request's own ``tools``.
+    tools: tuple[FunctionTool, ...] | None = None
 
     @property
     def all_items(self) -> tuple[JsonObject, ...]:
@@ -175,7 +181,23 @@ async def prepare_prompt(
     check_model(request, actors.model)
     history = await load_history(request, actors, running)
     new_items = input_items(request.input)
+    tools = history_tools(request, history)
+    if tools is not None:
+        request = dataclasses.replace(request, tools=tools)
     prompt = await render_items(
         request, actors, history + new_items, max_tokens, request.prompt_memo
     )
-    return PreparedPrompt(history, new_items, prompt)
+    return PreparedPrompt(history, new_items, prompt, tools)
+
+
+def history_tools(
+    request: CreateRequest, history: tuple[JsonObject, ...]
+) -> tuple[FunctionTool, ...] | None:
+    """The tools offered when a ``tool_search_output`` of the history (a chain, a
+    conversation) loaded deferred tools, as one in ``input`` does at the edge; None when that
+    changes nothing."""
+    if not request.declared_tools or not history:
+        return None
+    items = (*items_from_json(history), *request.input)
+    tools = offered_tools(discoverable(request.declared_tools, items), request.tool_choice)
+    return None if tools == request.tools else tools

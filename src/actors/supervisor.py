@@ -426,8 +426,8 @@ async def _respond(
     async with mailbox:
         try:
             run = await _open(entry, request, opened, actors, supervisor, mailbox)
-            if run is not None:
-                await _drive_published(entry, run, request, presence, actors)
+            if run is not None:  # run.request: with the tools its history loaded
+                await _drive_published(entry, run, run.request, presence, actors)
         finally:
             if presence is not None:
                 presence.close()
@@ -449,6 +449,8 @@ async def _open(
     try:
         limit = prompt_limit(request, actors.model)
         prepared = await prepare_prompt(request, actors, supervisor, limit)
+        if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
+            request = dataclasses.replace(request, tools=prepared.tools)
         model = actors.model
         window = model.info.context_window
         compacting = needs_compaction(request, len(prepared.prompt), window)

@@ -238,7 +238,9 @@ def parse_create_request(
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
     echoed_tools = echo_tools(tools)
-    # Tool discovery (issue 13): deferred tools wait for a tool_search_output in the input.
+    declared_tools = tools if any(tool.deferred for tool in tools) else ()
+    # Tool discovery (issue 13): deferred tools wait for a tool_search_output in the input
+    # (or in the history: actors/prompt.py ``history_tools``).
     tools = discoverable(tools, messages)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
     tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those
@@ -274,6 +276,7 @@ def parse_create_request(
         stream=bool(body.stream),
         tools=tools,
         tool_choice=tool_choice,
+        declared_tools=declared_tools,
         template_kwargs=body.chat_template_kwargs or {},
         logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) else None,
         seed=body.seed,

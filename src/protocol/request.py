@@ -71,6 +71,10 @@ class CreateRequest:
     # Issue 14: the transport's memo of the rendered prompt (a WebSocket connection's previous
     # turn in, this turn's render out), so a continuation tokenizes only what is new.
     prompt_memo: PromptMemo | None = None
+    # Tool discovery (issue 13): the tools as declared, deferred ones included, when any is
+    # deferred; a ``tool_search_output`` in the history (``previous_response_id``,
+    # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
+    declared_tools: tuple[FunctionTool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
