@@ -51,7 +51,10 @@ from make_bench_model import MODELS_DIR, make_bench_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
-TARGET_RATIO = 0.8
+# Issue 12: ours / direct at 16 streams, >= 0.9 on the bundled tiny model (where the engine
+# costs least per token, so the server's own work shows) and >= 0.95 on the bench model.
+TARGET_RATIO_TINY = 0.9
+TARGET_RATIO_BENCH = 0.95
 TARGET_CONCURRENCY = 16
 # The server's defaults (``mlx-responses serve --help``), used for the direct baseline too.
 COMPLETION_BATCH_SIZE = 32
@@ -847,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
 
     target_row = rows.get(TARGET_CONCURRENCY)
     measured = target_row.ratio if target_row else None
+    bundled = Path(model_path).resolve() == (ROOT / "src" / "model" / "bundled").resolve()
+    target_ratio = TARGET_RATIO_TINY if bundled else TARGET_RATIO_BENCH
     results_file = RESULTS_DIR / f"throughput-{stamp}.json"
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -864,10 +869,10 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": [row.as_json() for row in rows.values()],
         "disconnect": disconnect,
         "target": {
-            "ratio": TARGET_RATIO,
+            "ratio": target_ratio,
             "concurrency": TARGET_CONCURRENCY,
             "measured": measured,
-            "holds": measured is not None and measured >= TARGET_RATIO,
+            "holds": measured is not None and measured >= target_ratio,
         },
         "server": {
             "exit_code": server.exit_code,
