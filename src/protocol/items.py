@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
@@ -132,7 +133,7 @@ def parse_item(item: object, path: str) -> InputItem:
         case "function_call":
             arguments = _require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
-            namespace = _optional_str(item, "namespace", path)
+            namespace = optional_str(item, "namespace", path)
             return FunctionCall(
                 _require_str(item, "call_id", path),
                 _require_str(item, "name", path),
@@ -140,7 +141,7 @@ def parse_item(item: object, path: str) -> InputItem:
                 namespace or None,
             )
         case "custom_tool_call":
-            namespace = _optional_str(item, "namespace", path)
+            namespace = optional_str(item, "namespace", path)
             return FunctionCall(
                 _require_str(item, "call_id", path),
                 _require_str(item, "name", path),
@@ -187,7 +188,8 @@ def parse_item(item: object, path: str) -> InputItem:
     )
 
 
-def _optional_str(item: JsonObject, key: str, path: str) -> str | None:
+def optional_str(item: Mapping[str, Any], key: str, path: str) -> str | None:
+    """``item[key]`` when a string or absent/null; else a 400 naming ``path.key``."""
     value = item.get(key)
     if value is not None and not isinstance(value, str):
         raise invalid_request(
@@ -212,7 +214,7 @@ def _search_common(item: JsonObject, path: str, keys: frozenset[str]) -> tuple[s
     if extra:
         key = sorted(extra)[0]
         raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
-    call_id = _optional_str(item, "call_id", path) or ""
+    call_id = optional_str(item, "call_id", path) or ""
     execution = item.get("execution") or "server"
     if execution not in ("server", "client"):
         raise invalid_request(

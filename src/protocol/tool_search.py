@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import invalid_request
-from .items import FunctionCallOutput, InputItem, json_type
+from .items import FunctionCallOutput, InputItem, json_type, optional_str
 from .objects import tool_search_call_item, tool_search_output_item
 from .tools import FunctionTool, ToolChoice, echo_tools, parse_tools
 
@@ -97,13 +97,7 @@ def parse_search_tool(spec: Mapping[str, Any], path: str) -> FunctionTool:
             f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
             f"{path}.execution",
         )
-    description = spec.get("description")
-    if description is not None and not isinstance(description, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.description': expected a string, but got "
-            f"{json_type(description)}.",
-            f"{path}.description",
-        )
+    description = optional_str(spec, "description", path)
     parameters = spec.get("parameters")
     if parameters is not None:
         from .tools import schema_problem

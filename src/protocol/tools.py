@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import invalid_request
-from .items import json_type
+from .items import json_type, optional_str
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +161,7 @@ def _name_and_description(spec: Mapping[str, Any], path: str, what: str) -> tupl
             f"digits, '_', '-', '.' or ':', but got {name!r}.",
             f"{path}.name",
         )
-    description = spec.get("description")
-    if description is not None and not isinstance(description, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.description': expected a string, but got "
-            f"{json_type(description)}.",
-            f"{path}.description",
-        )
-    return name, description
+    return name, optional_str(spec, "description", path)
 
 
 def _deferred(spec: Mapping[str, Any], path: str) -> bool:
