@@ -33,22 +33,7 @@ from mlx_responses.storage.postgres import (
 )
 
 from .postgres import PostgresServer
-
-
-class Clock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def record(
-    response_id: str, text: str = "hello", owner: str = "", **extra: object
-) -> StoredResponse:
-    response = {"id": response_id, "object": "response", "status": "completed", "output": []}
-    response.update(extra)
-    return StoredResponse(response, ({"id": "msg_1", "role": "user", "content": text},), (), owner)
+from .storage_records import Clock, record
 
 
 def responses(url: str, limits: StoreLimits, clock: Clock, replica: str = "") -> PgResponseStorage:

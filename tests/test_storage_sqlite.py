@@ -27,19 +27,7 @@ from mlx_responses.storage.sqlite import (
     StoreError,
 )
 
-
-class Clock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def record(response_id: str, text: str = "hello", **extra: object) -> StoredResponse:
-    response = {"id": response_id, "object": "response", "status": "completed", "output": []}
-    response.update(extra)
-    return StoredResponse(response, ({"id": "msg_1", "role": "user", "content": text},))
+from .storage_records import Clock, record
 
 
 def open_responses(path: Path, limits: StoreLimits, clock: Clock) -> SqliteResponseStorage:
