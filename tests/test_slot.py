@@ -1,24 +1,29 @@
-"""SequenceSlot: a real producer thread, a Trio consumer, arbitrary pushes and consumer delays."""
+"""SequenceSlot: a real producer thread, a Trio consumer, arbitrary pushes, consumer delays and
+lingers (issue 12: a run under load lets its tokens pile up between receives)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import cast
 
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.slot import FinishReason, SequenceSlot
+from mlx_responses.model.slot import FinishReason, SequenceOutput, SequenceSlot
 
 FINISHES: list[FinishReason] = ["stop", "length", "cancelled", "shutdown", "error"]
 
 
-async def consume(slot: SequenceSlot, delay: float) -> tuple[str, int, list[FinishReason]]:
+async def consume(
+    slot: SequenceSlot, delay: float, linger: float = 0.0
+) -> tuple[str, int, list[FinishReason]]:
     text, tokens, finishes = "", 0, []
     while True:
         try:
-            out = await slot.receive()
+            out = await slot.receive(linger)
         except trio.EndOfChannel:
             return text, tokens, finishes
         text += out.text
@@ -33,9 +38,10 @@ async def consume(slot: SequenceSlot, delay: float) -> tuple[str, int, list[Fini
     pieces=st.lists(st.text(max_size=5), max_size=40),
     finish=st.sampled_from(FINISHES),
     delay=st.sampled_from([0.0, 0.0005, 0.002]),
+    linger=st.sampled_from([0.0, 0.0005, 0.003]),
 )
 def test_everything_pushed_arrives_once_in_order_with_one_finish(
-    pieces: list[str], finish: FinishReason, delay: float
+    pieces: list[str], finish: FinishReason, delay: float, linger: float
 ) -> None:
     async def main() -> None:
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
@@ -49,7 +55,7 @@ def test_everything_pushed_arrives_once_in_order_with_one_finish(
         producer = threading.Thread(target=produce)
         with trio.fail_after(10):
             producer.start()
-            text, tokens, finishes = await consume(slot, delay)
+            text, tokens, finishes = await consume(slot, delay, linger)
         producer.join()
         assert text == "".join(pieces)
         assert tokens == len(pieces)
@@ -72,3 +78,76 @@ async def test_a_slow_consumer_gets_coalesced_output_and_never_blocks_the_produc
         assert last.finish == "stop"
         with pytest.raises(trio.EndOfChannel):
             await slot.receive()
+
+
+class CountingToken:
+    """A Trio token that counts the wake-ups the producer schedules."""
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.wakeups = 0
+
+    def run_sync_soon(self, fn: Callable[[], object]) -> None:
+        self.wakeups += 1
+        self._token.run_sync_soon(fn)
+
+
+async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_wakeup() -> None:
+    token = CountingToken()
+    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token))
+    pushed = trio.Event()
+
+    def produce() -> None:
+        for i in range(200):  # 200 decode steps while the consumer lingers
+            slot.push(str(i % 10), 1)
+        trio.from_thread.run_sync(pushed.set)
+
+    async def linger() -> SequenceOutput:
+        return await slot.receive(linger=0.5)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            result: list[SequenceOutput] = []
+
+            async def consumer() -> None:
+                result.append(await linger())
+
+            nursery.start_soon(consumer)
+            await trio.sleep(0.05)  # the consumer is lingering
+            await trio.to_thread.run_sync(produce)
+            await pushed.wait()
+    assert result[0].new_tokens == 200
+    assert result[0].text == "".join(str(i % 10) for i in range(200))
+    assert token.wakeups == 0  # nobody waited for plain text: no wake-up was scheduled
+
+
+async def test_a_finish_ends_a_linger_at_once() -> None:
+    slot = SequenceSlot(trio.lowlevel.current_trio_token())
+
+    def produce() -> None:
+        slot.push("last words", 2)
+        slot.push(finish="stop")
+
+    with trio.fail_after(10):  # far below the hour-long linger
+        async with trio.open_nursery() as nursery:
+            outputs: list[SequenceOutput] = []
+
+            async def consumer() -> None:
+                outputs.append(await slot.receive(linger=3600))
+
+            nursery.start_soon(consumer)
+            await trio.sleep(0.05)
+            await trio.to_thread.run_sync(produce)
+    assert outputs[0].text == "last words"
+    assert outputs[0].finish == "stop"
+
+
+async def test_a_cancelled_linger_leaves_the_output_for_the_next_receive() -> None:
+    slot = SequenceSlot(trio.lowlevel.current_trio_token())
+    with trio.move_on_after(0.05):
+        await slot.receive(linger=3600)
+    slot.push("kept", 1)
+    slot.push(finish="length")
+    with trio.fail_after(5):
+        out = await slot.receive()
+    assert (out.text, out.new_tokens, out.finish) == ("kept", 1, "length")

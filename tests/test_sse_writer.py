@@ -1,6 +1,7 @@
-"""The SSE writer (``http.pipeline.write_events``) over a real ``EventLog``: under load it joins
-the events pending since its last write into one chunk; the events stay the same, whole, in
-order, none lost; each event is encoded once for every subscriber."""
+"""The SSE writer (``http.pipeline.follow``) over a real ``EventLog``: each write carries every
+event pending since the last one; the events stay the same, whole, in order, none lost; each
+event is encoded once for every subscriber. And the bound on how long a run under load lets
+its deltas pile up (``run.delta_interval``, issue 12)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from typing import Any
 import trio
 
 from mlx_responses.actors.event_log import EventLog
-from mlx_responses.http.pipeline import (
-    MAX_WRITE_INTERVAL_SECONDS,
-    write_events,
-    write_interval,
-)
+from mlx_responses.actors.run import MAX_INTERVAL_SECONDS, delta_interval
+from mlx_responses.http.pipeline import follow
 from mlx_responses.protocol.sse import SseDecoder, encode_sse
 
 
@@ -29,16 +27,17 @@ def delta(seq: int) -> dict[str, Any]:
     }
 
 
-async def collect(log: EventLog, pause: float, chunks: list[bytes]) -> None:
-    async for chunk in write_events(log, 0, lambda: pause):
+async def collect(log: EventLog, chunks: list[bytes]) -> None:
+    async for chunk in follow(log):
         chunks.append(chunk)
 
 
-async def produce(log: EventLog, count: int, every: float) -> list[dict[str, Any]]:
-    """One event per ``every`` seconds (a decode step each), then the terminal event."""
+async def produce(log: EventLog, count: int, every: float, burst: int = 1) -> list[dict[str, Any]]:
+    """``burst`` events per ``every`` seconds (a run's coalesced output each), then the
+    terminal event."""
     events = [delta(i) for i in range(count)]
-    for event in events:
-        log.append([event])
+    for start in range(0, count, burst):
+        log.append(events[start : start + burst])
         await trio.sleep(every)
     final = {"type": "response.completed", "sequence_number": count, "response": {"id": "r"}}
     log.append([final])
@@ -53,34 +52,36 @@ def decode(chunks: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-async def run(pause: float, count: int = 40, every: float = 0.002) -> tuple[list[Any], list[bytes]]:
+async def run(
+    count: int = 40, every: float = 0.002, burst: int = 1
+) -> tuple[list[Any], list[bytes]]:
     log = EventLog("resp_1", lambda: {"id": "resp_1"})
     chunks: list[bytes] = []
     sent: list[dict[str, Any]] = []
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect, log, pause, chunks)
+            nursery.start_soon(collect, log, chunks)
 
             async def producer() -> None:
-                sent.extend(await produce(log, count, every))
+                sent.extend(await produce(log, count, every, burst))
 
             nursery.start_soon(producer)
     return sent, chunks
 
 
-async def test_under_load_each_write_carries_every_pending_event_and_none_is_lost() -> None:
-    sent, chunks = await run(pause=0.02)
+async def test_each_write_carries_every_pending_event_and_none_is_lost() -> None:
+    sent, chunks = await run(count=40, every=0.01, burst=8)
     received = decode(chunks)
     assert [data for _, data in received] == sent
     assert [name for name, _ in received] == [event["type"] for event in sent]
     assert [data["sequence_number"] for _, data in received] == list(range(len(sent)))
-    # Several events per write: far fewer writes than events.
+    # A burst is one write: far fewer writes than events.
     assert len(chunks) < len(sent) / 3
     assert b"".join(chunks) == b"".join(encode_sse(event) for event in sent)
 
 
-async def test_without_load_the_writer_sends_as_events_come() -> None:
-    sent, chunks = await run(pause=0.0, count=10, every=0.01)
+async def test_the_writer_sends_as_events_come() -> None:
+    sent, chunks = await run(count=10, every=0.01)
     assert [data for _, data in decode(chunks)] == sent
     assert len(chunks) >= 10  # one write per wake-up: nothing held back
 
@@ -90,16 +91,16 @@ async def test_a_late_subscriber_and_a_live_one_get_the_same_bytes() -> None:
     live: list[bytes] = []
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect, log, 0.0, live)
+            nursery.start_soon(collect, log, live)
             nursery.start_soon(produce, log, 5, 0.001)
-    late = [chunk async for chunk in write_events(log, 0, lambda: 0.0)]
+    late = [chunk async for chunk in follow(log)]
     assert b"".join(late) == b"".join(live)
     # Starting after an event (a replaying GET's starting_after) skips exactly those.
-    tail = [chunk async for chunk in write_events(log, 3, lambda: 0.0)]
+    tail = [chunk async for chunk in follow(log, 3)]
     assert [d["sequence_number"] for _, d in decode(tail)] == [3, 4, 5]
 
 
-def test_the_pause_grows_with_the_streams_and_is_bounded() -> None:
-    assert write_interval(0) == write_interval(1) == write_interval(2) == 0.0
-    assert 0 < write_interval(4) < write_interval(8) <= MAX_WRITE_INTERVAL_SECONDS
-    assert write_interval(1000) == MAX_WRITE_INTERVAL_SECONDS
+def test_the_delta_interval_grows_with_the_streams_and_is_bounded() -> None:
+    assert delta_interval(0) == delta_interval(1) == delta_interval(2) == 0.0
+    assert 0 < delta_interval(4) < delta_interval(8) <= MAX_INTERVAL_SECONDS
+    assert delta_interval(1000) == MAX_INTERVAL_SECONDS

@@ -168,9 +168,10 @@ class GenerationSequence:
         """The thread reported the sequence's finish (it holds nothing of it any more)."""
         return self._slot.finished
 
-    async def receive(self) -> SequenceOutput:
-        """The next coalesced output; ``trio.EndOfChannel`` after the finish was received."""
-        return await self._slot.receive()
+    async def receive(self, linger: float = 0.0) -> SequenceOutput:
+        """The next coalesced output; ``trio.EndOfChannel`` after the finish was received.
+        ``linger``: let output pile up for that long first (a finish ends it at once)."""
+        return await self._slot.receive(linger)
 
     async def cancel(self) -> None:
         """Remove the sequence from the batch at the next step (no-op once it ended)."""
@@ -214,6 +215,11 @@ class ModelHandle:
 
     def statistics(self) -> ModelStatistics:
         return replace(self._board.batch, admitted=self._board.admitted)
+
+    @property
+    def decoding(self) -> int:
+        """Sequences decoding at the latest step (cheap: read per output by every run)."""
+        return self._board.batch.decoding
 
     async def render(
         self,

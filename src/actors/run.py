@@ -20,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -52,6 +51,23 @@ STORE_DEADLINE_SECONDS = 5
 BYTES_PER_TOKEN = 16
 
 
+# Issue 12: under load, the server's own work per event (the machine, the log, encoding, one
+# transport write and one client read per delta) competes with the generation thread for the
+# GIL and the cores. A run that lets its sequence's tokens pile up between receives turns many
+# one-token deltas into fewer, fuller ones: the same text and logprobs, in order, and nothing is
+# held back from a client longer than the bound. The generation thread never waits on it.
+COALESCE_ABOVE_STREAMS = 2
+INTERVAL_PER_STREAM_SECONDS = 0.006
+MAX_INTERVAL_SECONDS = 0.1
+
+
+def delta_interval(decoding: int) -> float:
+    """How long a run lets output pile up while ``decoding`` sequences run (0: none)."""
+    if decoding <= COALESCE_ABOVE_STREAMS:
+        return 0.0
+    return min(MAX_INTERVAL_SECONDS, INTERVAL_PER_STREAM_SECONDS * decoding)
+
+
 class ResponseRun:
     """The state of one response; driven by its owner task with ``generate`` and the ends."""
 
@@ -75,6 +91,9 @@ class ResponseRun:
         # Earlier sequences of this response (a server tool search's continuation, issue 13).
         self._prior = Usage(0, 0)
         self._prior_reasoning = ""
+        # Events fed but not yet published (the closing events of a finished sequence's items,
+        # published with the terminal event).
+        self._held: list[JsonObject] = []
 
     @property
     def response_id(self) -> str:
@@ -139,10 +158,13 @@ class ResponseRun:
             # A foreground response is in progress from the start (OpenAI sends created and
             # in_progress at once); a background one stays queued until the model reports work.
             self._start()
+        model = self._actors.model
+        linger = 0.0  # the first output goes out at once
         while not self._machine.terminal:
             current = self._admission  # a tool search's continuation replaces it
             assert current is not None
-            await self._apply(await current.sequence.receive())
+            await self._apply(await current.sequence.receive(linger))
+            linger = delta_interval(model.decoding)
 
     def _start(self) -> None:
         self._started = True
@@ -151,6 +173,8 @@ class ResponseRun:
         self._publish(self._machine.feed(Start(compaction)))
 
     def _publish(self, events: list[JsonObject]) -> None:
+        if self._held:
+            events, self._held = self._held + events, []
         self.log.append(events)
 
     async def _apply(self, output: SequenceOutput) -> None:
@@ -171,11 +195,11 @@ class ResponseRun:
         terminal: MachineInput
         match output.finish:
             case "stop" | "length":
-                events = []
+                # The items' closing events go out with the terminal event, in one write.
                 for step in admission.shaper.finish():
-                    events += self._machine.feed(step)
-                self._publish(events)
+                    self._held += self._machine.feed(step)
                 if output.finish == "stop" and await self._continue():
+                    self._publish([])
                     return
                 self._stop_sequence = output.stop_sequence
                 terminal = Finish(output.finish, self.usage(), int(time.time()))
@@ -273,11 +297,10 @@ class ResponseRun:
         """Publish the terminal event after the records are written (once)."""
         if self._machine.terminal:
             return
-        # The machine as it was, in case the records cannot be written (its config is frozen
-        # and shared, not copied).
-        config = self.request.config
-        before = copy.deepcopy(self._machine, {id(config): config}) if record else None
-        closing = self._machine.feed(terminal)
+        # The machine as it was, in case the records cannot be written.
+        before = self._machine.fork() if record else None
+        held, self._held = self._held, []
+        closing = held + self._machine.feed(terminal)
         if record:
             # Shielded: a hang-up at this instant must not leave the store or the
             # conversation half-told.
@@ -291,7 +314,7 @@ class ResponseRun:
             if not written and before is not None:
                 self._machine = before
                 usage = self.usage()
-                closing = self._machine.feed(
+                closing = held + self._machine.feed(
                     Fail("server_error", "The response could not be stored.", usage)
                 )
         self._publish(closing)

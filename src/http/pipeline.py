@@ -8,19 +8,15 @@ Invariants:
   any point), the response task cancels itself with the reason "client disconnected". A
   background response does not: its subscribers come and go.
 - The SSE writer never holds generation back: it reads the log, which the response task fills
-  whatever the writer does. Under load (more than ``COALESCE_ABOVE_STREAMS`` sequences
-  decoding) it pauses after each write (``write_interval``, at most 50 ms), so one body chunk
-  (one ASGI send) carries every event the stream produced meanwhile. The events are the same events,
-  each whole, in order, with its own sequence number; only how many go into one write changes.
+  whatever the writer does. Each write carries every event pending since the last one.
 - Refusals (``ApiError``, the job limits as 429) are raised before any byte of the answer,
   and nothing is left behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-import trio
 from quart import request
 
 from ..actors.event_log import EventLog
@@ -68,37 +64,12 @@ async def final_object(log: EventLog) -> JsonObject:
     return log.snapshot()
 
 
-# Under load the HTTP transport's cost per write (quart -> hypercorn -> h11 -> the socket) is
-# most of the server's own work per token; fewer, fuller writes cut it (issue 12). The pause
-# grows with the number of streams (each adds its writes), up to a bound a reader never notices.
-COALESCE_ABOVE_STREAMS = 2
-WRITE_INTERVAL_PER_STREAM_SECONDS = 0.003
-MAX_WRITE_INTERVAL_SECONDS = 0.05
-
-
-def write_interval(decoding: int) -> float:
-    """The pause after a write while ``decoding`` sequences run (0: write as events come)."""
-    if decoding <= COALESCE_ABOVE_STREAMS:
-        return 0.0
-    return min(MAX_WRITE_INTERVAL_SECONDS, WRITE_INTERVAL_PER_STREAM_SECONDS * decoding)
-
-
-def follow(log: EventLog, start: int = 0) -> AsyncIterator[bytes]:
-    """The log's events from ``start`` on as SSE, live, until the terminal event (call it in
-    a request: it reads the model's load from the running server)."""
-    model = runtime().model
-    return write_events(log, start, lambda: write_interval(model.statistics().decoding))
-
-
-async def write_events(
-    log: EventLog, start: int, pause: Callable[[], float]
-) -> AsyncIterator[bytes]:
-    """One chunk per wake-up, with every event pending since the last one; the next wake-up
-    is at least ``pause()`` seconds after a write (the log keeps filling meanwhile)."""
+async def follow(log: EventLog, start: int = 0) -> AsyncIterator[bytes]:
+    """The log's events from ``start`` on as SSE, live, until the terminal event: one chunk per
+    wake-up, with every event pending since the last one (under load a run publishes its
+    deltas in bursts, ``run.delta_interval``, so a burst is one write)."""
     position = start
     while events := await log.wait_after(position):
         end = position + len(events)
         yield log.encoded(position, end)
         position = end
-        if not log.closed and (seconds := pause()) > 0:
-            await trio.sleep(seconds)

@@ -8,12 +8,16 @@ Invariants:
 - Deltas coalesce: however slow the consumer, it receives everything produced since its last
   ``receive`` as one ``SequenceOutput`` (text joined, token counts summed). Nothing is dropped;
   the buffer is bounded by the sequence's own ``max_tokens``.
+- The producer wakes the consumer only when it waits: a push while the consumer is busy, or
+  lingers (``receive(linger=...)``, issue 12: it lets output pile up under load), costs no
+  wake-up, except a finish, which always ends a linger at once.
 - A finish is sticky: after the producer reports one, the slot accepts nothing more, and the
   consumer receives it exactly once, after all text produced before it.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +59,9 @@ class SequenceSlot:
         self._stop_sequence: str | None = None
         self._finish_delivered = False
         self._wake_scheduled = False
+        # What the consumer waits for (under the lock): "any" output, only a "finish" (while it
+        # lingers), or nothing (None: it is busy, or about to take what is there).
+        self._waiting: Literal["any", "finish"] | None = None
         # Prompt tokens served from the prompt cache: set by the producer before its first push.
         self.cached_tokens = 0
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
@@ -85,7 +92,9 @@ class SequenceSlot:
             if finish is not None:
                 self._finish = finish
                 self._error = error
-            if self._wake_scheduled:
+            if self._wake_scheduled or self._waiting is None:
+                return
+            if self._waiting == "finish" and finish is None:
                 return
             self._wake_scheduled = True
         try:
@@ -126,17 +135,40 @@ class SequenceSlot:
             self._finish_delivered = finish is not None or self._finish_delivered
             return out
 
-    async def receive(self) -> SequenceOutput:
-        """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered."""
+    async def receive(self, linger: float = 0.0) -> SequenceOutput:
+        """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered.
+
+        With ``linger`` > 0, first let output pile up for that many seconds (or until the
+        sequence finishes), so that one receive carries several steps' tokens."""
+        if linger > 0:
+            await self._wait_for("finish", linger)
         while True:
             out = self._take()
             if out is not None:
                 return out
             if self._finish_delivered:
                 raise trio.EndOfChannel
+            await self._wait_for("any", math.inf)
+
+    async def _wait_for(self, what: Literal["any", "finish"], seconds: float) -> None:
+        """Sleep until the producer pushes ``what`` (at once if it already has) or ``seconds``
+        pass. A wake-up may be spurious; callers re-check."""
+        with self._lock:
+            if self._finish is not None or (what == "any" and self._has_output()):
+                return
             self._event = trio.Event()
-            # Re-check: the producer may have pushed between _take and the new event.
-            out = self._take()
-            if out is not None:
-                return out
-            await self._event.wait()
+            self._waiting = what
+        try:
+            if seconds == math.inf:
+                await self._event.wait()
+            else:
+                with trio.move_on_after(seconds):
+                    await self._event.wait()
+        finally:
+            with self._lock:
+                self._waiting = None
+
+    def _has_output(self) -> bool:
+        return bool(self._text or self._tokens) or (
+            self._prefill_done and not self._prefill_reported
+        )

@@ -79,7 +79,7 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from .ids import new_id
@@ -95,6 +95,7 @@ from .objects import (
     event_logprob,
     function_call_item,
     is_part_logprob,
+    json_copy,
     message_item,
     output_text_part,
     part_logprob,
@@ -525,7 +526,21 @@ class ResponseMachine:
     @property
     def output_items(self) -> list[JsonObject]:
         """A copy of the output items closed so far (``output_item.done`` sent), in order."""
-        return copy.deepcopy(self._done_items)
+        return json_copy(self._done_items)
+
+    def fork(self) -> ResponseMachine:
+        """An independent machine in this one's state (its config and callbacks shared): feeding
+        one never changes the other."""
+        twin = copy.copy(self)
+        twin._done_items = json_copy(self._done_items)
+        opened = self._open
+        if opened is not None:
+            twin._open = replace(
+                opened, chunks=list(opened.chunks), logprobs=json_copy(opened.logprobs)
+            )
+        twin._error = json_copy(self._error)
+        twin._incomplete_details = json_copy(self._incomplete_details)
+        return twin
 
     def snapshot(self) -> JsonObject:
         """The Response object as of now; after the terminal event, the final object."""
@@ -652,7 +667,7 @@ class ResponseMachine:
         index = len(self._done_items)
         events = [
             self._event("response.output_item.added", output_index=index, item=added),
-            self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)),
+            self._event("response.output_item.done", output_index=index, item=json_copy(item)),
         ]
         self._done_items.append(item)
         return events
@@ -741,7 +756,7 @@ class ResponseMachine:
         events.append(
             self._event("response.output_item.done", output_index=opened.index, item=done)
         )
-        self._done_items.append(copy.deepcopy(done))
+        self._done_items.append(json_copy(done))
         self._open = None
         return events
 
@@ -757,11 +772,11 @@ class ResponseMachine:
         background = self._config.background
         output: list[JsonObject]
         if terminal:
-            output, usage = copy.deepcopy(self._done_items), self._usage
+            output, usage = json_copy(self._done_items), self._usage
         elif background:
             output, usage = [], _ZERO_USAGE
         else:
-            output, usage = copy.deepcopy(self._done_items), None
+            output, usage = json_copy(self._done_items), None
             if self._open is not None:
                 output.append(self._open.item("in_progress"))
         return response_object(

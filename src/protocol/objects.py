@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 __all__ = [
     "RESPONSE_ERROR_CODES",
@@ -124,6 +124,24 @@ def _freeze(value: object) -> object:
         return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
+    return value
+
+
+_T = TypeVar("_T")
+
+
+def json_copy(value: _T) -> _T:
+    """A deep copy of a JSON value (dicts, lists, scalars): what ``copy.deepcopy`` gives for
+    one, several times faster (no memo; JSON has no shared or cyclic parts)."""
+    return cast(_T, _json_copy(value))
+
+
+def _json_copy(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {k: _json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [_json_copy(v) for v in value]
     return value
 
 
