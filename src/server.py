@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import sys
 import time
 from functools import partial
 
@@ -58,6 +59,12 @@ ServerHandle = Runtime
 
 log = logging.getLogger(__name__)
 
+# Issue 12: the generation thread shares the GIL with the event loop. It gives the GIL up for
+# every MLX evaluation and needs it back right after; with Python's default switch interval
+# (5 ms) a busy event loop could keep it waiting that long each time, a large share of a
+# decode step on a fast model. A shorter interval bounds the wait (bench/throughput.py).
+GIL_SWITCH_INTERVAL_SECONDS = 0.0005
+
 
 async def serve(
     settings: ServerSettings,
@@ -65,6 +72,7 @@ async def serve(
     handle_signals: bool = False,
     task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
     stop = trio.Event()
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
