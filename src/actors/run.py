@@ -51,21 +51,22 @@ STORE_DEADLINE_SECONDS = 5
 BYTES_PER_TOKEN = 16
 
 
-# Issue 12: under load, the server's own work per event (the machine, the log, encoding, one
-# transport write and one client read per delta) competes with the generation thread for the
-# GIL and the cores. A run that lets its sequence's tokens pile up between receives turns many
-# one-token deltas into fewer, fuller ones: the same text and logprobs, in order, and nothing is
-# held back from a client longer than the bound. The generation thread never waits on it.
-COALESCE_ABOVE_STREAMS = 2
-INTERVAL_PER_STREAM_SECONDS = 0.006
+# Issue 12: the server's own work per event (the machine, the log, encoding, one transport
+# write and one client read per delta) competes with the generation thread for the GIL and
+# the cores, most when the engine is fast. A run that lets its sequence's tokens pile up
+# between receives turns many one-token deltas into fewer, fuller ones: the same text and
+# logprobs, in order. A delta waits at most ``delta_interval`` (the first one and the finish
+# not at all), which grows with the sequences decoding; on a model slower than that per step
+# nothing changes (each receive has one step's token anyway). The generation thread never
+# waits on it.
+BASE_INTERVAL_SECONDS = 0.01
+INTERVAL_PER_STREAM_SECONDS = 0.005
 MAX_INTERVAL_SECONDS = 0.1
 
 
 def delta_interval(decoding: int) -> float:
-    """How long a run lets output pile up while ``decoding`` sequences run (0: none)."""
-    if decoding <= COALESCE_ABOVE_STREAMS:
-        return 0.0
-    return min(MAX_INTERVAL_SECONDS, INTERVAL_PER_STREAM_SECONDS * decoding)
+    """How long a run lets output pile up while ``decoding`` sequences run."""
+    return min(MAX_INTERVAL_SECONDS, BASE_INTERVAL_SECONDS + INTERVAL_PER_STREAM_SECONDS * decoding)
 
 
 class ResponseRun:
