@@ -158,6 +158,10 @@ async def serve(
         await model.shutdown()
         with trio.move_on_after(settings.graceful_timeout):
             await model.wait_idle()
+            # The sequences are out of the batch; their responses publish their terminal
+            # events (a run may be between receives) before the HTTP server stops.
+            while responses.statistics().running:  # noqa: ASYNC110
+                await trio.sleep(0.001)
         stopped_http.set()
         # The HTTP server returns once open requests have finished (bounded by its grace).
         with trio.move_on_after(settings.graceful_timeout + 1):

@@ -145,6 +145,10 @@ class _Connection:
         self._pending_steers: dict[str, list[tuple[str, tuple[Any, ...]]]] = {}
         self._sequence = 0  # numbers the connection's own events (steering)
         self._nursery: trio.Nursery | None = None
+        # Frames handed to the outbox, and frames the writer has sent (``_close`` waits for
+        # them to meet).
+        self._emitted = 0
+        self._written = 0
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -161,9 +165,11 @@ class _Connection:
         async with self._outbox:
             async for text in self._outbox:
                 await websocket.send(text)
+                self._written += 1
 
     async def _emit(self, event: Mapping[str, Any], stream_id: str | None = None) -> None:
         data = dict(event) if stream_id is None else {**event, "stream_id": stream_id}
+        self._emitted += 1
         await self._send.send(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
     async def _error(self, error: ApiError, stream_id: str | None) -> None:
@@ -175,9 +181,9 @@ class _Connection:
         return self._sequence - 1
 
     async def _close(self, reason: str) -> None:
-        # Let the frames already queued go out first.
+        # Let the frames already emitted go out first (queued, or in the writer's hands).
         with trio.move_on_after(self._runtime.settings.graceful_timeout):
-            while self._send.statistics().current_buffer_used:  # noqa: ASYNC110
+            while self._written < self._emitted:  # noqa: ASYNC110
                 await trio.sleep(0.005)
         await websocket.close(GOING_AWAY, reason)
         assert self._nursery is not None
