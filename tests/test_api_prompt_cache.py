@@ -232,7 +232,8 @@ async def test_a_streamed_message_start_reports_the_cache_read(server: ServerHan
             ]
             start_2, second, _ = await streamed(history)
     assert kinds[0] == "message_start"
-    assert start_1 is not None and start_2 is not None
+    assert start_1 is not None
+    assert start_2 is not None
     assert (start_1.cache_read_input_tokens or 0) == 0
     assert start_1.input_tokens == first.usage.input_tokens
     # The hit is in message_start, and message_start's split is the final one.
