@@ -175,9 +175,11 @@ async def test_raw_stream_is_strictly_anthropic_and_equals_the_message(
     assert error is None
     assert streamed is not None
     assert [name for name, _ in events[:2]] == ["message_start", "ping"]
-    # message_start goes out before the prompt cache was consulted: it counts every prompt
-    # token as uncached; the totals agree (the second request may read the first's prefix).
+    # message_start goes out once the prompt cache was consulted: its split is the stream's
+    # final one; the totals agree with the second request's (which may read the first's prefix).
     start, final = events[0][1]["message"]["usage"], whole["usage"]
+    assert start["input_tokens"] == streamed["usage"]["input_tokens"]
+    assert start["cache_read_input_tokens"] == streamed["usage"]["cache_read_input_tokens"]
     assert start["input_tokens"] + start["cache_read_input_tokens"] == (
         final["input_tokens"] + final["cache_read_input_tokens"]
     )

@@ -200,6 +200,50 @@ async def test_messages_report_cache_reads(server: ServerHandle) -> None:
     assert "".join(block.text for block in second.content if block.type == "text") == "goodbye"
 
 
+async def test_a_streamed_message_start_reports_the_cache_read(server: ServerHandle) -> None:
+    """Anthropic's SDK streaming a follow-up turn: ``message_start`` already carries the
+    cache read and the split the final usage has (issue 12)."""
+    client = anthropic.AsyncAnthropic(
+        base_url=server.base_url, api_key="sk-local", max_retries=0, timeout=60
+    )
+    first_turn: list[Any] = [{"role": "user", "content": TURNS[0]}]
+
+    async def streamed(messages: list[Any]) -> tuple[Any, Any, list[str]]:
+        async with client.messages.stream(
+            model=MODEL, max_tokens=40, messages=messages, extra_body=GREEDY
+        ) as stream:
+            kinds = []
+            start = None
+            async for event in stream:
+                kinds.append(event.type)
+                if event.type == "message_start":
+                    start = event.message.usage
+            final = await stream.get_final_message()
+        return start, final, kinds
+
+    with trio.fail_after(DEADLINE):
+        async with client:
+            start_1, first, kinds = await streamed(first_turn)
+            reply = "".join(block.text for block in first.content if block.type == "text")
+            history = [
+                *first_turn,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": TURNS[1]},
+            ]
+            start_2, second, _ = await streamed(history)
+    assert kinds[0] == "message_start"
+    assert start_1 is not None
+    assert start_2 is not None
+    assert (start_1.cache_read_input_tokens or 0) == 0
+    assert start_1.input_tokens == first.usage.input_tokens
+    # The hit is in message_start, and message_start's split is the final one.
+    reads = start_2.cache_read_input_tokens or 0
+    assert reads >= first.usage.input_tokens
+    assert reads == second.usage.cache_read_input_tokens
+    assert start_2.input_tokens == second.usage.input_tokens
+    assert "".join(block.text for block in second.content if block.type == "text") == "goodbye"
+
+
 async def test_prompt_cache_key_keeps_each_keys_latest_entry(nursery: trio.Nursery) -> None:
     """Two agents in one tenant, a tight byte budget: agent "a" runs three new conversations
     between agent "b"'s turns. Without prompt_cache_key plain LRU evicts b's entry and b's

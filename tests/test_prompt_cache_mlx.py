@@ -94,3 +94,34 @@ def test_another_conversation_sharing_only_a_prefix_does_not_replace_the_entry()
     cache.store("t", other, kv_cache(6), replaces=reuse.parent)
     assert cache.stats.entries == 2
     assert cache.fetch("t", (*first, 11)).tokens == 10  # the first conversation still hits
+
+
+def hybrid_cache(tokens: int) -> list[Any]:
+    """A recurrent layer (no token count, cannot be trimmed) and an attention layer."""
+    from mlx_lm.models.cache import ArraysCache
+
+    recurrent = ArraysCache(1)
+    recurrent[0] = mx.full((1, 2, 4), float(tokens))
+    return [recurrent, *kv_cache(tokens, layers=1)]
+
+
+def test_a_cache_that_cannot_be_trimmed_serves_only_exact_prefixes() -> None:
+    cache = PromptCache(1 << 20, 8)
+    tokens = tuple(range(10))
+    cache.store("t", tokens, hybrid_cache(10))
+    cache.store("t", tokens[:4], hybrid_cache(4))  # a segment checkpoint: kept, not superseded
+    assert cache.stats.entries == 2
+    # Diverging at token 6: the 10-token entry would need trimming; the checkpoint serves.
+    reuse = cache.fetch("t", (*tokens[:6], 99, 98))
+    assert reuse.tokens == 4
+    assert reuse.cache is not None
+    assert reuse.cache[1].offset == 4
+    assert float(reuse.cache[0][0][0, 0, 0]) == 4.0
+    # The same prompt again: reuse stops one token short, which would trim: the checkpoint.
+    assert cache.fetch("t", tokens).tokens == 4
+    # An exact prefix is served whole, as a copy.
+    whole = cache.fetch("t", (*tokens, 7))
+    assert whole.tokens == 10
+    assert whole.cache is not None
+    whole.cache[0][0] = mx.zeros((1, 2, 4))
+    assert float(cache.fetch("t", (*tokens, 7)).cache[0][0][0, 0, 0]) == 10.0  # type: ignore[index]

@@ -14,12 +14,17 @@ Invariants:
   the batch at the next step. A stop sequence does the same as soon as it is seen.
 - A stream has exactly one terminal (``message_stop`` or ``error``); while the model is busy
   elsewhere (a long prefill), a ``ping`` goes out every ``PING_INTERVAL_SECONDS``.
+- ``message_start`` reports the prompt-cache read (issue 12): it goes out with the response's
+  first output (or its end), once the generation thread has consulted the cache for the
+  sequence (``protocol/cache_report.py``), so its usage split is the final one; if nothing
+  comes for ``PING_INTERVAL_SECONDS``, it goes out then, with the split known by then.
 - ``x-api-key`` authenticates like a bearer token (the app's hook maps it to the same tenant);
   ``anthropic-version`` and ``anthropic-beta`` are accepted and not interpreted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
@@ -37,6 +42,7 @@ from ..protocol.anthropic import (
     parse_messages_request,
 )
 from ..protocol.anthropic_stream import PING, MessageEncoder, error_body, error_for_status
+from ..protocol.cache_report import CacheReport
 from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
@@ -132,7 +138,8 @@ async def create_message() -> Response:
     request_ = with_default_temperature(request_)  # --default-temperature
     if request_.max_tokens == 0:
         return await _empty_message(request_)
-    log = await open_response(request_.create)
+    report = CacheReport()
+    log = await open_response(dataclasses.replace(request_.create, cache_report=report))
     encoder = _encoder_for(request_, log.prompt_tokens)
     if not request_.create.stream:
         await log.wait_closed()
@@ -140,7 +147,7 @@ async def create_message() -> Response:
         if encoder.error is not None:
             return anthropic_error(500, encoder.error[1])
         return json_response(encoder.message())
-    return sse_response(_message_stream(encoder, log))
+    return sse_response(_message_stream(encoder, log, report))
 
 
 async def _empty_message(request_: MessagesRequest) -> Response:
@@ -168,20 +175,32 @@ def register_messages_routes(app: QuartTrio) -> None:
     mount(app, "/messages/count_tokens", ["POST"])(count_message_tokens)
 
 
-async def _message_stream(encoder: MessageEncoder, log: EventLog) -> AsyncIterator[bytes]:
-    """The response's events in Anthropic's encoding, with a ping while none is ready."""
-    yield _encode(encoder.start())
+# The response's opening events: they come before its sequence consulted the prompt cache.
+PING_SSE = encode_sse(PING)
+_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+async def _message_stream(
+    encoder: MessageEncoder, log: EventLog, report: CacheReport
+) -> AsyncIterator[bytes]:
+    """The response's events in Anthropic's encoding, with a ping while none is ready;
+    ``message_start`` once the prompt-cache read is known (the first output, or the end)."""
     position = 0
     while not encoder.finished:
         events: list[JsonObject] = []
         with trio.move_on_after(PING_INTERVAL_SECONDS) as waited:
             events = await log.wait_after(position)
         if waited.cancelled_caught:
-            yield encode_sse(PING)
+            # message_start comes with its own first ping.
+            yield _encode(encoder.start(report.cached_tokens)) if not encoder.started else PING_SSE
             continue
         if not events:
             break
         position += len(events)
+        if not encoder.started:
+            if not log.closed and all(event["type"] in _OPENING for event in events):
+                continue  # they add nothing to Anthropic's stream but message_start
+            yield _encode(encoder.start(report.cached_tokens))
         if out := _translate(encoder, log, events):
             yield _encode(out)
 

@@ -20,6 +20,9 @@ Invariants:
     (used trimmed to the shared part; only when ``trimmable`` says the value allows it),
   the one that reuses the most tokens; on a tie, the one that needs no trimming, then the
   shortest. This is what mlx-lm's ``LRUPromptCache`` does (exact, longer trimmed, shorter).
+  A value ``trimmable`` refuses (a recurrent or hybrid model's cache) is never trimmed: it
+  serves only prompts it is an exact prefix of (segment checkpoints exist for those), and a
+  trimmable entry sharing fewer tokens elsewhere in the tree still serves what it can.
 - Every lookup counts as exactly one hit (``reused > 0``) or one miss.
 """
 
@@ -176,13 +179,16 @@ class PrefixCache(Generic[V]):
         best: PrefixMatch[V] | None = None
         node = root
         depth = 0  # tokens matched down to ``node``
+        path: list[tuple[_Node[V], int]] = []  # the nodes matched whole, with their depth
         # Entries on the path are prefixes of ``tokens``: usable untrimmed up to ``limit``.
         while True:
+            path.append((node, depth))
             if node.entry is not None and 0 < depth <= limit:
                 best = PrefixMatch(tokens[:depth], node.entry.value, depth)
             child = node.children.get(tokens[depth]) if depth < len(tokens) else None
             if child is None:
                 below, shared = node, depth
+                path.pop()
                 break
             k = common_length(child.edge, tokens[depth : depth + len(child.edge)])
             if k < len(child.edge):
@@ -191,15 +197,38 @@ class PrefixCache(Generic[V]):
             node, depth = child, depth + len(child.edge)
         # Any entry under ``below`` shares ``shared`` tokens with the prompt: trimmed, it
         # serves ``min(shared, limit)`` of them. The shortest such entry is the cheapest.
-        reusable = min(shared, limit)
-        if best is not None and best.reused >= reusable:
-            return best
-        for found in sorted(_entries_below(below), key=lambda pair: pair[0]):
-            entry = found[1].entry
-            assert entry is not None
-            if trimmable(entry.value):
-                return PrefixMatch(_key_of(found[1]), entry.value, reusable)
+        # Failing that (no entry there can be trimmed), an entry off the path higher up
+        # shares as many tokens as its branch point is deep.
+        for top, reach, skip in [(below, shared, None)] + [
+            (n, d, below if i == len(path) - 1 else path[i + 1][0])
+            for i, (n, d) in reversed(list(enumerate(path)))
+        ]:
+            reusable = min(reach, limit)
+            if reusable <= 0 or (best is not None and best.reused >= reusable):
+                return best
+            found = self._shortest_trimmable(top, skip, trimmable)
+            if found is not None:
+                assert found.entry is not None
+                return PrefixMatch(_key_of(found), found.entry.value, reusable)
         return best
+
+    def _shortest_trimmable(
+        self, top: _Node[V], skip: _Node[V] | None, trimmable: Callable[[V], bool]
+    ) -> _Node[V] | None:
+        """The shortest entry in ``top``'s subtree, but not in ``skip``'s, that ``trimmable``
+        allows."""
+        if skip is None:
+            nodes = list(_entries_below(top))
+        else:
+            nodes = [(0, top)] if top.entry is not None else []
+            for child in top.children.values():
+                if child is not skip:
+                    nodes += _entries_below(child)
+        for _, node in sorted(nodes, key=lambda pair: pair[0]):
+            assert node.entry is not None
+            if trimmable(node.entry.value):
+                return node
+        return None
 
     # -- insertion and eviction ------------------------------------------------------------
 

@@ -11,7 +11,14 @@ Invariants:
   reads when it merges caches; a deep copy for any other cache type).
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
-- An entry's key is exactly the tokens its KV cache holds (checked on store).
+- An entry's key is exactly the tokens its KV cache holds (checked on store, against every
+  layer that counts its tokens: a recurrent layer's state does not).
+- A cache that cannot be trimmed (``can_trim_prompt_cache`` false: recurrent or hybrid layers,
+  a rotating cache past its window) is never trimmed: it serves only a prompt it is an exact
+  prefix of (``PrefixCache.lookup``'s ``trimmable``). For such models ``needs_checkpoints`` is
+  true and the generation thread also stores checkpoints at the segment boundaries that survive
+  re-rendering (``segments.py``; ``checkpoint``'s ``at``), so a rewritten history still finds an
+  exact prefix.
 - ``Reuse.parent`` (the entry a new sequence may replace once it is stored) is set only when
   the new prompt reuses all of that entry's *prompt*, diverging at most in its generated tail
   (a replayed reply that re-tokenized): another conversation that shares only a system prompt
@@ -57,12 +64,21 @@ def _copy_layer(layer: Any) -> Any:
     return copy.deepcopy(layer)
 
 
-def _size(cache: Sequence[Any]) -> int | None:
-    """Tokens held by a model's cache (its first layer's), None if it cannot tell."""
-    try:
-        return int(cache[0].size()) if cache else None
-    except (AttributeError, NotImplementedError):
-        return None
+def _held(cache: Sequence[Any]) -> set[int]:
+    """The token counts the layers that count their tokens report (their ``offset``: a plain
+    or rotating KV cache's; a recurrent layer's state has none)."""
+    return {int(layer.offset) for layer in cache if isinstance(getattr(layer, "offset", None), int)}
+
+
+def needs_checkpoints(model: Any) -> bool:
+    """Whether ``model``'s cache can ever refuse trimming (a recurrent or hybrid model, or a
+    rotating window): then only exact prefixes are reused and segment checkpoints pay."""
+    from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    return not can_trim_prompt_cache(cache) or any(
+        isinstance(layer, RotatingKVCache) for layer in cache
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +175,9 @@ class PromptCache:
         partition: str | None,
         prompt_tokens: int,
     ) -> None:
-        if _size(cache) != len(tokens):
-            log.debug("prompt cache: a cache of %s tokens for %d tokens", _size(cache), len(tokens))
+        held = _held(cache)
+        if held and held != {len(tokens)}:
+            log.debug("prompt cache: a cache of %s tokens for %d tokens", held, len(tokens))
             return
         import mlx.core as mx
         from mlx_lm.models.cache import can_trim_prompt_cache
@@ -187,8 +204,10 @@ class PromptCache:
         replaces: tuple[int, ...] | None = None,
         partition: str | None = None,
         prompt_tokens: int | None = None,
+        at: frozenset[int] | None = None,
     ) -> None:
-        """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end)."""
+        """Store what ``uid`` holds now in ``generator`` (its whole prompt, at its end; with
+        ``at``, only if it holds one of these token counts: a segment checkpoint)."""
         if not self._core.enabled:
             return
         try:
@@ -198,6 +217,8 @@ class PromptCache:
             return
         if found is not None:
             cache, tokens = found
+            if at is not None and len(tokens) not in at:
+                return
             self.store(tenant, tuple(tokens), cache, replaces, partition, prompt_tokens)
 
     def clear(self) -> None:

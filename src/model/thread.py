@@ -18,6 +18,10 @@ Invariants:
 - Stop sequences (``stop_texts``) belong to the sequence: the first one completed ends it with
   ``stop`` (the matched text is not output), as the model's own end token does.
 - ``on_statistics`` receives an immutable snapshot after each step.
+- Segment checkpoints (issue 12): on a model whose cache cannot be trimmed
+  (``prompt_cache.needs_checkpoints``), a sequence's prompt is inserted as segments cut at the
+  boundaries that survive re-rendering (``segments.boundaries``), and the cache is stored at
+  each cut as its prefill passes it. On other models a prompt is one segment, as before.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from typing import Any, assert_never
 from ..protocol.stops import StopMatcher
 from .loader import LoadedModel, load_model
 from .prefix_cache import PrefixCacheStats
-from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
+from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes, needs_checkpoints
 from .sampling import make_seeded_sampler, make_shared_sampler
+from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
 from .slot import FinishReason, SequenceSlot
 
 log = logging.getLogger(__name__)
@@ -150,6 +155,8 @@ class _Live:
     cache_parent: tuple[int, ...] | None = None  # the prompt-cache entry it was served from
     cache_key: str | None = None
     prompt_length: int = 0
+    reused: int = 0  # prompt tokens the prompt cache served
+    checkpoints: frozenset[int] = frozenset()  # prompt lengths to checkpoint at (segments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +206,8 @@ class GenerationThread:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._counters = _Counters()
+        # The chat template's message marks, when the model's cache needs segment checkpoints.
+        self._marks: ChatMarks | None = None
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -251,6 +260,8 @@ class GenerationThread:
         )
         stop_tokens = make_stop_sequences(loaded.tokenizer)
         self._tokenizer = loaded.tokenizer
+        if self._prompt_cache.enabled and needs_checkpoints(loaded.model):
+            self._marks = chat_marks(render_without_generation_prompt(loaded.tokenizer))
         crashed: BaseException | None = None
         try:
             while True:
@@ -331,8 +342,13 @@ class GenerationThread:
             # Only the part of the prompt the prompt cache does not hold is prefilled.
             reuse = self._prompt_cache.fetch(command.owner, command.prompt)
             command.slot.cached_tokens = reuse.tokens
-            (uid,) = generator.insert(
-                [list(command.prompt[reuse.tokens :])],
+            cuts = (
+                boundaries(command.prompt, self._marks, reuse.tokens)
+                if self._marks is not None
+                else ()
+            )
+            (uid,) = generator.insert_segments(
+                [split(command.prompt, reuse.tokens, cuts)],
                 max_tokens=[command.max_tokens],
                 caches=[reuse.cache],
                 all_tokens=[list(command.prompt[: reuse.tokens])],
@@ -360,6 +376,8 @@ class GenerationThread:
             cache_parent=reuse.parent,
             cache_key=command.cache_key,
             prompt_length=len(command.prompt),
+            reused=reuse.tokens,
+            checkpoints=frozenset(cuts),
         )
         self._live[command.seq_id] = entry
         self._by_uid[uid] = entry
@@ -368,6 +386,21 @@ class GenerationThread:
         prompt_responses, generation_responses = generator.next()
         for progress in prompt_responses:
             entry = self._by_uid.get(progress.uid)
+            if (
+                entry is not None
+                and progress.end_of_segment
+                and not progress.end_of_prompt
+                and entry.reused + progress.progress[0] in entry.checkpoints
+            ):
+                # A segment boundary: what the prefill holds now serves later prompts that
+                # share this prefix (an exact prefix: the model's cache cannot be trimmed).
+                self._prompt_cache.checkpoint(
+                    entry.owner,
+                    generator,
+                    entry.uid,
+                    partition=entry.cache_key,
+                    at=entry.checkpoints,
+                )
             if entry is not None and progress.end_of_prompt and not entry.prefill_done:
                 entry.prefill_done = True
                 entry.slot.push(prefill_done=True)

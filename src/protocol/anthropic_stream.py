@@ -25,7 +25,8 @@ Invariants (Anthropic's grammar):
   first; ``stop_sequence`` as above.
 - ``usage.input_tokens`` excludes cached prompt tokens, reported apart as
   ``cache_read_input_tokens`` (Anthropic's accounting); ``output_tokens_details.thinking_tokens``
-  counts the reasoning.
+  counts the reasoning. ``message_start`` carries the split ``start`` was given (the route
+  waits for the prompt-cache lookup), so it agrees with ``message_delta``'s final usage.
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ class MessageEncoder:
         self._stop_reason: StopReason | None = None
         self._stop_sequence: str | None = None
         self._usage: Usage | None = None
+        self._cached_at_start = 0
         self.stopped_at: str | None = None  # a stop sequence matched; the caller must stop
         self.error: tuple[str, str] | None = None  # (type, message) of a failed response
         self.finished = False  # message_stop or error was sent
@@ -217,9 +219,9 @@ class MessageEncoder:
 
     def _start_usage(self) -> JsonObject:
         return {
-            "input_tokens": self._input_tokens,
+            "input_tokens": self._input_tokens - self._cached_at_start,
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_read_input_tokens": self._cached_at_start,
             "output_tokens": 0,
             "output_tokens_details": {"thinking_tokens": 0},
             **_message_usage_extras(),
@@ -227,11 +229,17 @@ class MessageEncoder:
 
     # -- inputs --
 
-    def start(self) -> list[JsonObject]:
-        """``message_start`` and a first ``ping`` (once)."""
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self, cached_tokens: int = 0) -> list[JsonObject]:
+        """``message_start`` and a first ``ping`` (once); ``cached_tokens``: the prompt tokens
+        the prompt cache served (at most the prompt)."""
         if self._started:
             return []
         self._started = True
+        self._cached_at_start = max(0, min(cached_tokens, self._input_tokens))
         opening = self.message()
         opening["usage"] = self._start_usage()
         return [{"type": "message_start", "message": opening}, dict(PING)]

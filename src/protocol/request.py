@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache_report import CacheReport
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
 from .objects import JsonObject, ResponseConfig
@@ -75,6 +76,9 @@ class CreateRequest:
     # deferred; a ``tool_search_output`` in the history (``previous_response_id``,
     # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
     declared_tools: tuple[FunctionTool, ...] = ()
+    # Issue 12: the prompt-cache reuse of the first sequence, for a transport that reports it
+    # before the end (the Anthropic stream's message_start); None: nobody asks.
+    cache_report: CacheReport | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
