@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import random
 import shlex
 import statistics
@@ -225,12 +226,15 @@ def answers(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
 Turns = list[dict[str, float]]
 
 
-def turn_record(started: float, response: dict[str, Any]) -> dict[str, float]:
-    """One turn's time and the model's work (what the prompt cache left to prefill)."""
+def turn_record(started: float, created: float, response: dict[str, Any]) -> dict[str, float]:
+    """One turn's time, the time to its ``response.created`` event (the server's work before
+    the model's: parsing, history, render, tokenizing, admission; NaN for a JSON request), and
+    the model's work (what the prompt cache left to prefill)."""
     usage = response.get("usage") or {}
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
     return {
         "seconds": time.perf_counter() - started,
+        "created_s": created - started,
         "input_tokens": usage.get("input_tokens", 0),
         "cached_tokens": cached,
         "output_tokens": usage.get("output_tokens", 0),
@@ -244,7 +248,7 @@ def run_websocket(base_url: str, work: Workload, run: int) -> Turns:
         previous: str | None = None
         pending: list[dict[str, Any]] = []
         for turn in range(work.turns):
-            started = time.perf_counter()
+            started, created = time.perf_counter(), math.nan
             body: dict[str, Any] = {
                 "type": "response.create",
                 **work.settings(),
@@ -258,25 +262,30 @@ def run_websocket(base_url: str, work: Workload, run: int) -> Turns:
                 event = json.loads(connection.recv_bytes())
                 if event["type"] == "error":
                     raise RuntimeError(event)
+                if event["type"] == "response.created":
+                    created = time.perf_counter()
                 if event["type"] in ("response.completed", "response.incomplete"):
                     previous = event["response"]["id"]
                     pending = answers(event["response"]["output"])
-                    turns.append(turn_record(started, event["response"]))
+                    turns.append(turn_record(started, created, event["response"]))
                     break
     return turns
 
 
-def streamed(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+def streamed(http: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
     """POST with ``stream: true``; every SSE event parsed (as the socket's client parses every
-    frame); the terminal event's response."""
+    frame); the terminal event's response, and when ``response.created`` came."""
+    created = math.nan
     with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
             if not line.startswith("data: "):
                 continue
             event = json.loads(line[6:])
+            if event["type"] == "response.created":
+                created = time.perf_counter()
             if event["type"] in ("response.completed", "response.incomplete"):
-                return dict(event["response"])
+                return dict(event["response"]), created
             if event["type"] in ("response.failed", "error"):
                 raise RuntimeError(event)
     raise RuntimeError("the stream ended without a terminal event")
@@ -300,15 +309,16 @@ def run_http(base_url: str, work: Workload, run: int, *, chain: bool) -> Turns:
             else:
                 history += new
                 body |= {"store": False, "input": history}
+            created = math.nan
             if args.http_stream:
-                data = streamed(http, body)
+                data, created = streamed(http, body)
             else:
                 reply = http.post("/v1/responses", json=body)
                 reply.raise_for_status()
                 data = reply.json()
             previous = data["id"]
             pending = answers(data["output"])
-            turns.append(turn_record(started, data))
+            turns.append(turn_record(started, created, data))
             if not chain:
                 history += data["output"]
     return turns
@@ -380,6 +390,8 @@ def main() -> None:
                             t["input_tokens"] - t["cached_tokens"] for t in turns
                         ),
                         "output_tokens": sum(t["output_tokens"] for t in turns),
+                        "to_created_ms_per_turn": 1000
+                        * statistics.fmean(t["created_s"] for t in turns),
                         "turns": turns,
                     }
                 )
@@ -394,6 +406,7 @@ def main() -> None:
                 "server_cpu_s",
                 "prefilled_tokens",
                 "output_tokens",
+                "to_created_ms_per_turn",
             )
         }
     if "websocket" in summary:
