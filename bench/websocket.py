@@ -5,6 +5,7 @@ Run::
     .venv/bin/python bench/websocket.py [--turns 20] [--repeats 3] [--max-tokens 16]
         [--workload codex|small] [--instructions-tokens 2000] [--item-tokens 300,600]
         [--tool-output-words 15] [--ctx-size N] [--ways websocket,http-replay,http-chain]
+        [--ws-send sdk|raw]
         [--model PATH] [--server-command CMD] [--no-http-stream]
 
 One ``mlx-responses serve`` subprocess (the bench model from ``bench/make_bench_model.py`` by
@@ -257,7 +258,10 @@ def run_websocket(base_url: str, work: Workload, run: int) -> Turns:
             }
             if previous is not None:
                 body["previous_response_id"] = previous
-            connection.send(body)
+            if work.args.ws_send == "raw":
+                connection.send_raw(json.dumps(body))  # serialised as Codex CLI does (serde)
+            else:
+                connection.send(body)  # the SDK's send: maybe_transform, then json.dumps
             while True:
                 event = json.loads(connection.recv_bytes())
                 if event["type"] == "error":
@@ -347,6 +351,13 @@ def main() -> None:
     parser.add_argument("--tool-output-words", type=int, default=15, help="small workload")
     parser.add_argument("--ctx-size", type=int, default=None, help="default 16384 for codex")
     parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset")
+    parser.add_argument(
+        "--ws-send",
+        choices=("sdk", "raw"),
+        default="sdk",
+        help="the socket's client events through the SDK's send (its type transform) or as "
+        "plain json.dumps text (send_raw, as a client with its own serialiser)",
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--server-command", default=None)
     parser.add_argument(
