@@ -3,13 +3,29 @@
 Run::
 
     .venv/bin/python bench/websocket.py [--turns 20] [--repeats 3] [--max-tokens 16]
-        [--tool-output-words 15] [--model PATH] [--server-command CMD] [--no-http-stream]
+        [--workload codex|small] [--instructions-tokens 2000] [--item-tokens 300,600]
+        [--tool-output-words 15] [--ctx-size N] [--ways websocket,http-replay,http-chain]
+        [--ws-send sdk|raw]
+        [--model PATH] [--server-command CMD] [--no-http-stream]
 
 One ``mlx-responses serve`` subprocess (the bench model from ``bench/make_bench_model.py`` by
-default, random weights: every turn generates exactly ``--max-tokens``). A Codex-shaped loop of
-``--turns`` tool round trips: a long instruction block first, then each turn sends a tool result
-(``--tool-output-words`` words) as new input and reads the model's answer. Three ways, each
-``--repeats`` times, interleaved so that machine noise falls on all of them alike:
+default, random weights: every turn generates exactly ``--max-tokens``; ``--model
+src/model/bundled`` for the tiny model, where the server's own per-turn work shows). A loop of
+``--turns`` tool round trips, two workloads:
+
+- ``--workload codex`` (the default): Codex-shaped, as ``bench/agent_loop.py``: an instruction
+  block of ``--instructions-tokens`` tokens and four Codex tool definitions (``shell``,
+  ``apply_patch``, ``update_plan``, ``view_image``), a task as the first user message, then
+  each turn a ``function_call`` (``shell``) and its ``function_call_output`` of
+  ``--item-tokens`` tokens (drawn per turn) as the new input; a tool call the model made itself
+  is answered ``ok``. Every run's conversation is its own (a run number in the task), so the
+  prefix cache shares only the instructions and tools across runs, as across Codex sessions.
+  The context window is ``--ctx-size`` (default 16384, enough for 20 turns of 600 tokens).
+- ``--workload small`` (the earlier bench): a short instruction block, then each turn a user
+  message with a tool result of ``--tool-output-words`` words.
+
+Three ways, each ``--repeats`` times, interleaved so that machine noise falls on all of them
+alike (``--ways`` runs a subset, e.g. one way under a profiler):
 
 - **websocket**: one ``client.responses.connect()`` socket, ``store: false``; each turn sends
   only the new item with ``previous_response_id`` (the connection keeps the history);
@@ -34,7 +50,10 @@ Figures are printed and written to ``bench/results/websocket-<timestamp>.json``.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
+import random
 import shlex
 import statistics
 import sys
@@ -56,70 +75,237 @@ from throughput import (
     running_server,
 )
 
-INSTRUCTIONS = " ".join(f"Rule {i}: keep the answer short and exact." for i in range(25))
+SMALL_INSTRUCTIONS = " ".join(f"Rule {i}: keep the answer short and exact." for i in range(25))
+
+# Codex CLI's own tools, as it declares them (descriptions shortened).
+CODEX_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Runs a shell command and returns its output. Always set workdir.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "array", "items": {"type": "string"}},
+                "workdir": {"type": "string", "description": "The working directory."},
+                "timeout_ms": {"type": "number", "description": "The timeout in ms."},
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "type": "function",
+        "name": "apply_patch",
+        "description": "Use the apply_patch tool to edit files: a patch in the V4A diff format.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": "The patch."}},
+            "required": ["input"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "type": "function",
+        "name": "update_plan",
+        "description": "Updates the task plan: a list of steps, each with a status.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "explanation": {"type": "string"},
+                "plan": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "step": {"type": "string"},
+                            "status": {"type": "string"},
+                        },
+                        "required": ["step", "status"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "required": ["plan"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "type": "function",
+        "name": "view_image",
+        "description": "Attach a local image (by filesystem path) to the conversation.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "The image's path."}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+]
+WORDS = (
+    "the file parser returns error when config value missing so we check path and retry build "
+    "test module function class import list dict string number value index update patch diff "
+    "commit branch merge request response stream token cache prefix model server client agent "
+    "shell command output line write read open close run step loop batch queue"
+).split()
 
 
-def tool_output(turn: int, words: int) -> str:
-    return " ".join(f"line{turn}-{i}" for i in range(words))
+class Workload:
+    """One loop's fixed parts: instructions, tools, and each turn's new input (a run number
+    makes each run's conversation its own)."""
+
+    def __init__(self, args: argparse.Namespace, model: str) -> None:
+        self.args = args
+        self.turns: int = args.turns
+        self.tools: list[dict[str, Any]] = []
+        self.outputs: list[str] = []
+        if args.workload == "small":
+            self.instructions = SMALL_INSTRUCTIONS
+            return
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+        rng = random.Random(11)
+
+        def text(tokens: int) -> str:
+            words: list[str] = []
+            while len(tokenizer.encode(" ".join(words)).ids) < tokens:
+                words.extend(rng.choice(WORDS) for _ in range(16))
+            while len(words) > 1 and len(tokenizer.encode(" ".join(words[:-1])).ids) >= tokens:
+                words.pop()
+            return " ".join(words)
+
+        low, high = args.item_tokens
+        self.instructions = "You are a coding agent. " + text(args.instructions_tokens)
+        self.tools = CODEX_TOOLS
+        self.outputs = [text(rng.randint(low, high)) for _ in range(args.turns)]
+
+    def turn_input(self, run: int, turn: int) -> list[dict[str, Any]]:
+        if self.args.workload == "small":
+            words = self.args.tool_output_words
+            output = " ".join(f"line{turn}-{i}" for i in range(words))
+            return [{"role": "user", "content": f"Tool result {turn}: {output}"}]
+        items: list[dict[str, Any]] = []
+        if turn == 0:
+            task = f"Task {run}: fix the failing test in the parser and run the suite."
+            items.append({"type": "message", "role": "user", "content": task})
+        call_id = f"call_{run}_{turn}"
+        arguments = json.dumps({"command": ["bash", "-lc", f"cat notes/{run}-{turn}.txt"]})
+        items.append(
+            {"type": "function_call", "call_id": call_id, "name": "shell", "arguments": arguments}
+        )
+        items.append(
+            {"type": "function_call_output", "call_id": call_id, "output": self.outputs[turn]}
+        )
+        return items
+
+    def settings(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": "bench",
+            "max_output_tokens": self.args.max_tokens,
+            "temperature": 0,
+            "instructions": self.instructions,
+        }
+        if self.tools:
+            body["tools"] = self.tools
+        return body
 
 
-def turn_input(turn: int, words: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Tool result {turn}: {tool_output(turn, words)}"}]
+def answers(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's answers to the tool calls the model made itself."""
+    return [
+        {"type": "function_call_output", "call_id": item["call_id"], "output": "ok"}
+        for item in output
+        if item.get("type") == "function_call"
+    ]
 
 
-def settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"model": "bench", "max_output_tokens": args.max_tokens, "temperature": 0}
+Turns = list[dict[str, float]]
 
 
-def run_websocket(base_url: str, args: argparse.Namespace) -> None:
+def turn_record(started: float, created: float, response: dict[str, Any]) -> dict[str, float]:
+    """One turn's time, the time to its ``response.created`` event (the server's work before
+    the model's: parsing, history, render, tokenizing, admission; NaN for a JSON request), and
+    the model's work (what the prompt cache left to prefill)."""
+    usage = response.get("usage") or {}
+    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    return {
+        "seconds": time.perf_counter() - started,
+        "created_s": created - started,
+        "input_tokens": usage.get("input_tokens", 0),
+        "cached_tokens": cached,
+        "output_tokens": usage.get("output_tokens", 0),
+    }
+
+
+def run_websocket(base_url: str, work: Workload, run: int) -> Turns:
     client = OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0, timeout=600)
+    turns: Turns = []
     with client.responses.connect() as connection:
         previous: str | None = None
-        for turn in range(args.turns):
+        pending: list[dict[str, Any]] = []
+        for turn in range(work.turns):
+            started, created = time.perf_counter(), math.nan
             body: dict[str, Any] = {
                 "type": "response.create",
-                **settings(args),
+                **work.settings(),
                 "store": False,
-                "input": turn_input(turn, args.tool_output_words),
+                "input": pending + work.turn_input(run, turn),
             }
-            if previous is None:
-                body["instructions"] = INSTRUCTIONS
-            else:
+            if previous is not None:
                 body["previous_response_id"] = previous
-                body["instructions"] = INSTRUCTIONS
-            connection.send(body)
+            if work.args.ws_send == "raw":
+                connection.send_raw(json.dumps(body))  # serialised as Codex CLI does (serde)
+            else:
+                connection.send(body)  # the SDK's send: maybe_transform, then json.dumps
             while True:
                 event = json.loads(connection.recv_bytes())
                 if event["type"] == "error":
                     raise RuntimeError(event)
+                if event["type"] == "response.created":
+                    created = time.perf_counter()
                 if event["type"] in ("response.completed", "response.incomplete"):
                     previous = event["response"]["id"]
+                    pending = answers(event["response"]["output"])
+                    turns.append(turn_record(started, created, event["response"]))
                     break
+    return turns
 
 
-def streamed(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+def streamed(http: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
     """POST with ``stream: true``; every SSE event parsed (as the socket's client parses every
-    frame); the terminal event's response."""
+    frame); the terminal event's response, and when ``response.created`` came."""
+    created = math.nan
     with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
             if not line.startswith("data: "):
                 continue
             event = json.loads(line[6:])
+            if event["type"] == "response.created":
+                created = time.perf_counter()
             if event["type"] in ("response.completed", "response.incomplete"):
-                return dict(event["response"])
+                return dict(event["response"]), created
             if event["type"] in ("response.failed", "error"):
                 raise RuntimeError(event)
     raise RuntimeError("the stream ended without a terminal event")
 
 
-def run_http(base_url: str, args: argparse.Namespace, *, chain: bool) -> None:
+def run_http(base_url: str, work: Workload, run: int, *, chain: bool) -> Turns:
+    args = work.args
     history: list[dict[str, Any]] = []
     previous: str | None = None
+    pending: list[dict[str, Any]] = []
+    turns: Turns = []
     with httpx.Client(base_url=base_url, timeout=600) as http:
-        for turn in range(args.turns):
-            new = turn_input(turn, args.tool_output_words)
-            body: dict[str, Any] = {**settings(args), "instructions": INSTRUCTIONS}
+        for turn in range(work.turns):
+            started = time.perf_counter()
+            new = pending + work.turn_input(run, turn)
+            body: dict[str, Any] = work.settings()
             if chain:
                 body |= {"store": True, "input": new}
                 if previous is not None:
@@ -127,21 +313,25 @@ def run_http(base_url: str, args: argparse.Namespace, *, chain: bool) -> None:
             else:
                 history += new
                 body |= {"store": False, "input": history}
+            created = math.nan
             if args.http_stream:
-                data = streamed(http, body)
+                data, created = streamed(http, body)
             else:
                 reply = http.post("/v1/responses", json=body)
                 reply.raise_for_status()
                 data = reply.json()
             previous = data["id"]
+            pending = answers(data["output"])
+            turns.append(turn_record(started, created, data))
             if not chain:
                 history += data["output"]
+    return turns
 
 
 WAYS = {
     "websocket": run_websocket,
-    "http-replay": lambda url, args: run_http(url, args, chain=False),
-    "http-chain": lambda url, args: run_http(url, args, chain=True),
+    "http-replay": lambda url, work, run: run_http(url, work, run, chain=False),
+    "http-chain": lambda url, work, run: run_http(url, work, run, chain=True),
 }
 
 
@@ -150,7 +340,24 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--tool-output-words", type=int, default=15)
+    parser.add_argument("--workload", choices=("codex", "small"), default="codex")
+    parser.add_argument("--instructions-tokens", type=int, default=2000)
+    parser.add_argument(
+        "--item-tokens",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=(300, 600),
+        help="low,high tokens of each tool output (codex workload)",
+    )
+    parser.add_argument("--tool-output-words", type=int, default=15, help="small workload")
+    parser.add_argument("--ctx-size", type=int, default=None, help="default 16384 for codex")
+    parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset")
+    parser.add_argument(
+        "--ws-send",
+        choices=("sdk", "raw"),
+        default="sdk",
+        help="the socket's client events through the SDK's send (its type transform) or as "
+        "plain json.dumps text (send_raw, as a client with its own serialiser)",
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--server-command", default=None)
     parser.add_argument(
@@ -160,24 +367,43 @@ def main() -> None:
         help="the HTTP ways stream (stream: true, as Codex CLI does); --no-http-stream: JSON",
     )
     args = parser.parse_args()
+    ways = [way for way in args.ways.split(",") if way]
+    if unknown := set(ways) - set(WAYS):
+        parser.error(f"unknown ways: {sorted(unknown)}")
+    if args.ctx_size is None and args.workload == "codex":
+        args.ctx_size = 16384
     model = resolve_model(args.model)
     command = shlex.split(args.server_command) if args.server_command else default_server_command()
+    extra = ["--ctx-size", str(args.ctx_size)] if args.ctx_size else []
+    work = Workload(args, model)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    runs: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
-    with running_server(command, model, RESULTS_DIR / f"websocket-{stamp}.log") as server:
+    runs: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
+    log_path = RESULTS_DIR / f"websocket-{stamp}.log"
+    with running_server(command, model, log_path, extra_args=extra) as server:
         pid = server.process.pid
-        run_http(server.base_url, argparse.Namespace(**{**vars(args), "turns": 2}), chain=False)
+        warm = copy.copy(work)
+        warm.turns = 2
+        run_http(server.base_url, warm, -1, chain=False)
+        run = 0
         for repeat in range(args.repeats):
-            order = list(WAYS) if repeat % 2 == 0 else list(reversed(WAYS))
+            order = ways if repeat % 2 == 0 else list(reversed(ways))
             for way in order:
                 server_cpu, client_cpu = process_cpu(pid), time.process_time()
                 started = time.perf_counter()
-                WAYS[way](server.base_url, args)
+                turns = WAYS[way](server.base_url, work, run)
+                run += 1
                 runs[way].append(
                     {
                         "seconds": time.perf_counter() - started,
                         "client_cpu_s": time.process_time() - client_cpu,
                         "server_cpu_s": process_cpu(pid) - server_cpu,
+                        "prefilled_tokens": sum(
+                            t["input_tokens"] - t["cached_tokens"] for t in turns
+                        ),
+                        "output_tokens": sum(t["output_tokens"] for t in turns),
+                        "to_created_ms_per_turn": 1000
+                        * statistics.fmean(t["created_s"] for t in turns),
+                        "turns": turns,
                     }
                 )
                 print(f"repeat {repeat} {way}: {runs[way][-1]['seconds']:.2f} s", flush=True)
@@ -185,11 +411,19 @@ def main() -> None:
     for way, samples in runs.items():
         summary[way] = {
             key: round(statistics.median(s[key] for s in samples), 3)
-            for key in ("seconds", "client_cpu_s", "server_cpu_s")
+            for key in (
+                "seconds",
+                "client_cpu_s",
+                "server_cpu_s",
+                "prefilled_tokens",
+                "output_tokens",
+                "to_created_ms_per_turn",
+            )
         }
-    ws = summary["websocket"]["seconds"]
-    for way in ("http-replay", "http-chain"):
-        summary[way]["time_vs_websocket"] = round(summary[way]["seconds"] / ws, 3)
+    if "websocket" in summary:
+        ws = summary["websocket"]["seconds"]
+        for way in summary.keys() - {"websocket"}:
+            summary[way]["time_vs_websocket"] = round(summary[way]["seconds"] / ws, 3)
     report = {
         "machine": machine_facts(),
         "model": model,

@@ -188,6 +188,49 @@ async def test_an_incremental_continuation_is_the_full_replay(server: ServerHand
         history += turn["output"]
 
 
+async def test_tools_resent_every_turn_are_checked_as_on_the_first(server: ServerHandle) -> None:
+    """An agent resends its tools with every continuation; the server remembers each schema's
+    check (issue 14), and a remembered answer is the check's own: the same tools continue, an
+    invalid schema is refused on every turn it is sent, with the same message."""
+    settings = {"model": MODEL, "temperature": 0, "store": False, "max_output_tokens": 4}
+    bad_tool = {**WEATHER_TOOL, "parameters": {"type": "object", "required": "city"}}
+
+    def run() -> list[list[Event]]:
+        turns: list[list[Event]] = []
+        with sdk(server).responses.connect() as connection:
+            previous = None
+            for tools in ([WEATHER_TOOL], [WEATHER_TOOL], [bad_tool], [bad_tool], [WEATHER_TOOL]):
+                body = {"type": "response.create", **settings, "tools": tools, "input": "Hi"}
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                connection.send(body)
+                events = until_terminal(connection)
+                turns.append(events)
+                # A refused continuation evicts the kept response: start a new chain.
+                ok = events[-1]["type"] != "error"
+                previous = events[-1]["response"]["id"] if ok else None
+        return turns
+
+    turns = await in_thread(run)
+    kinds = [events[-1]["type"] for events in turns]
+    finished = {"response.completed", "response.incomplete"}
+    assert {kinds[0], kinds[1], kinds[4]} <= finished
+    assert strict(turns[1])["previous_response_id"] == strict(turns[0])["id"]
+    assert kinds[2:4] == ["error", "error"]
+    first, again = turns[2][-1], turns[3][-1]
+    assert first["status"] == again["status"] == 400
+    assert first["error"]["param"] == again["error"]["param"] == "tools[0].parameters"
+    assert first["error"]["message"] == again["error"]["message"]
+    assert "is not a valid JSON Schema" in first["error"]["message"]
+    # HTTP refuses the same schema with the same message.
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        reply = await http.post(
+            "/v1/responses", json={**settings, "tools": [bad_tool], "input": "Hi"}
+        )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == first["error"]["message"]
+
+
 async def test_an_unknown_previous_response_is_an_error_event_and_the_socket_stays(
     server: ServerHandle,
 ) -> None:

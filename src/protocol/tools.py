@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .check_memo import CheckMemo
 from .errors import invalid_request
 from .items import json_type, optional_str
 
@@ -140,7 +141,12 @@ def offered_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why ``schema`` is not a valid JSON Schema (its ``$schema`` dialect, else 2020-12), or
-    None when it is."""
+    None when it is. Remembered per schema (issue 14: an agent resends its tools every turn;
+    ``check_memo.py``, exact)."""
+    return _SCHEMA_PROBLEMS(schema)
+
+
+def _schema_problem(schema: Mapping[str, Any]) -> str | None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
 
@@ -150,6 +156,9 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
         where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in exc.path)
         return f"{exc.message}" + (f" (at {where.lstrip('.')})" if where else "")
     return None
+
+
+_SCHEMA_PROBLEMS = CheckMemo(_schema_problem, max_entries=512)
 
 
 def _name_and_description(spec: Mapping[str, Any], path: str, what: str) -> tuple[str, str | None]:
