@@ -61,6 +61,8 @@ COMPLETION_BATCH_SIZE = 32
 PREFILL_BATCH_SIZE = 8
 PREFILL_STEP_SIZE = 512
 DELTAS_BEFORE_DISCONNECT = 3
+# The pause before each measured run (see the loop in ``main``).
+SETTLE_SECONDS = 1.0
 LONG_MAX_TOKENS = 3000
 
 
@@ -798,6 +800,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("direct", "server") if repeat % 2 == 0 else ("server", "direct")
                 got: dict[str, Measurement] = {}
                 for side in order:
+                    # Let the other side's worker threads (OpenBLAS, MLX) stop spinning first:
+                    # they would otherwise take cores from this side's run.
+                    time.sleep(SETTLE_SECONDS)
                     if side == "direct":
                         cpu = time.process_time()
                         got[side] = direct.run(c, args.max_tokens)
