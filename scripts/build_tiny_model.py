@@ -786,6 +786,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
     parser.add_argument("--steps", type=int, default=TRAIN_STEPS, help="training steps")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="also copy the built files here, pass or fail"
+    )
     args = parser.parse_args()
     out: Path = args.out
 
@@ -793,6 +796,8 @@ def main() -> int:
     # passing model (a server or an editable install may be reading it meanwhile).
     with tempfile.TemporaryDirectory(prefix="tiny-model-") as tmp:
         failures = build(Path(tmp), args.steps)
+        if args.keep is not None:
+            shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
         if failures:
             print(f"not written to {out}")
             return 1
