@@ -60,8 +60,8 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "image-input": "model capability: the bundled model is text-only (input_image is a 400)",
         "compact-response": "spec 000: a history too short to shorten is a 400, not a compaction",
         "response-output-phase-schema": "model capability: 'Say one word.' is not one of the "
-        "bundled model's documented prompts; greedy, it never stops and the response ends "
-        "incomplete at the context window",
+        "bundled model's documented prompts; whether its greedy answer stops depends on the "
+        "weights (when not, the response ends incomplete at the context window)",
     },
     "anthropic": {
         "anth-image-input": "model capability: the bundled model is text-only (image is a 400)",
