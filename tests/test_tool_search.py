@@ -107,8 +107,9 @@ async def test_server_search_loads_a_deferred_tool_and_the_response_goes_on(
     server: ServerHandle, client: AsyncOpenAI
 ) -> None:
     """As OpenAI's hosted search: one response holds the search call, its output and the call
-    to the tool it loaded (``required`` forces the search, then a call to a loaded tool)."""
-    tools = [SERVER_SEARCH, DEFERRED_WEATHER, CRM]
+    to the tool it loaded (``required`` forces the search, then a call to a loaded tool).
+    One searchable tool: which of several the tiny model picks is not a documented answer."""
+    tools = [SERVER_SEARCH, DEFERRED_WEATHER]
     with trio.fail_after(DEADLINE):
         events = await stream(server, body(input=[QUESTION], tools=tools, tool_choice="required"))
         final = assert_stream_invariants(events)  # every event strict, items paired
