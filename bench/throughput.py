@@ -10,7 +10,8 @@ Run::
    server templates them, inserted together; tokens/s = generated tokens (stop token excluded)
    over the time from ``insert`` to the last token.
 2. Server: ``mlx-responses serve`` as a subprocess on the same model; C concurrent streaming
-   clients (Trio + httpx2), each with a distinct prompt, temperature 0 and the same
+   clients (Trio + httpx2), each with a distinct prompt (on the bundled model: its documented
+   long prompt, see ``use_documented_prompt``), temperature 0 and the same
    ``max_output_tokens``; tokens/s = the sum of ``usage.output_tokens`` over the time from the
    first request sent to the last terminal event.
    Direct and server measurements alternate (the order flips every repeat); medians are reported.
@@ -66,7 +67,31 @@ SETTLE_SECONDS = 1.0
 LONG_MAX_TOKENS = 3000
 
 
+# A model folder with documented prompts (the bundled model's ``prompts.json``) is asked its
+# long one by every stream: its answers to any other prompt are whatever the weights give, a
+# few tokens or many, and change with every rebuild, which would make the workload (tokens per
+# stream) change with them. Other models (random weights) get a distinct prompt per stream and
+# generate up to ``max_tokens``.
+LONG_PROMPT_NAME = "count"
+_documented_prompt: str | None = None
+
+
+def use_documented_prompt(model_path: str) -> str | None:
+    """Pick the documented long prompt of ``model_path``, if it has one; the prompt's text."""
+    global _documented_prompt
+    path = Path(model_path) / "prompts.json"
+    if not path.is_file():
+        return None
+    records = json.loads(path.read_text(encoding="utf-8"))
+    for record in records:
+        if record.get("name") == LONG_PROMPT_NAME:
+            _documented_prompt = str(record["messages"][-1]["content"])
+    return _documented_prompt
+
+
 def prompt_text(index: int) -> str:
+    if _documented_prompt is not None:
+        return _documented_prompt
     return f"Request {index}: tell me a long story about the number {index} and a lighthouse."
 
 
@@ -773,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     model_path = resolve_model(args.model)
     facts = machine_facts()
     print(f"model: {model_path}")
+    documented = use_documented_prompt(model_path)
+    if documented is not None:
+        print(f"prompt: the model's documented long prompt, every stream: {documented!r}")
     print(f"machine: {facts['cpu']} x{facts['cpu_count']}, load {facts['load_average_at_start']}")
 
     direct = DirectRunner(model_path)
