@@ -703,15 +703,19 @@ def build(out: Path, steps: int) -> int:
     records: list[dict[str, Any]] = []
     failures = 0
     print(f"{'prompt':<20} {'tokens':>6}  result")
-    for (name, messages, tools, expected), (ids, start) in zip(PROMPTS, examples, strict=True):
+
+    def greedy(messages: Any, tools: Any, max_tokens: int) -> str:
         prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-        expected_tokens = len(ids) - start - 1
-        text = "".join(
+        return "".join(
             r.text
             for r in stream_generate(
-                loaded, tokenizer, prompt, max_tokens=expected_tokens + 20, sampler=sampler
+                loaded, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler
             )
         )
+
+    for (name, messages, tools, expected), (ids, start) in zip(PROMPTS, examples, strict=True):
+        expected_tokens = len(ids) - start - 1
+        text = greedy(messages, tools, expected_tokens + 20)
         ok = text == expected
         failures += not ok
         print(f"{name:<20} {expected_tokens:>6}  {'pass' if ok else 'FAIL: ' + repr(text[:80])}")
@@ -731,14 +735,8 @@ def build(out: Path, steps: int) -> int:
     for (name, messages, tools, expected, wall), (ids, start) in zip(
         codex, codex_examples, strict=True
     ):
-        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
         expected_tokens = len(ids) - start - 1
-        text = "".join(
-            r.text
-            for r in stream_generate(
-                loaded, tokenizer, prompt, max_tokens=expected_tokens + 20, sampler=sampler
-            )
-        )
+        text = greedy(messages, tools, expected_tokens + 20)
         ok = text == expected
         failures += not ok
         status = "pass" if ok else "FAIL: " + repr(text[:80])

@@ -11,7 +11,6 @@ compares greedy text against a server with the cache off.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, output_text, server_settings
 from .hybrid_model import make_hybrid_model
+from .test_api_prompt_cache_templates import drop_earlier_reasoning
 
 DEADLINE = 120
 TURNS = ["Reply with: hello", "Reply with: goodbye", "Say something short.", "Say yes."]
@@ -105,28 +105,6 @@ async def test_a_store_false_replay_on_a_non_trimmable_cache_hits_and_answers_as
     assert kept["entries"] > len(TURNS)
 
 
-def rewriting_template(folder: Path, source: Path) -> Path:
-    """A copy of ``source`` whose template renders an assistant turn's reasoning only after the
-    last user message (as Qwen3's does): a new user message rewrites the earlier turns."""
-    copy = folder / "rewriting"
-    shutil.copytree(source, copy)
-    template = (copy / "chat_template.jinja").read_text()
-    loop = "{%- for message in rest -%}"
-    keep = "{%- if reasoning_content -%}"
-    assert template.count(loop) == 1
-    assert template.count(keep) == 1
-    last_user = (
-        "{%- set ns = namespace(last_user=-1) -%}"
-        "{%- for m in rest -%}{%- if m.role == 'user' -%}"
-        "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
-    )
-    template = template.replace(loop, last_user + loop).replace(
-        keep, "{%- if reasoning_content and loop.index0 > ns.last_user -%}"
-    )
-    (copy / "chat_template.jinja").write_text(template)
-    return copy
-
-
 async def tool_turns(base_url: str) -> list[dict[str, Any]]:
     """An agent step (user, reasoning + call, its output), then a new user message: the new
     message makes the template drop the step's reasoning, before the previous prompt's end."""
@@ -155,7 +133,7 @@ async def tool_turns(base_url: str) -> list[dict[str, Any]]:
 async def test_a_template_that_rewrites_earlier_turns_still_hits_the_surviving_segments(
     nursery: trio.Nursery, hybrid: Path, tmp_path: Path
 ) -> None:
-    rewriting = rewriting_template(tmp_path, hybrid)
+    rewriting = drop_earlier_reasoning(tmp_path, hybrid)
     warm = await start(nursery, rewriting)
     cold = await start(nursery, rewriting, prompt_cache_bytes=0)
     with trio.fail_after(DEADLINE):

@@ -32,11 +32,12 @@ DEADLINE = 90
 THINK = "Think, then answer: what is 2 + 2?"  # the bundled model reasons, then answers
 
 
-def drop_earlier_reasoning(folder: Path) -> Path:
-    """A copy of the bundled model whose template renders an assistant turn's reasoning only
-    after the last user message (as Qwen3's does)."""
+def drop_earlier_reasoning(folder: Path, source: Path = BUNDLED_MODEL_PATH) -> Path:
+    """A copy of ``source`` (the bundled model by default) whose template renders an assistant
+    turn's reasoning only after the last user message (as Qwen3's does): a new user message
+    rewrites the earlier turns."""
     copy = folder / "qwen3-style"
-    shutil.copytree(BUNDLED_MODEL_PATH, copy)
+    shutil.copytree(source, copy)
     template = (copy / "chat_template.jinja").read_text()
     loop = "{%- for message in rest -%}"
     keep = "{%- if reasoning_content -%}"
