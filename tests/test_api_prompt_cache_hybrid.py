@@ -10,7 +10,6 @@ compares greedy text against a server with the cache off.
 
 from __future__ import annotations
 
-import dataclasses
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,9 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from mlx_responses.server import ServerHandle, serve
-
-from .conftest import MODEL, START_DEADLINE, output_text, server_settings
+from .conftest import MODEL, output_text
 from .hybrid_model import make_hybrid_model
-from .test_api_prompt_cache_templates import drop_earlier_reasoning
+from .test_api_prompt_cache_templates import drop_earlier_reasoning, start
 
 DEADLINE = 120
 TURNS = ["Reply with: hello", "Reply with: goodbye", "Say something short.", "Say yes."]
@@ -40,16 +37,6 @@ TOOLS = [
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_hybrid_model(tmp_path_factory.mktemp("hybrid") / "lfm2")
-
-
-async def start(nursery: trio.Nursery, path: Path, **model: Any) -> ServerHandle:
-    settings = server_settings(**model)
-    settings = dataclasses.replace(
-        settings, model=dataclasses.replace(settings.model, model_path=str(path))
-    )
-    with trio.fail_after(START_DEADLINE):
-        handle: ServerHandle = await nursery.start(serve, settings)
-    return handle
 
 
 async def create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:

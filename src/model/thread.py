@@ -421,6 +421,16 @@ class GenerationThread:
                 generator.remove([entry.uid])
             self._end(entry, "error", repr(entry.fault.error))
 
+    def _store_finished(self, entry: _Live, response: Any) -> None:
+        """Keep a finished sequence's cache (prompt and reply) for the next turn."""
+        self._prompt_cache.store(
+            entry.owner,
+            response.all_tokens,
+            response.prompt_cache,
+            partition=entry.cache_key,
+            prompt_tokens=entry.prompt_length,
+        )
+
     def _deliver(self, generator: Any, entry: _Live, response: Any) -> None:
         """One generated token of ``entry``: its text to the slot, and its end if it ended."""
         detokenizer = entry.detokenizer
@@ -460,22 +470,10 @@ class GenerationThread:
                 )
                 generator.remove([entry.uid])
             else:
-                self._prompt_cache.store(
-                    entry.owner,
-                    response.all_tokens,
-                    response.prompt_cache,
-                    partition=entry.cache_key,
-                    prompt_tokens=entry.prompt_length,
-                )
+                self._store_finished(entry, response)
             self._end(entry, "stop")
         elif finish is not None:
-            self._prompt_cache.store(
-                entry.owner,
-                response.all_tokens,
-                response.prompt_cache,
-                partition=entry.cache_key,
-                prompt_tokens=entry.prompt_length,
-            )
+            self._store_finished(entry, response)
             self._end(entry, "length" if finish == "length" else "stop")
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:

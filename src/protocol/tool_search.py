@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import invalid_request
-from .items import FunctionCallOutput, InputItem, json_type, optional_str
+from .items import FunctionCallOutput, InputItem, optional_str
 from .objects import tool_search_call_item, tool_search_output_item
 from .tools import FunctionTool, ToolChoice, echo_tools, parse_tools
 
@@ -100,15 +100,9 @@ def parse_search_tool(spec: Mapping[str, Any], path: str) -> FunctionTool:
     description = optional_str(spec, "description", path)
     parameters = spec.get("parameters")
     if parameters is not None:
-        from .tools import schema_problem
+        from .tools import parameters_problem
 
-        if not isinstance(parameters, dict):
-            raise invalid_request(
-                f"Invalid type for '{path}.parameters': expected a JSON schema object, but got "
-                f"{json_type(parameters)}.",
-                f"{path}.parameters",
-            )
-        problem = schema_problem(parameters)
+        problem = parameters_problem(parameters, path)
         if problem is not None:
             raise invalid_request(
                 f"Invalid schema for '{path}.parameters': {problem}.", f"{path}.parameters"

@@ -146,6 +146,18 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     return _SCHEMA_PROBLEMS(schema)
 
 
+def parameters_problem(parameters: object, path: str) -> str | None:
+    """A tool's ``parameters`` at ``path``: a 400 unless it is a JSON object; then why it is not
+    a valid JSON Schema, or None."""
+    if not isinstance(parameters, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}.parameters': expected a JSON schema object, but got "
+            f"{json_type(parameters)}.",
+            f"{path}.parameters",
+        )
+    return schema_problem(parameters)
+
+
 def _schema_problem(schema: Mapping[str, Any]) -> str | None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
@@ -191,13 +203,7 @@ def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     parameters = spec.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
-    if not isinstance(parameters, dict):
-        raise invalid_request(
-            f"Invalid type for '{path}.parameters': expected a JSON schema object, but got "
-            f"{json_type(parameters)}.",
-            f"{path}.parameters",
-        )
-    problem = schema_problem(parameters)
+    problem = parameters_problem(parameters, path)
     if problem is not None:
         raise invalid_request(
             f"Invalid schema for function '{name}': '{path}.parameters' is not a valid JSON "
