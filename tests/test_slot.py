@@ -9,10 +9,11 @@ from typing import cast
 
 import pytest
 import trio
-from hypothesis import given, settings
+import trio.testing
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.slot import FinishReason, SequenceOutput, SequenceSlot
+from mlx_responses.model.slot import FinishReason, SequenceOutput, SequenceSlot, tick_after
 
 FINISHES: list[FinishReason] = ["stop", "length", "cancelled", "shutdown", "error"]
 
@@ -151,3 +152,41 @@ async def test_a_cancelled_linger_leaves_the_output_for_the_next_receive() -> No
     with trio.fail_after(5):
         out = await slot.receive()
     assert (out.text, out.new_tokens, out.finish) == ("kept", 1, "length")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    now=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    interval=st.sampled_from([0.0005, 0.01, 0.025, 0.09, 0.25]),
+)
+def test_a_linger_ends_on_the_next_tick_within_one_interval(now: float, interval: float) -> None:
+    tick = tick_after(now, interval)
+    assert now < tick <= now + interval * (1 + 1e-9)
+    later = now + (tick - now) / 2
+    assume(later < tick)  # the midpoint can round onto the tick
+    assert tick_after(later, interval) == tick  # a later start before the tick: the same tick
+
+
+async def test_streams_that_begin_lingering_apart_wake_together_on_the_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two consumers start their lingers 27 ms apart and both wake on the 100 ms tick (one
+    pass of the event loop for both), then keep waking on the same ticks."""
+    woke: dict[str, list[float]] = {"a": [], "b": []}
+    token = trio.lowlevel.current_trio_token()
+    origin = trio.current_time()
+
+    async def stream(name: str, start: float) -> None:
+        slot = SequenceSlot(token)
+        await trio.sleep_until(start)
+        for _ in range(3):
+            slot.push("x", 1)
+            await slot.receive(linger=0.1)
+            woke[name].append(trio.current_time())
+
+    first_tick = tick_after(origin + 0.1, 0.1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream, "a", first_tick - 0.087)
+        nursery.start_soon(stream, "b", first_tick - 0.060)
+    assert woke["a"] == woke["b"]
+    assert [round(t - first_tick, 6) for t in woke["a"]] == [0.0, 0.1, 0.2]

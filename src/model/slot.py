@@ -11,6 +11,10 @@ Invariants:
 - The producer wakes the consumer only when it waits: a push while the consumer is busy, or
   lingers (``receive(linger=...)``, issue 12: it lets output pile up under load), costs no
   wake-up, except a finish, which always ends a linger at once.
+- A linger ends on a tick of the Trio clock shared by every slot (``tick_after``), not a
+  linger's length after it began: consumers lingering with the same interval wake together, in
+  one pass of the event loop, so N streams cost one wake-up of the loop (and of a client that
+  reads them all) per tick instead of N spread over it.
 - A finish is sticky: after the producer reports one, the slot accepts nothing more, and the
   consumer receives it exactly once, after all text produced before it.
 """
@@ -41,6 +45,13 @@ class SequenceOutput:
     logprobs: tuple[dict[str, Any], ...] = ()
     # The stop sequence (of the request's ``stop_texts``) that ended the sequence, if one did.
     stop_sequence: str | None = None
+
+
+def tick_after(now: float, interval: float) -> float:
+    """The first multiple of ``interval`` (> 0) after ``now``: where a linger begun at ``now``
+    ends. Lingers of one interval end on the same ticks, whenever they began."""
+    tick = (math.floor(now / interval) + 1) * interval
+    return tick if tick > now else tick + interval  # floating-point rounding at a tick
 
 
 class SequenceSlot:
@@ -138,10 +149,11 @@ class SequenceSlot:
     async def receive(self, linger: float = 0.0) -> SequenceOutput:
         """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered.
 
-        With ``linger`` > 0, first let output pile up for that many seconds (or until the
-        sequence finishes), so that one receive carries several steps' tokens."""
+        With ``linger`` > 0, first let output pile up until the clock's next ``linger`` tick
+        (at most that many seconds; sooner if the sequence finishes), so that one receive
+        carries several steps' tokens."""
         if linger > 0:
-            await self._wait_for("finish", linger)
+            await self._wait_for("finish", tick_after(trio.current_time(), linger))
         while True:
             out = self._take()
             if out is not None:
@@ -150,19 +162,19 @@ class SequenceSlot:
                 raise trio.EndOfChannel
             await self._wait_for("any", math.inf)
 
-    async def _wait_for(self, what: Literal["any", "finish"], seconds: float) -> None:
-        """Sleep until the producer pushes ``what`` (at once if it already has) or ``seconds``
-        pass. A wake-up may be spurious; callers re-check."""
+    async def _wait_for(self, what: Literal["any", "finish"], deadline: float) -> None:
+        """Sleep until the producer pushes ``what`` (at once if it already has) or the Trio
+        clock reaches ``deadline``. A wake-up may be spurious; callers re-check."""
         with self._lock:
             if self._finish is not None or (what == "any" and self._has_output()):
                 return
             self._event = trio.Event()
             self._waiting = what
         try:
-            if seconds == math.inf:
+            if deadline == math.inf:
                 await self._event.wait()
             else:
-                with trio.move_on_after(seconds):
+                with trio.move_on_at(deadline):
                     await self._event.wait()
         finally:
             with self._lock:
