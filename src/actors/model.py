@@ -18,10 +18,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
@@ -186,6 +187,9 @@ class _Board:
     def __init__(self) -> None:
         self.batch = ModelStatistics()
         self.admitted = 0
+        # Requests on their way to the model (``ModelHandle.arriving``): written on the Trio
+        # thread, read by the generation thread (an int, read whole).
+        self.arriving = 0
 
 
 class ModelHandle:
@@ -215,6 +219,18 @@ class ModelHandle:
 
     def statistics(self) -> ModelStatistics:
         return replace(self._board.batch, admitted=self._board.admitted)
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Count a request as on its way to the model while the block runs (preparing its
+        prompt, up to its ``submit``): an idle batch that gets a sequence waits briefly for
+        the requests counted here, so that a burst is prefilled together
+        (``thread.GATHER_SECONDS``)."""
+        self._board.arriving += 1
+        try:
+            yield
+        finally:
+            self._board.arriving -= 1
 
     @property
     def decoding(self) -> int:
@@ -344,6 +360,7 @@ class _Worker:
             on_ended=lambda seq_id: report(SequenceEnded(seq_id)),
             on_statistics=on_statistics,
             on_exit=lambda error: report(ThreadExited(self.thread, error)),
+            arriving=lambda: board.arriving,
         )
         self.thread.start()
 

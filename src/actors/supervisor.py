@@ -446,36 +446,39 @@ async def _open(
     """Everything that can refuse the request; the run once its response exists (announced to
     the opener), or None after a refusal (told to the opener; nothing is left)."""
     admission: Admission | None = None
+    model = actors.model
     try:
-        limit = prompt_limit(request, actors.model)
-        prepared = await prepare_prompt(request, actors, supervisor, limit)
-        if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
-            request = dataclasses.replace(request, tools=prepared.tools)
-        model = actors.model
-        window = model.info.context_window
-        compacting = needs_compaction(request, len(prepared.prompt), window)
-        if not compacting and len(prepared.prompt) >= window:
-            raise context_exceeded(prepared.prompt, window)  # before compiling any grammar
-        grammar = await constrain(request, model)
-        run = ResponseRun(request, prepared, actors)
-        if entry.background:
-            budget = output_budget(request, len(prepared.prompt), window)
-            size = run.estimated_bytes(max(budget, 0))
-            await ask(mailbox, lambda reply: Reserve(entry, size, reply))
-        if not request.generate:
-            # A warm-up: prefill the prompt (the prompt cache keeps it for the continuation),
-            # output nothing.
-            one_token = dataclasses.replace(
-                request, config=dataclasses.replace(request.config, max_output_tokens=1)
-            )
-            admission = await admit(one_token, prepared, model, None)
-        elif compacting and entry.background:
-            pass  # compacted and admitted inside the job (a refusal ends it failed)
-        elif compacting:
-            compacted, step = await compact_for_request(request, prepared, actors)
-            admission = await admit(request, compacted, model, grammar, step)
-        else:
-            admission = await admit(request, prepared, model, grammar)
+        # On its way to the model until admitted or refused: an idle batch that gets another
+        # request's sequence meanwhile waits for this one (a burst is prefilled together).
+        with model.arriving():
+            limit = prompt_limit(request, model)
+            prepared = await prepare_prompt(request, actors, supervisor, limit)
+            if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
+                request = dataclasses.replace(request, tools=prepared.tools)
+            window = model.info.context_window
+            compacting = needs_compaction(request, len(prepared.prompt), window)
+            if not compacting and len(prepared.prompt) >= window:
+                raise context_exceeded(prepared.prompt, window)  # before compiling any grammar
+            grammar = await constrain(request, model)
+            run = ResponseRun(request, prepared, actors)
+            if entry.background:
+                budget = output_budget(request, len(prepared.prompt), window)
+                size = run.estimated_bytes(max(budget, 0))
+                await ask(mailbox, lambda reply: Reserve(entry, size, reply))
+            if not request.generate:
+                # A warm-up: prefill the prompt (the prompt cache keeps it for the
+                # continuation), output nothing.
+                one_token = dataclasses.replace(
+                    request, config=dataclasses.replace(request.config, max_output_tokens=1)
+                )
+                admission = await admit(one_token, prepared, model, None)
+            elif compacting and entry.background:
+                pass  # compacted and admitted inside the job (a refusal ends it failed)
+            elif compacting:
+                compacted, step = await compact_for_request(request, prepared, actors)
+                admission = await admit(request, compacted, model, grammar, step)
+            else:
+                admission = await admit(request, prepared, model, grammar)
         if admission is not None:
             run.attach(admission)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))

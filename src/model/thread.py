@@ -27,8 +27,10 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
@@ -130,6 +132,15 @@ def _guard(function: Callable[..., Any], fault: _Fault, fallback: Callable[..., 
     return guarded
 
 
+# Issue 12: when the batch is idle and a sequence arrives while more requests are on their way
+# to the model (a burst: the event loop prepares them one after another), the thread waits for
+# them, at most this long, so that the burst is prefilled together as the engine alone would,
+# instead of its first sequence alone while the rest queue behind that prefill. A lone request
+# never waits: nothing else is on its way.
+GATHER_SECONDS = 0.05
+GATHER_POLL_SECONDS = 0.001
+
+
 def _keep_logits(_context: Any, logits: Any) -> Any:
     return logits
 
@@ -181,7 +192,9 @@ class GenerationThread:
     """Owns the model and the ``BatchGenerator``; driven only through ``send``.
 
     The callbacks run on this thread and must not block: ``on_loaded`` once, ``on_ended(seq_id)``
-    once per inserted sequence, ``on_statistics`` after every step, ``on_exit`` last.
+    once per inserted sequence, ``on_statistics`` after every step, ``on_exit`` last;
+    ``arriving()``, read when the idle batch gets a sequence, counts the requests still on their
+    way to ``send`` (see ``GATHER_SECONDS``).
     """
 
     def __init__(
@@ -192,8 +205,10 @@ class GenerationThread:
         on_ended: Callable[[int], None],
         on_statistics: Callable[[ModelStatistics], None],
         on_exit: Callable[[BaseException | None], None],
+        arriving: Callable[[], int] = lambda: 0,
     ) -> None:
         self._settings = settings
+        self._arriving = arriving
         self._on_loaded = on_loaded
         self._on_ended = on_ended
         self._on_statistics = on_statistics
@@ -299,12 +314,22 @@ class GenerationThread:
         self._on_ended(entry.seq_id)
 
     def _intake(self, loaded: LoadedModel, generator: Any, stop_tokens: Any) -> bool:
-        """Apply every pending command; block for one when idle. True means stop."""
+        """Apply every pending command; block for one when idle, then gather the rest of a
+        burst (``GATHER_SECONDS``). True means stop."""
         block = not self._live
+        gather_until = math.inf
         while True:
             try:
-                command = self._inbox.get(block=block)
+                if block:
+                    command = self._inbox.get()
+                    gather_until = time.monotonic() + GATHER_SECONDS
+                elif self._gathering(gather_until):
+                    command = self._inbox.get(timeout=GATHER_POLL_SECONDS)
+                else:
+                    command = self._inbox.get_nowait()
             except queue.Empty:
+                if self._gathering(gather_until):
+                    continue
                 return False
             block = False
             match command:
@@ -319,6 +344,10 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(command)
+
+    def _gathering(self, until: float) -> bool:
+        """Whether the batch, idle until this intake, still waits for a burst's requests."""
+        return until != math.inf and self._arriving() > 0 and time.monotonic() < until
 
     def _sampler(self, command: InsertSequence, fault: _Fault) -> Any:
         if command.seed is not None and command.temperature != 0:

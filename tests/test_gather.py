@@ -1,0 +1,116 @@
+"""The generation thread, idle, gathers a burst (issue 12): while requests are still on their
+way to the model (``arriving``), the first sequence waits for them, so that the burst is
+prefilled together; a lone request does not wait, and a count that never drops does not
+stall the batch. The real thread on the bundled model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from mlx_responses.model import thread as thread_module
+from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.model.loader import LoadedModel
+from mlx_responses.model.slot import SequenceSlot
+from mlx_responses.model.thread import (
+    GenerationThread,
+    InsertSequence,
+    ModelStatistics,
+    StopGeneration,
+    ThreadSettings,
+)
+
+
+class Thread:
+    def __init__(self, arriving: Callable[[], int]) -> None:
+        self.snapshots: list[ModelStatistics] = []
+        self.ready = threading.Event()
+        self.loaded: LoadedModel | None = None
+
+        def on_loaded(loaded: LoadedModel | None, _error: BaseException | None) -> None:
+            self.loaded = loaded
+            self.ready.set()
+
+        self.thread = GenerationThread(
+            ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0),
+            on_loaded=on_loaded,
+            on_ended=lambda _seq_id: None,
+            on_statistics=self.snapshots.append,  # list.append: safe from the thread
+            on_exit=lambda _error: None,
+            arriving=arriving,
+        )
+
+    def insert(self, seq_id: int) -> SequenceSlot:
+        assert self.loaded is not None
+        slot = SequenceSlot(trio.lowlevel.current_trio_token())
+        prompt = tuple(self.loaded.tokenizer.encode(f"Say hello {seq_id}."))
+        self.thread.send(InsertSequence(seq_id, prompt, 4, 0.0, 1.0, slot))
+        return slot
+
+
+@asynccontextmanager
+async def running(arriving: Callable[[], int]) -> AsyncIterator[Thread]:
+    model = Thread(arriving)
+    model.thread.start()
+    try:
+        with trio.fail_after(120):
+            await trio.to_thread.run_sync(model.ready.wait)
+        assert model.loaded is not None
+        yield model
+    finally:
+        model.thread.send(StopGeneration())
+        await trio.to_thread.run_sync(model.thread.join, 60)
+
+
+async def finish(slot: SequenceSlot) -> None:
+    while True:
+        try:
+            await slot.receive()
+        except trio.EndOfChannel:
+            return
+
+
+def first_work(snapshots: list[ModelStatistics]) -> ModelStatistics:
+    """The first snapshot after a step that prefilled or decoded something."""
+    return next(s for s in snapshots if s.prefilling or s.decoding)
+
+
+async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 600.0)  # only the count ends it
+    on_the_way = [2]
+    async with running(lambda: on_the_way[0]) as model:
+        with trio.fail_after(60):
+            slots = [model.insert(1)]
+            for seq_id in (2, 3):
+                await trio.sleep(0.05)  # the first would have been prefilled alone by now
+                slots.append(model.insert(seq_id))
+                on_the_way[0] -= 1
+            for slot in slots:
+                await finish(slot)
+    work = first_work(model.snapshots)
+    assert work.active == 3
+    assert work.prefilling + work.decoding == 3
+
+
+async def test_a_lone_request_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 600.0)
+    async with running(lambda: 0) as model:
+        with trio.fail_after(60):  # far below the gathering bound
+            await finish(model.insert(1))
+
+
+async def test_a_count_that_never_drops_delays_the_batch_only_by_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 0.2)
+    async with running(lambda: 5) as model:
+        with trio.fail_after(60):
+            await finish(model.insert(1))
+            await finish(model.insert(2))  # and again after the batch went idle
+    assert model.snapshots[-1].sequences_finished == 2
