@@ -11,17 +11,20 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mlx_responses.model import thread as thread_module
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.slot import SequenceSlot
 from mlx_responses.model.thread import (
+    GATHER_SECONDS,
     GenerationThread,
     InsertSequence,
     ModelStatistics,
     StopGeneration,
     ThreadSettings,
+    gather_bound,
 )
 
 
@@ -74,6 +77,11 @@ async def finish(slot: SequenceSlot) -> None:
             return
 
 
+def long_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten minutes of gathering allowed: whatever ends it earlier is the count."""
+    monkeypatch.setattr(GenerationThread, "_gather_bound", lambda *_: 600.0)
+
+
 def first_work(snapshots: list[ModelStatistics]) -> ModelStatistics:
     """The first snapshot after a step that prefilled or decoded something."""
     return next(s for s in snapshots if s.prefilling or s.decoding)
@@ -82,7 +90,7 @@ def first_work(snapshots: list[ModelStatistics]) -> ModelStatistics:
 async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 600.0)  # only the count ends it
+    long_bound(monkeypatch)  # only the count ends the gathering
     on_the_way = [2]
     async with running(lambda: on_the_way[0]) as model:
         with trio.fail_after(60):
@@ -99,7 +107,7 @@ async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
 
 
 async def test_a_lone_request_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 600.0)
+    long_bound(monkeypatch)
     async with running(lambda: 0) as model:
         with trio.fail_after(60):  # far below the gathering bound
             await finish(model.insert(1))
@@ -108,9 +116,27 @@ async def test_a_lone_request_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> 
 async def test_a_count_that_never_drops_delays_the_batch_only_by_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(thread_module, "GATHER_SECONDS", 0.2)
+    monkeypatch.setattr(GenerationThread, "_gather_bound", lambda *_: 0.2)
     async with running(lambda: 5) as model:
         with trio.fail_after(60):
             await finish(model.insert(1))
             await finish(model.insert(2))  # and again after the batch went idle
     assert model.snapshots[-1].sequences_finished == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seconds=st.floats(min_value=0, max_value=1e4, allow_nan=False),
+    measured=st.integers(min_value=0, max_value=10**7),
+    tokens=st.integers(min_value=0, max_value=10**6),
+)
+def test_the_gathering_bound_is_the_first_prefill_at_most_the_cap(
+    seconds: float, measured: int, tokens: int
+) -> None:
+    bound = gather_bound(seconds, measured, tokens)
+    assert 0 <= bound <= GATHER_SECONDS
+    if measured and seconds:
+        assert bound == min(GATHER_SECONDS, seconds / measured * max(tokens, 1))
+        assert gather_bound(seconds, measured, tokens + 1) >= bound  # a longer prefill, longer
+    else:
+        assert bound == GATHER_SECONDS  # nothing measured yet: the cap

@@ -134,11 +134,21 @@ def _guard(function: Callable[..., Any], fault: _Fault, fallback: Callable[..., 
 
 # Issue 12: when the batch is idle and a sequence arrives while more requests are on their way
 # to the model (a burst: the event loop prepares them one after another), the thread waits for
-# them, at most this long, so that the burst is prefilled together as the engine alone would,
-# instead of its first sequence alone while the rest queue behind that prefill. A lone request
-# never waits: nothing else is on its way.
+# them, so that the burst is prefilled together as the engine alone would, instead of its first
+# sequence alone while the rest queue behind that prefill. It waits at most as long as that
+# prefill would take (``gather_bound``), and never more than GATHER_SECONDS: where prefill is
+# cheap there is little to gain. A lone request never waits: nothing else is on its way.
 GATHER_SECONDS = 0.05
 GATHER_POLL_SECONDS = 0.001
+
+
+def gather_bound(prompt_seconds: float, prompt_tokens: int, tokens: int) -> float:
+    """How long an idle batch may wait for a burst behind a first sequence that prefills
+    ``tokens``: the time the batch took per prompt token so far (``prompt_seconds`` over
+    ``prompt_tokens``) times ``tokens``, at most ``GATHER_SECONDS`` (also before any prefill)."""
+    if prompt_tokens <= 0 or prompt_seconds <= 0:
+        return GATHER_SECONDS
+    return min(GATHER_SECONDS, prompt_seconds / prompt_tokens * max(tokens, 1))
 
 
 def _keep_logits(_context: Any, logits: Any) -> Any:
@@ -194,7 +204,7 @@ class GenerationThread:
     The callbacks run on this thread and must not block: ``on_loaded`` once, ``on_ended(seq_id)``
     once per inserted sequence, ``on_statistics`` after every step, ``on_exit`` last;
     ``arriving()``, read when the idle batch gets a sequence, counts the requests still on their
-    way to ``send`` (see ``GATHER_SECONDS``).
+    way to ``send`` (see ``gather_bound``).
     """
 
     def __init__(
@@ -315,14 +325,15 @@ class GenerationThread:
 
     def _intake(self, loaded: LoadedModel, generator: Any, stop_tokens: Any) -> bool:
         """Apply every pending command; block for one when idle, then gather the rest of a
-        burst (``GATHER_SECONDS``). True means stop."""
+        burst (``gather_bound``). True means stop."""
         block = not self._live
         gather_until = math.inf
         while True:
             try:
                 if block:
                     command = self._inbox.get()
-                    gather_until = time.monotonic() + GATHER_SECONDS
+                    if isinstance(command, InsertSequence):
+                        gather_until = time.monotonic() + self._gather_bound(generator, command)
                 elif self._gathering(gather_until):
                     command = self._inbox.get(timeout=GATHER_POLL_SECONDS)
                 else:
@@ -344,6 +355,12 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(command)
+
+    def _gather_bound(self, generator: Any, first: InsertSequence) -> float:
+        counters = generator._counters
+        return gather_bound(
+            float(counters.prompt_time), int(counters.prompt_tokens), len(first.prompt)
+        )
 
     def _gathering(self, until: float) -> bool:
         """Whether the batch, idle until this intake, still waits for a burst's requests."""
