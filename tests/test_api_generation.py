@@ -78,7 +78,9 @@ async def test_the_documented_tool_prompt_becomes_a_streamed_function_call(
     assert events[added][1]["item"]["type"] == "function_call"
     assert events[added][1]["item"]["name"] == "get_weather"
     deltas = [e["delta"] for n, e in events if n == "response.function_call_arguments.delta"]
-    assert len(deltas) > 1  # the arguments streamed as they were generated
+    # Streamed as arguments deltas; how many depends on the delta interval (a delta carries
+    # every token since the previous one, docs/api.md), so one is enough.
+    assert deltas
     assert "".join(deltas) == call["arguments"]
     assert output_text(final) == ""
 

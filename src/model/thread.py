@@ -329,17 +329,21 @@ class GenerationThread:
         block = not self._live
         gather_until = math.inf
         while True:
+            polled = False
             try:
                 if block:
                     command = self._inbox.get()
                     if isinstance(command, InsertSequence):
                         gather_until = time.monotonic() + self._gather_bound(generator, command)
                 elif self._gathering(gather_until):
+                    polled = True
                     command = self._inbox.get(timeout=GATHER_POLL_SECONDS)
                 else:
                     command = self._inbox.get_nowait()
             except queue.Empty:
-                if self._gathering(gather_until):
+                if polled:
+                    # Look again: still gathering, or the count dropped during the poll, and
+                    # a request counts down only after its sequence is in the inbox.
                     continue
                 return False
             block = False
