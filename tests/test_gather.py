@@ -14,6 +14,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlx_responses.actors.model import Arrival, _Board
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.slot import SequenceSlot
@@ -144,3 +145,16 @@ def test_the_gathering_bound_is_the_first_prefill_at_most_the_cap(
         assert gather_bound(seconds, measured, tokens + 1) >= bound  # a longer prefill, longer
     else:
         assert bound == GATHER_SECONDS  # nothing measured yet: the cap
+
+
+def test_an_arrival_counts_once_until_done() -> None:
+    """A compacting request calls ``done`` before its summary generates; the count drops once,
+    however often ``done`` is called (the ``arriving`` block calls it again at its end)."""
+    board = _Board()
+    first, second = Arrival(board), Arrival(board)
+    assert board.arriving == 2
+    first.done()
+    first.done()
+    assert board.arriving == 1
+    second.done()
+    assert board.arriving == 0

@@ -192,6 +192,23 @@ class _Board:
         self.arriving = 0
 
 
+class Arrival:
+    """One request counted on the board as on its way to the model (``ModelHandle.arriving``)
+    until ``done``, which may be called more than once."""
+
+    __slots__ = ("_board", "_counted")
+
+    def __init__(self, board: _Board) -> None:
+        self._board = board
+        self._counted = True
+        board.arriving += 1
+
+    def done(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._board.arriving -= 1
+
+
 class ModelHandle:
     """The typed handle other actors use to reach the model actor."""
 
@@ -221,16 +238,16 @@ class ModelHandle:
         return replace(self._board.batch, admitted=self._board.admitted)
 
     @contextlib.contextmanager
-    def arriving(self) -> Iterator[None]:
+    def arriving(self) -> Iterator[Arrival]:
         """Count a request as on its way to the model while the block runs (preparing its
-        prompt, up to its ``submit``): an idle batch that gets a sequence waits briefly for
-        the requests counted here, so that a burst is prefilled together
-        (``thread.GATHER_SECONDS``)."""
-        self._board.arriving += 1
+        prompt, up to its ``submit``), or until the block calls ``done`` on it: an idle batch
+        that gets a sequence waits briefly for the requests counted here, so that a burst is
+        prefilled together (``thread.gather_bound``)."""
+        arrival = Arrival(self._board)
         try:
-            yield
+            yield arrival
         finally:
-            self._board.arriving -= 1
+            arrival.done()
 
     @property
     def decoding(self) -> int:

@@ -450,7 +450,7 @@ async def _open(
     try:
         # On its way to the model until admitted or refused: an idle batch that gets another
         # request's sequence meanwhile waits for this one (a burst is prefilled together).
-        with model.arriving():
+        with model.arriving() as arrival:
             limit = prompt_limit(request, model)
             prepared = await prepare_prompt(request, actors, supervisor, limit)
             if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
@@ -475,6 +475,8 @@ async def _open(
             elif compacting and entry.background:
                 pass  # compacted and admitted inside the job (a refusal ends it failed)
             elif compacting:
+                # The summary generates first, a whole response: not an arrival to wait for.
+                arrival.done()
                 compacted, step = await compact_for_request(request, prepared, actors)
                 admission = await admit(request, compacted, model, grammar, step)
             else:
