@@ -815,6 +815,9 @@ def main(argv: list[str] | None = None) -> int:
             "server": openblas_mapped(server.process.pid),
         }
         print(f"OpenBLAS mapped: {facts['openblas']}", flush=True)
+        # The thread count the server set at load (--blas-threads, measured by default).
+        facts["server_blas"] = httpx.get(server.base_url + "/health", timeout=30).json()["blas"]
+        print(f"server OpenBLAS threads: {facts['server_blas']}", flush=True)
         # Warm-up: JIT-compiled CPU kernels and first-use paths on both sides.
         warm = max(concurrencies)
         direct.run(1, 8)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .actors.model import ModelInfo
 from .blas import HINT, openblas_loaded
+from .model.blas_threads import BlasThreads
 
 
 def weights_bytes(path: str) -> int:
@@ -41,9 +42,11 @@ def backend() -> tuple[str, bool]:
     return f"MLX {version} on {device}", False
 
 
-def startup_line(info: ModelInfo) -> tuple[str, bool]:
+def startup_line(info: ModelInfo, blas: BlasThreads | None = None) -> tuple[str, bool]:
     """The line to log once the model is loaded; whether the BLAS hint applies."""
     where, slow = backend()
+    if blas is not None:
+        where += f", {blas.describe()}"
     line = (
         f"model {info.alias} ({info.path}, {human_bytes(weights_bytes(info.path))} of weights), "
         f"context window {info.context_window} tokens, tool format {info.tool_format}, "
@@ -52,8 +55,8 @@ def startup_line(info: ModelInfo) -> tuple[str, bool]:
     return line, slow
 
 
-def log_startup(log: logging.Logger, info: ModelInfo) -> None:
-    line, slow = startup_line(info)
+def log_startup(log: logging.Logger, info: ModelInfo, blas: BlasThreads | None = None) -> None:
+    line, slow = startup_line(info, blas)
     log.info("%s", line)
     if slow:
         log.warning("%s", HINT)

@@ -76,6 +76,8 @@ class ModelSettings:
     # --prompt-cache-entries.
     prompt_cache_bytes: int | None = None
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
+    # --blas-threads (None: measured at load, model.blas_threads).
+    blas_threads: int | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
 
@@ -227,6 +229,7 @@ class ModelHandle:
             loaded.has_thinking,
         )
         self.constraints = loaded.constraints
+        self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
         self._tokenizer = loaded.tokenizer
         self._bound = measure_tokenizer(loaded.tokenizer)
         self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
@@ -372,6 +375,7 @@ class _Worker:
                 prefill_batch_size=settings.prefill_batch_size,
                 prompt_cache_bytes=settings.prompt_cache_bytes,
                 prompt_cache_entries=settings.prompt_cache_entries,
+                blas_threads=settings.blas_threads,
             ),
             on_loaded=on_loaded,
             on_ended=lambda seq_id: report(SequenceEnded(seq_id)),

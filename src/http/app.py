@@ -132,6 +132,7 @@ async def health() -> Response:
                 "steps": stats.steps,
             },
             "prompt_cache": stats.prompt_cache.to_json(),
+            "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
             "responses": {
                 "tasks": books.tasks,
                 "running": books.running,

@@ -88,6 +88,7 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
         "tool_format": info.tool_format,
         "reasoning": info.has_thinking,
         "backend": _backend(),
+        "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
         "version": _version(),
         "started_at": rt.created_at,
         "flags": {
@@ -98,6 +99,7 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
             "--max-sequences": model.max_sequences,
             "--prompt-cache-bytes": model.prompt_cache_bytes,
             "--prompt-cache-entries": model.prompt_cache_entries,
+            "--blas-threads": "auto" if model.blas_threads is None else model.blas_threads,
             "--store": settings.store.describe(),
             "--responses-background-max-jobs": settings.background_max_jobs,
             "--default-temperature": settings.default_temperature,

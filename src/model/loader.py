@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .blas_threads import BlasThreads
 from .constrain import Constraints
 from .stream_parse import ToolFormat, detect_tool_format
 
@@ -27,6 +28,8 @@ class LoadedModel:
     tool_format: ToolFormat = "none"
     has_thinking: bool = False
     constraints: Constraints | None = None
+    # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
+    blas: BlasThreads | None = None
 
 
 def resolve_model_path(path_or_id: str) -> str:

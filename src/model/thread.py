@@ -32,10 +32,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from ..protocol.stops import StopMatcher
+from .blas_threads import set_blas_threads
 from .loader import LoadedModel, load_model
 from .prefix_cache import PrefixCacheStats
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes, needs_checkpoints
@@ -189,6 +190,8 @@ class ThreadSettings:
     # None: a fraction of the machine's memory (prompt_cache.default_max_bytes); 0 disables.
     prompt_cache_bytes: int | None = None
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
+    # --blas-threads: OpenBLAS's thread count; None measures (blas_threads.set_blas_threads).
+    blas_threads: int | None = None
 
 
 @dataclass(slots=True)
@@ -258,6 +261,9 @@ class GenerationThread:
         try:
             try:
                 loaded = load_model(self._settings.model_path)
+                # Before any sequence: the count is process-wide (blas_threads).
+                blas = set_blas_threads(loaded.model, self._settings.blas_threads)
+                loaded = replace(loaded, blas=blas)
             except BaseException as exc:
                 self._on_loaded(None, exc)
                 return

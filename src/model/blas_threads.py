@@ -1,0 +1,166 @@
+"""How many threads OpenBLAS runs MLX's CPU products on (issue 12): its default only where
+the extra threads pay for the cores they take.
+
+Invariants:
+- Chosen once per generation thread, after the model loads and before any sequence: the count
+  is process-wide in OpenBLAS and changing it while a product runs is not safe, so nothing
+  changes it while the batch serves.
+- ``auto`` (the default) times decode-shaped forward passes (``CALIBRATION_ROWS`` rows of one
+  token, over a cache that grows by one per pass), one thread and the default count in alternation, and keeps the
+  default only when it makes a pass at least ``MIN_SPEEDUP`` times faster (the median of the
+  paired ratios, so a machine whose speed drifts compares like with like). Below that the
+  server runs on one thread: on a model whose products are small, a second thread buys little
+  speed and takes a core from the event loop, the clients and the generation thread's own
+  Python (measured: ``docs/benchmarks.md``, session 6).
+- Nothing is measured or changed where OpenBLAS is not loaded, on a GPU, where its default is
+  one thread, or where one pass takes longer than ``MAX_PASS_SECONDS`` (a model that large has
+  products worth every thread). A fixed count (``--blas-threads N``) is set as given.
+- The pure part (``choose_threads``) decides from the timings; ``calibrate`` only measures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..blas import OPENBLAS, openblas_loaded
+
+MIN_SPEEDUP: Final = 1.25
+CALIBRATION_ROWS: Final = 16
+CALIBRATION_PAIRS: Final = 12
+WARM_UP_PASSES: Final = 4
+MAX_PASS_SECONDS: Final = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class BlasThreads:
+    """What the generation thread set: ``threads`` of OpenBLAS's ``default``; the measured
+    speedup of the default over one thread (None when nothing was measured) and why."""
+
+    threads: int
+    default: int
+    speedup: float | None
+    reason: str
+
+    def describe(self) -> str:
+        text = f"OpenBLAS on {self.threads} of {self.default} threads ({self.reason}"
+        if self.speedup is not None:
+            text += f": {self.default} threads made a decode pass {self.speedup:.2f}x faster"
+        return text + ")"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "threads": self.threads,
+            "default_threads": self.default,
+            "measured_speedup": None if self.speedup is None else round(self.speedup, 3),
+            "reason": self.reason,
+        }
+
+
+def choose_threads(
+    one: Sequence[float], many: Sequence[float], default: int, min_speedup: float = MIN_SPEEDUP
+) -> tuple[int, float]:
+    """The thread count to run on, and the measured speedup, from paired pass times: ``one[i]``
+    on one thread, ``many[i]`` on ``default`` threads, measured next to each other."""
+    ratios = [a / b for a, b in zip(one, many, strict=True) if a > 0 and b > 0]
+    if not ratios or default <= 1:
+        return max(default, 1), 1.0
+    speedup = statistics.median(ratios)
+    return (default if speedup >= min_speedup else 1), speedup
+
+
+class OpenBlas:
+    """The loaded library's thread-count calls."""
+
+    def __init__(self) -> None:
+        self._lib = ctypes.CDLL(OPENBLAS)
+        self._lib.openblas_get_num_threads.restype = ctypes.c_int
+        self._lib.openblas_set_num_threads.argtypes = [ctypes.c_int]
+        # Its own count before this server set any (a restarted thread chooses again).
+        self.default = self.threads()
+
+    def threads(self) -> int:
+        return int(self._lib.openblas_get_num_threads())
+
+    def set_threads(self, count: int) -> None:
+        self._lib.openblas_set_num_threads(count)
+
+
+@functools.cache
+def open_blas() -> OpenBlas | None:
+    """The OpenBLAS MLX computes with, or None (not loaded, or MLX runs on a GPU)."""
+    import mlx.core as mx
+
+    if "gpu" in str(mx.default_device()).lower() or not openblas_loaded():
+        return None
+    try:
+        return OpenBlas()
+    except (OSError, AttributeError):
+        return None
+
+
+def set_blas_threads(model: Any, wanted: int | None) -> BlasThreads | None:
+    """Set the count for ``model`` (None: ``auto``); what was set, or None where OpenBLAS does
+    not compute. Runs on the generation thread before it serves."""
+    blas = open_blas()
+    if blas is None:
+        return None
+    default = blas.default
+    if wanted is not None:
+        blas.set_threads(wanted)
+        return BlasThreads(wanted, default, None, "--blas-threads")
+    blas.set_threads(default)
+    if default <= 1:
+        return BlasThreads(default, default, None, "its default is one thread")
+    try:
+        one, many = calibrate(model, blas.set_threads, default)
+    except Exception as exc:  # never a reason not to serve: the default stays
+        blas.set_threads(default)
+        return BlasThreads(default, default, None, f"not measured: {exc!r}")
+    if not one:
+        blas.set_threads(default)
+        return BlasThreads(default, default, None, "a pass is too slow to measure")
+    threads, speedup = choose_threads(one, many, default)
+    blas.set_threads(threads)
+    return BlasThreads(threads, default, speedup, f"measured, {MIN_SPEEDUP}x needed")
+
+
+def calibrate(
+    model: Any, set_threads: Callable[[int], None], default: int
+) -> tuple[list[float], list[float]]:
+    """Paired forward-pass times on one thread and on ``default`` threads; empty when one
+    pass takes longer than ``MAX_PASS_SECONDS``."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    step = mx.zeros((CALIBRATION_ROWS, 1), dtype=mx.int32)
+
+    def timed(threads: int) -> float:
+        set_threads(threads)
+        began = time.perf_counter()
+        mx.eval(model(step, cache=cache))
+        return time.perf_counter() - began
+
+    # The second pass on the default (the first one warms up) decides whether to measure.
+    timed(default)
+    if timed(default) > MAX_PASS_SECONDS:
+        return [], []
+    for _ in range(WARM_UP_PASSES // 2):
+        timed(1)
+        timed(default)
+    one: list[float] = []
+    many: list[float] = []
+    for pair in range(CALIBRATION_PAIRS):
+        if pair % 2:  # alternate which goes first
+            one.append(timed(1))
+            many.append(timed(default))
+        else:
+            many.append(timed(default))
+            one.append(timed(1))
+    return one, many

@@ -1,0 +1,170 @@
+"""OpenBLAS's thread count (issue 12): measured at load, OpenBLAS's own count kept only where it
+makes a decode pass at least MIN_SPEEDUP faster than one thread; a fixed ``--blas-threads``
+is set as given; both are reported (start-up line, ``/health``). The real generation thread
+on the bundled model, and the real command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlx_responses.blas import openblas_loaded
+from mlx_responses.model.blas_threads import MIN_SPEEDUP, BlasThreads, choose_threads, open_blas
+from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.model.loader import LoadedModel
+from mlx_responses.model.thread import GenerationThread, StopGeneration, ThreadSettings
+from mlx_responses.server import ServerHandle
+
+DEADLINE = 120
+CLI = str(Path(sys.executable).with_name("mlx-responses"))
+needs_openblas = pytest.mark.skipif(
+    not openblas_loaded(), reason="OpenBLAS is not loaded in this process (reference BLAS)"
+)
+
+times = st.floats(min_value=1e-6, max_value=10.0, allow_nan=False)
+pairs = st.lists(st.tuples(times, times), min_size=1, max_size=40)
+
+
+@given(pairs, st.integers(min_value=2, max_value=64))
+def test_the_default_is_kept_exactly_when_it_is_fast_enough(
+    measured: list[tuple[float, float]], default: int
+) -> None:
+    one = [a for a, _ in measured]
+    many = [b for _, b in measured]
+    threads, speedup = choose_threads(one, many, default)
+    ratios = sorted(a / b for a, b in measured)
+    assert ratios[0] <= speedup <= ratios[-1]  # the median of the paired ratios
+    assert threads == (default if speedup >= MIN_SPEEDUP else 1)
+    # Only the pairs count, not the order they were measured in.
+    assert choose_threads(one[::-1], many[::-1], default) == (threads, speedup)
+
+
+@given(pairs)
+def test_a_default_of_one_thread_stays_one(measured: list[tuple[float, float]]) -> None:
+    assert choose_threads([a for a, _ in measured], [b for _, b in measured], 1)[0] == 1
+
+
+def test_a_clearly_faster_default_is_kept_and_a_slightly_faster_one_is_not() -> None:
+    assert choose_threads([3.0, 3.1, 2.9], [2.0, 2.0, 2.0], 4) == (4, pytest.approx(1.5))
+    assert choose_threads([2.2, 2.3, 2.2], [2.0, 2.0, 2.0], 4)[0] == 1
+
+
+def load_on_a_generation_thread(blas_threads: int | None) -> LoadedModel:
+    """Start the real thread on the bundled model, wait for it to load, stop it."""
+    ready = threading.Event()
+    result: list[LoadedModel | BaseException | None] = []
+
+    def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
+        result.append(loaded if loaded is not None else error)
+        ready.set()
+
+    thread = GenerationThread(
+        ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0, blas_threads=blas_threads),
+        on_loaded=on_loaded,
+        on_ended=lambda _seq_id: None,
+        on_statistics=lambda _stats: None,
+        on_exit=lambda _error: None,
+        arriving=lambda: 0,
+    )
+    thread.start()
+    try:
+        assert ready.wait(DEADLINE), "the model did not load in time"
+    finally:
+        thread.send(StopGeneration())
+        thread.join(DEADLINE)
+    (loaded,) = result
+    assert isinstance(loaded, LoadedModel), loaded
+    return loaded
+
+
+@pytest.fixture
+def default_restored() -> Iterator[int]:
+    blas = open_blas()
+    assert blas is not None
+    yield blas.default
+    blas.set_threads(blas.default)
+
+
+@needs_openblas
+def test_auto_measures_and_leaves_openblas_on_the_count_it_reports(
+    default_restored: int,
+) -> None:
+    blas = load_on_a_generation_thread(None).blas
+    assert blas is not None
+    assert blas.default == default_restored
+    if default_restored == 1:
+        assert blas.threads == 1
+        assert blas.speedup is None
+        return
+    assert blas.speedup is not None
+    assert blas.speedup > 0
+    assert blas.threads == (default_restored if blas.speedup >= MIN_SPEEDUP else 1)
+    handle = open_blas()
+    assert handle is not None
+    assert handle.threads() == blas.threads
+
+
+@needs_openblas
+def test_a_fixed_count_is_set_as_given_without_measuring(default_restored: int) -> None:
+    wanted = 3 if default_restored != 3 else 2
+    blas = load_on_a_generation_thread(wanted).blas
+    assert blas == BlasThreads(wanted, default_restored, None, "--blas-threads")
+    handle = open_blas()
+    assert handle is not None
+    assert handle.threads() == wanted
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is a Linux matter")
+def test_the_start_up_line_says_how_many_threads_openblas_runs(tmp_path: Path) -> None:
+    done = cli("serve", "--check", "--blas-threads", "1", "--data-dir", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    if "with OpenBLAS" in done.stderr:
+        assert "OpenBLAS on 1 of " in done.stderr
+        assert "threads (--blas-threads)" in done.stderr
+    else:  # the reference BLAS: nothing to set, nothing said
+        assert "OpenBLAS on" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "some"])
+def test_a_bad_count_is_refused_naming_the_flag(value: str) -> None:
+    done = cli("serve", "--blas-threads", value)
+    assert done.returncode == 2
+    assert "--blas-threads" in done.stderr
+    assert f"expected 'auto' or a count of at least 1, got {value!r}" in done.stderr
+    by_env = cli("serve", env={"MLX_RESPONSES_BLAS_THREADS": value})
+    assert by_env.returncode == 2
+    assert f"MLX_RESPONSES_BLAS_THREADS={value!r} is not a valid --blas-threads" in by_env.stderr
+
+
+async def test_health_reports_what_openblas_runs_on(server: ServerHandle) -> None:
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+            reply = (await http.get("/health")).json()
+    handle = open_blas()
+    if handle is None:
+        assert reply["blas"] is None
+        return
+    assert reply["blas"]["threads"] == handle.threads()
+    assert reply["blas"]["default_threads"] == handle.default
+    assert reply["blas"]["reason"]
