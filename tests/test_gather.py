@@ -19,6 +19,7 @@ from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.slot import SequenceSlot
 from mlx_responses.model.thread import (
+    GATHER_FLOOR_SECONDS,
     GATHER_SECONDS,
     GenerationThread,
     InsertSequence,
@@ -135,13 +136,19 @@ async def test_a_count_that_never_drops_delays_the_batch_only_by_the_bound(
     measured=st.integers(min_value=0, max_value=10**7),
     tokens=st.integers(min_value=0, max_value=10**6),
 )
-def test_the_gathering_bound_is_the_first_prefill_at_most_the_cap(
+def test_the_gathering_bound_is_the_first_prefill_between_the_floor_and_the_cap(
     seconds: float, measured: int, tokens: int
 ) -> None:
     bound = gather_bound(seconds, measured, tokens)
-    assert 0 <= bound <= GATHER_SECONDS
+    assert GATHER_FLOOR_SECONDS <= bound <= GATHER_SECONDS
     if measured and seconds:
-        assert bound == min(GATHER_SECONDS, seconds / measured * max(tokens, 1))
+        estimate = seconds / measured * max(tokens, 1)
+        if GATHER_FLOOR_SECONDS <= estimate <= GATHER_SECONDS:
+            assert bound == estimate
+        else:  # a prefill cheaper than the floor waits the floor; a dearer one the cap
+            assert bound == (
+                GATHER_FLOOR_SECONDS if estimate < GATHER_FLOOR_SECONDS else GATHER_SECONDS
+            )
         assert gather_bound(seconds, measured, tokens + 1) >= bound  # a longer prefill, longer
     else:
         assert bound == GATHER_SECONDS  # nothing measured yet: the cap
