@@ -19,11 +19,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_responses.blas import openblas_loaded
-from mlx_responses.model.blas_threads import MIN_SPEEDUP, BlasThreads, choose_threads, open_blas
+from mlx_responses.model import thread as thread_module
+from mlx_responses.model.blas_threads import (
+    MIN_SPEEDUP,
+    BlasThreads,
+    StepThreads,
+    choose_threads,
+    open_blas,
+)
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.thread import GenerationThread, StopGeneration, ThreadSettings
 from mlx_responses.server import ServerHandle
+
+from .test_gather import finish, running
 
 DEADLINE = 120
 CLI = str(Path(sys.executable).with_name("mlx-responses"))
@@ -109,16 +118,18 @@ def test_auto_measures_and_leaves_openblas_on_the_count_it_reports(
     assert blas.speedup is not None
     assert blas.speedup > 0
     assert blas.threads == (default_restored if blas.speedup >= MIN_SPEEDUP else 1)
+    # Prefill always on the default, and the thread is left there for its first step.
+    assert blas.prefill_threads == default_restored
     handle = open_blas()
     assert handle is not None
-    assert handle.threads() == blas.threads
+    assert handle.threads() == default_restored
 
 
 @needs_openblas
 def test_a_fixed_count_is_set_as_given_without_measuring(default_restored: int) -> None:
     wanted = 3 if default_restored != 3 else 2
     blas = load_on_a_generation_thread(wanted).blas
-    assert blas == BlasThreads(wanted, default_restored, None, "--blas-threads")
+    assert blas == BlasThreads(wanted, default_restored, None, "--blas-threads", wanted)
     handle = open_blas()
     assert handle is not None
     assert handle.threads() == wanted
@@ -165,6 +176,69 @@ async def test_health_reports_what_openblas_runs_on(server: ServerHandle) -> Non
     if handle is None:
         assert reply["blas"] is None
         return
-    assert reply["blas"]["threads"] == handle.threads()
     assert reply["blas"]["default_threads"] == handle.default
+    assert reply["blas"]["threads"] in (1, handle.default)  # decode steps
+    assert reply["blas"]["prefill_threads"] == handle.default
     assert reply["blas"]["reason"]
+
+
+class FakeBlas:
+    def __init__(self, current: int) -> None:
+        self.current = current
+        self.log: list[str] = []
+
+    def set_threads(self, count: int) -> None:
+        self.log.append(f"set {count}")
+        self.current = count
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+
+@given(
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=8),
+    st.lists(st.booleans(), max_size=60),
+)
+def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
+    decode: int, prefill: int, steps: list[bool]
+) -> None:
+    blas = FakeBlas(prefill)
+    choice = BlasThreads(decode, max(decode, prefill), None, "test", prefill)
+    threads = StepThreads(blas.set_threads, choice, blas.synchronize, blas.current)
+    changes = 0
+    for prefilling in steps:
+        before = blas.current
+        threads.before_step(prefilling)
+        assert blas.current == (prefill if prefilling else decode)
+        changes += blas.current != before
+    # Only changes touch OpenBLAS, and each one after the stream finished its work.
+    assert blas.log[0::2] == ["sync"] * changes
+    assert all(entry.startswith("set ") for entry in blas.log[1::2])
+    assert threads.changes == changes == len(blas.log) // 2
+
+
+@needs_openblas
+async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
+    monkeypatch: pytest.MonkeyPatch, default_restored: int
+) -> None:
+    if default_restored < 2:
+        pytest.skip("OpenBLAS runs one thread here: nothing to switch")
+    handle = open_blas()
+    assert handle is not None
+
+    def decode_on_one(*_args: object) -> BlasThreads:
+        handle.set_threads(default_restored)
+        return BlasThreads(1, default_restored, None, "test", default_restored)
+
+    monkeypatch.setattr(thread_module, "set_blas_threads", decode_on_one)
+    async with running(lambda: 0) as model:
+        with trio.fail_after(DEADLINE):
+            assert await finish(model.insert(1)) == ("length", 4)
+            steps = model.thread._threads
+            assert steps is not None
+            assert steps.changes >= 1  # prefill on the default, then decoding on one
+            assert handle.threads() == 1  # the last step decoded
+            assert await finish(model.insert(2)) == ("length", 4)
+            assert steps.changes >= 3  # the next prefill went back to the default, and down
+            assert handle.threads() == 1

@@ -2,16 +2,20 @@
 the extra threads pay for the cores they take.
 
 Invariants:
-- Chosen once per generation thread, after the model loads and before any sequence: the count
-  is process-wide in OpenBLAS and changing it while a product runs is not safe, so nothing
-  changes it while the batch serves.
+- Chosen once per generation thread, after the model loads and before any sequence: a count
+  for decode steps and one for steps that prefill (``BlasThreads``).
 - ``auto`` (the default) times decode-shaped forward passes (``CALIBRATION_ROWS`` rows of one
-  token, over a cache that grows by one per pass), one thread and the default count in alternation, and keeps the
-  default only when it makes a pass at least ``MIN_SPEEDUP`` times faster (the median of the
-  paired ratios, so a machine whose speed drifts compares like with like). Below that the
-  server runs on one thread: on a model whose products are small, a second thread buys little
-  speed and takes a core from the event loop, the clients and the generation thread's own
-  Python (measured: ``docs/benchmarks.md``, session 6).
+  token, over a cache that grows by one per pass), one thread and the default count in
+  alternation, and decodes on the default only when it makes a pass at least ``MIN_SPEEDUP``
+  times faster (the median of the paired ratios, so a machine whose speed drifts compares like
+  with like). Below that decode steps run on one thread: on a model whose products are small,
+  a second thread buys little speed and takes a core from the event loop, the clients and the
+  generation thread's own Python (measured: ``docs/benchmarks.md``, session 6). Steps that
+  prefill always run on the default: their products have a row per prompt token.
+- The count is process-wide in OpenBLAS and changing it while a product runs is not safe, so
+  ``StepThreads`` changes it only between steps and only after the generation stream has
+  finished its work (``synchronize``); it changes only when a step needs another count than
+  the last one (a burst's prefill begins or ends), so the batch's pipelining is kept otherwise.
 - Nothing is measured or changed where OpenBLAS is not loaded, on a GPU, where its default is
   one thread, or where one pass takes longer than ``MAX_PASS_SECONDS`` (a model that large has
   products worth every thread). A fixed count (``--blas-threads N``) is set as given.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,16 +44,21 @@ MAX_PASS_SECONDS: Final = 0.25
 
 @dataclass(frozen=True, slots=True)
 class BlasThreads:
-    """What the generation thread set: ``threads`` of OpenBLAS's ``default``; the measured
-    speedup of the default over one thread (None when nothing was measured) and why."""
+    """What the generation thread runs on: ``threads`` for decode steps and ``prefill_threads``
+    for steps that prefill, of OpenBLAS's ``default``; the measured speedup of the default over
+    one thread on a decode pass (None when nothing was measured) and why."""
 
     threads: int
     default: int
     speedup: float | None
     reason: str
+    prefill_threads: int
 
     def describe(self) -> str:
-        text = f"OpenBLAS on {self.threads} of {self.default} threads ({self.reason}"
+        text = f"OpenBLAS on {self.threads} of {self.default} threads"
+        if self.prefill_threads != self.threads:
+            text += f" for decoding, {self.prefill_threads} for prefill"
+        text += f" ({self.reason}"
         if self.speedup is not None:
             text += f": {self.default} threads made a decode pass {self.speedup:.2f}x faster"
         return text + ")"
@@ -56,10 +66,37 @@ class BlasThreads:
     def to_json(self) -> dict[str, Any]:
         return {
             "threads": self.threads,
+            "prefill_threads": self.prefill_threads,
             "default_threads": self.default,
             "measured_speedup": None if self.speedup is None else round(self.speedup, 3),
             "reason": self.reason,
         }
+
+
+class StepThreads:
+    """Sets the count each step needs, between steps, after the stream is done (see above)."""
+
+    def __init__(
+        self,
+        set_threads: Callable[[int], None],
+        choice: BlasThreads,
+        synchronize: Callable[[], None],
+        current: int,
+    ) -> None:
+        self._set = set_threads
+        self._decode = choice.threads
+        self._prefill = choice.prefill_threads
+        self._synchronize = synchronize
+        self.current = current
+        self.changes = 0
+
+    def before_step(self, prefilling: bool) -> None:
+        wanted = self._prefill if prefilling else self._decode
+        if wanted != self.current:
+            self._synchronize()  # no product of an earlier step is still running
+            self._set(wanted)
+            self.current = wanted
+            self.changes += 1
 
 
 def choose_threads(
@@ -104,30 +141,49 @@ def open_blas() -> OpenBlas | None:
         return None
 
 
-def set_blas_threads(model: Any, wanted: int | None) -> BlasThreads | None:
-    """Set the count for ``model`` (None: ``auto``); what was set, or None where OpenBLAS does
-    not compute. Runs on the generation thread before it serves."""
+# What ``auto`` measured, per model folder: a restarted generation thread (or another server
+# in this process, as in the test suite) reuses it instead of measuring again.
+_measured: dict[str, BlasThreads] = {}
+_measuring = threading.Lock()
+
+
+def set_blas_threads(model: Any, wanted: int | None, key: str = "") -> BlasThreads | None:
+    """Choose the counts for ``model`` (None: ``auto``; ``key`` names its folder) and leave
+    OpenBLAS on the prefill count (a batch's first step prefills); the choice, or None where
+    OpenBLAS does not compute. Runs on the generation thread before it serves."""
     blas = open_blas()
     if blas is None:
         return None
+    if wanted is not None:
+        return _set(blas, model, wanted)
+    with _measuring:
+        if key not in _measured or not key:
+            choice = _set(blas, model, None)
+            if choice.speedup is None or not key:
+                return choice  # nothing measured: nothing to keep
+            _measured[key] = choice
+        blas.set_threads(_measured[key].prefill_threads)
+        return _measured[key]
+
+
+def _set(blas: OpenBlas, model: Any, wanted: int | None) -> BlasThreads:
     default = blas.default
     if wanted is not None:
         blas.set_threads(wanted)
-        return BlasThreads(wanted, default, None, "--blas-threads")
+        return BlasThreads(wanted, default, None, "--blas-threads", wanted)
     blas.set_threads(default)
     if default <= 1:
-        return BlasThreads(default, default, None, "its default is one thread")
+        return BlasThreads(default, default, None, "its default is one thread", default)
     try:
         one, many = calibrate(model, blas.set_threads, default)
     except Exception as exc:  # never a reason not to serve: the default stays
         blas.set_threads(default)
-        return BlasThreads(default, default, None, f"not measured: {exc!r}")
+        return BlasThreads(default, default, None, f"not measured: {exc!r}", default)
+    blas.set_threads(default)  # prefill's count, where the first step (a prefill) starts
     if not one:
-        blas.set_threads(default)
-        return BlasThreads(default, default, None, "a pass is too slow to measure")
+        return BlasThreads(default, default, None, "a pass is too slow to measure", default)
     threads, speedup = choose_threads(one, many, default)
-    blas.set_threads(threads)
-    return BlasThreads(threads, default, speedup, f"measured, {MIN_SPEEDUP}x needed")
+    return BlasThreads(threads, default, speedup, f"measured, {MIN_SPEEDUP}x needed", default)
 
 
 def calibrate(

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from ..protocol.stops import StopMatcher
-from .blas_threads import set_blas_threads
+from .blas_threads import StepThreads, open_blas, set_blas_threads
 from .loader import LoadedModel, load_model
 from .prefix_cache import PrefixCacheStats
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes, needs_checkpoints
@@ -157,6 +157,11 @@ def gather_bound(prompt_seconds: float, prompt_tokens: int, tokens: int) -> floa
     return min(GATHER_SECONDS, max(GATHER_FLOOR_SECONDS, estimate))
 
 
+def _prefills(generator: Any) -> bool:
+    """Whether the batch's next step prefills: prompts in progress or waiting for a place."""
+    return len(generator._prompt_batch) > 0 or len(generator._unprocessed_sequences) > 0
+
+
 def _keep_logits(_context: Any, logits: Any) -> Any:
     return logits
 
@@ -239,6 +244,8 @@ class GenerationThread:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._counters = _Counters()
+        # OpenBLAS's count per step (decode or prefill), once the model is loaded.
+        self._threads: StepThreads | None = None
         # The chat template's message marks, when the model's cache needs segment checkpoints.
         self._marks: ChatMarks | None = None
         cache_bytes = settings.prompt_cache_bytes
@@ -267,7 +274,9 @@ class GenerationThread:
             try:
                 loaded = load_model(self._settings.model_path)
                 # Before any sequence: the count is process-wide (blas_threads).
-                blas = set_blas_threads(loaded.model, self._settings.blas_threads)
+                blas = set_blas_threads(
+                    loaded.model, self._settings.blas_threads, self._settings.model_path
+                )
                 loaded = replace(loaded, blas=blas)
             except BaseException as exc:
                 self._on_loaded(None, exc)
@@ -296,6 +305,11 @@ class GenerationThread:
         )
         stop_tokens = make_stop_sequences(loaded.tokenizer)
         self._tokenizer = loaded.tokenizer
+        blas = open_blas()
+        if blas is not None and loaded.blas is not None:
+            self._threads = StepThreads(
+                blas.set_threads, loaded.blas, lambda: mx.synchronize(stream), blas.threads()
+            )
         if self._prompt_cache.enabled and needs_checkpoints(loaded.model):
             self._marks = chat_marks(render_without_generation_prompt(loaded.tokenizer))
         crashed: BaseException | None = None
@@ -444,6 +458,8 @@ class GenerationThread:
         self._by_uid[uid] = entry
 
     def _step(self, generator: Any) -> None:
+        if self._threads is not None:
+            self._threads.before_step(_prefills(generator))
         prompt_responses, generation_responses = generator.next()
         for progress in prompt_responses:
             entry = self._by_uid.get(progress.uid)
