@@ -133,9 +133,9 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "MLX_RESPONSES_BLAS_THREADS",
         "auto",
         blas_threads_flag,
-        "threads OpenBLAS runs MLX's CPU products on: a count, or 'auto' (the default: "
-        "OpenBLAS's own count only if it makes a decode pass at least 1.25x faster than one "
-        "thread, measured at load; else one)",
+        "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
+        "default: prefill on OpenBLAS's own count; decode steps too only if it makes a decode "
+        "pass at least 1.25x faster than one thread, measured at load, else on one)",
     ),
     # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
     Flag(
