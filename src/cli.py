@@ -135,7 +135,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         blas_threads_flag,
         "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
         "default: prefill on OpenBLAS's own count; decode steps too only if it makes a decode "
-        "pass at least 1.25x faster than one thread, measured at load, else on one)",
+        "pass at least 1.3x faster than one thread, measured at load, else on one)",
     ),
     # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
     Flag(

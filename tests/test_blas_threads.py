@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from mlx_responses.blas import openblas_loaded
@@ -52,10 +52,24 @@ def test_the_default_is_kept_exactly_when_it_is_fast_enough(
     many = [b for _, b in measured]
     threads, speedup = choose_threads(one, many, default)
     ratios = sorted(a / b for a, b in measured)
-    assert ratios[0] <= speedup <= ratios[-1]  # the median of the paired ratios
+    assert ratios[0] <= speedup <= ratios[-1]  # a median of paired ratios
     assert threads == (default if speedup >= MIN_SPEEDUP else 1)
-    # Only the pairs count, not the order they were measured in.
-    assert choose_threads(one[::-1], many[::-1], default) == (threads, speedup)
+
+
+@given(pairs, pairs, st.integers(min_value=1, max_value=8))
+def test_a_disturbed_block_cannot_hide_a_calm_one(
+    first: list[tuple[float, float]], more: list[tuple[float, float]], block: int
+) -> None:
+    """Pairs measured while another process held a core cannot lower the speedup read from
+    the pairs before them: the best block counts."""
+    whole = first[: len(first) // block * block]  # whole blocks, then more after them
+    assume(whole)
+    one, many = [a for a, _ in whole], [b for _, b in whole]
+    alone = choose_threads(one, many, 2, block=block)[1]
+    both = choose_threads(one + [a for a, _ in more], many + [b for _, b in more], 2, block=block)[
+        1
+    ]
+    assert both >= alone
 
 
 @given(pairs)
@@ -66,6 +80,9 @@ def test_a_default_of_one_thread_stays_one(measured: list[tuple[float, float]]) 
 def test_a_clearly_faster_default_is_kept_and_a_slightly_faster_one_is_not() -> None:
     assert choose_threads([3.0, 3.1, 2.9], [2.0, 2.0, 2.0], 4) == (4, pytest.approx(1.5))
     assert choose_threads([2.2, 2.3, 2.2], [2.0, 2.0, 2.0], 4)[0] == 1
+    # Six calm pairs at 1.5x, then six with the threaded passes slowed by another process.
+    calm_then_busy = choose_threads([3.0] * 12, [2.0] * 6 + [4.0] * 6, 2, block=6)
+    assert calm_then_busy == (2, pytest.approx(1.5))
 
 
 def load_on_a_generation_thread(blas_threads: int | None) -> LoadedModel:
