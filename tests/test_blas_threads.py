@@ -5,8 +5,6 @@ on the bundled model, and the real command line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -32,10 +30,10 @@ from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.thread import GenerationThread, StopGeneration, ThreadSettings
 from mlx_responses.server import ServerHandle
 
+from .test_cli_operations import cli
 from .test_gather import finish, running
 
 DEADLINE = 120
-CLI = str(Path(sys.executable).with_name("mlx-responses"))
 needs_openblas = pytest.mark.skipif(
     not openblas_loaded(), reason="OpenBLAS is not loaded in this process (reference BLAS)"
 )
@@ -150,17 +148,6 @@ def test_a_fixed_count_is_set_as_given_without_measuring(default_restored: int) 
     handle = open_blas()
     assert handle is not None
     assert handle.threads() == wanted
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is a Linux matter")
