@@ -158,8 +158,14 @@ def gather_bound(prompt_seconds: float, prompt_tokens: int, tokens: int) -> floa
 
 
 def _prefills(generator: Any) -> bool:
-    """Whether the batch's next step prefills: prompts in progress or waiting for a place."""
-    return len(generator._prompt_batch) > 0 or len(generator._unprocessed_sequences) > 0
+    """Whether the batch's next step prefills: prompts in progress or waiting for a place
+    (mlx-lm's own books; were they renamed, every step would count as prefilling, which runs
+    on OpenBLAS's own count: slower decoding, never a failed step)."""
+    prompts = getattr(generator, "_prompt_batch", None)
+    waiting = getattr(generator, "_unprocessed_sequences", None)
+    if prompts is None or waiting is None:
+        return True
+    return len(prompts) > 0 or len(waiting) > 0
 
 
 def _keep_logits(_context: Any, logits: Any) -> Any:
