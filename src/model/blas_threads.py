@@ -130,7 +130,7 @@ class OpenBlas:
         self._lib = ctypes.CDLL(OPENBLAS)
         self._lib.openblas_get_num_threads.restype = ctypes.c_int
         self._lib.openblas_set_num_threads.argtypes = [ctypes.c_int]
-        # Its own count before this server set any (a restarted thread chooses again).
+        # Its own count, before this server set any.
         self.default = self.threads()
 
     def threads(self) -> int:
@@ -167,22 +167,22 @@ def set_blas_threads(model: Any, wanted: int | None, key: str = "") -> BlasThrea
     if blas is None:
         return None
     if wanted is not None:
-        return _set(blas, model, wanted)
-    with _measuring:
-        if key not in _measured or not key:
-            choice = _set(blas, model, None)
-            if choice.speedup is None or not key:
-                return choice  # nothing measured: nothing to keep
-            _measured[key] = choice
-        blas.set_threads(_measured[key].prefill_threads)
-        return _measured[key]
-
-
-def _set(blas: OpenBlas, model: Any, wanted: int | None) -> BlasThreads:
-    default = blas.default
-    if wanted is not None:
         blas.set_threads(wanted)
-        return BlasThreads(wanted, default, None, "--blas-threads", wanted)
+        return BlasThreads(wanted, blas.default, None, "--blas-threads", wanted)
+    with _measuring:
+        kept = _measured.get(key) if key else None
+        if kept is None:
+            kept = _measure(blas, model)
+            if kept.speedup is None or not key:
+                return kept  # nothing measured (or nowhere to keep it)
+            _measured[key] = kept
+        blas.set_threads(kept.prefill_threads)
+        return kept
+
+
+def _measure(blas: OpenBlas, model: Any) -> BlasThreads:
+    """``auto``: measure and choose; OpenBLAS is left on its own count (prefill's)."""
+    default = blas.default
     blas.set_threads(default)
     if default <= 1:
         return BlasThreads(default, default, None, "its default is one thread", default)
