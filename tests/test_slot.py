@@ -106,14 +106,20 @@ async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_w
     async def linger() -> SequenceOutput:
         return await slot.receive(linger=0.5)
 
+    lingering = trio.Event()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             result: list[SequenceOutput] = []
 
             async def consumer() -> None:
+                # Begin just after a tick, so the linger lasts its whole interval (a linger
+                # ends on the next tick, which may otherwise come at any point of it).
+                await trio.sleep_until(tick_after(trio.current_time(), 0.5) + 0.001)
+                lingering.set()
                 result.append(await linger())
 
             nursery.start_soon(consumer)
+            await lingering.wait()
             await trio.sleep(0.05)  # the consumer is lingering
             await trio.to_thread.run_sync(produce)
             await pushed.wait()
