@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 import trio
 from hypothesis import settings as hypothesis_settings
@@ -20,6 +21,7 @@ from mlx_responses.storage.choice import MEMORY, StoreChoice
 
 from .faults import ThreadFaults
 from .postgres import postgresql_server, postgresql_url  # noqa: F401  (issue 15: real PostgreSQL)
+from .slow_marks import is_slow
 
 MODEL = BUNDLED_ALIAS
 
@@ -56,6 +58,13 @@ def pytest_report_header() -> str:
     return f"mlx-responses: OpenBLAS {'loaded' if openblas_loaded() else 'not loaded (reference BLAS)'}"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The ``slow`` marker is set here, never by hand (tests/slow_marks.py, docs/testing.md).
+    for item in items:
+        if is_slow(item.path, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def faults() -> ThreadFaults:
     return ThreadFaults()
@@ -79,10 +88,42 @@ async def client(server: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
         yield c
 
 
-async def wait_until(predicate: Callable[[], bool], poll: float = 0.001) -> None:
-    """Poll a condition on another thread's state (the model's batch snapshot)."""
-    while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
-        await trio.sleep(poll)
+# A condition a test waits for holds within this, or the test fails naming it (not a hang).
+WAIT_DEADLINE = 60
+
+
+async def wait_until(
+    predicate: Callable[[], bool], poll: float = 0.001, *, deadline: float = WAIT_DEADLINE
+) -> None:
+    """Wait for a condition on state another thread publishes (the model's batch snapshot,
+    which the generation thread replaces after each step with no event to wait on), by
+    polling it, at most ``deadline`` seconds."""
+    try:
+        with trio.fail_after(deadline):
+            while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
+                await trio.sleep(poll)
+    except trio.TooSlowError:
+        code = getattr(predicate, "__code__", None)
+        where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code else ""
+        raise AssertionError(f"wait_until: not true within {deadline} s ({where})") from None
+
+
+async def assert_nothing_more_generated(server: ServerHandle, generated: int) -> None:
+    """The batch generates nothing more for sequences that left it, once it had generated
+    ``generated`` tokens in all. Shown by a barrier, not a pause: another request (not stored)
+    runs to its length limit, taking the generation thread through further steps, and the
+    count then grew by that request's tokens alone."""
+    body = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=WAIT_DEADLINE) as http:
+        reply = await http.post(
+            "/v1/responses", json={**body, "store": False, "max_output_tokens": 8}
+        )
+    assert reply.status_code == 200, reply.text
+    expected = generated + reply.json()["usage"]["output_tokens"]
+    await wait_until(lambda: server.model.statistics().tokens_generated >= expected)
+    with trio.fail_after(WAIT_DEADLINE):
+        await server.model.wait_idle()
+    assert server.model.statistics().tokens_generated == expected
 
 
 def split_reasoning(expected: str) -> tuple[str | None, str]:
