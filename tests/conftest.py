@@ -25,6 +25,10 @@ from .slow_marks import is_slow
 
 MODEL = BUNDLED_ALIAS
 
+# The fast loop (``make test-fast`` sets this) draws a fifth of every property's examples: the
+# same properties, checked a little less thoroughly; ``make test`` draws them all.
+FAST_LOOP = os.environ.get("MLX_RESPONSES_FAST_LOOP") == "1"
+FAST_SHARE = 5
 # Tests never assert timings: Hypothesis' per-example deadline would fail a property on a slow,
 # shared machine for no behaviour a user sees, so it is off for every property test.
 hypothesis_settings.register_profile("mlx-responses", deadline=None)
@@ -60,9 +64,28 @@ def pytest_report_header() -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The ``slow`` marker is set here, never by hand (tests/slow_marks.py, docs/testing.md).
+    scaled: set[int] = set()
     for item in items:
         if is_slow(item.path, getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        elif FAST_LOOP:
+            _fewer_examples(item, scaled)
+
+
+def _fewer_examples(item: pytest.Item, scaled: set[int]) -> None:
+    """A property's own ``@settings`` (or a state machine's ``TestCase.settings``) with a
+    ``FAST_SHARE``th of its examples, once per test function (a parametrized one is collected
+    once per case). Where Hypothesis keeps a test's settings is its own business: if it moves
+    them, this does nothing and the fast loop only takes longer."""
+    for owner, name in (
+        (getattr(item, "obj", None), "_hypothesis_internal_use_settings"),
+        (getattr(item, "cls", None), "settings"),
+    ):
+        chosen = getattr(owner, name, None)
+        if isinstance(chosen, hypothesis_settings) and id(owner) not in scaled:
+            scaled.add(id(owner))
+            fewer = max(10, chosen.max_examples // FAST_SHARE)
+            setattr(owner, name, hypothesis_settings(chosen, max_examples=fewer))
 
 
 @pytest.fixture
