@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -21,7 +22,7 @@ from mlx_responses.storage.choice import MEMORY, StoreChoice
 
 from .faults import ThreadFaults
 from .postgres import postgresql_server, postgresql_url  # noqa: F401  (issue 15: real PostgreSQL)
-from .slow_marks import is_slow
+from .slow_marks import is_slow, starts_real_parts
 
 MODEL = BUNDLED_ALIAS
 
@@ -60,6 +61,14 @@ def _test_store() -> StoreChoice:
 def pytest_report_header() -> str:
     # Issue 16: importing mlx_responses preloaded OpenBLAS before MLX, when the system has it.
     return f"mlx-responses: OpenBLAS {'loaded' if openblas_loaded() else 'not loaded (reference BLAS)'}"
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    # The fast loop does not even import a module that imports a real part (every test in it
+    # is slow): importing mlx-lm and transformers was half its time.
+    if FAST_LOOP and collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        return starts_real_parts(collection_path.resolve()) or None
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
