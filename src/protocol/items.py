@@ -31,6 +31,7 @@ from .objects import (
     tool_search_call_item,
     tool_search_output_item,
 )
+from .tool_spec import qualified_name
 
 JsonObject = dict[str, Any]
 Role = Literal["system", "developer", "user", "assistant"]
@@ -262,8 +263,6 @@ def _parse_search_output(item: JsonObject, path: str) -> FunctionCallOutput:
 
 def _loaded_names(tools: list[Any]) -> list[str]:
     """The names the model calls the loaded tools by (a namespace's functions qualified)."""
-    from .tools import qualified_name
-
     names: list[str] = []
     for tool in tools:
         if not isinstance(tool, dict):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .replay import compact_events, expand_events
+from ..protocol.replay import compact_events, expand_events
 
 JsonObject = dict[str, Any]
 
@@ -53,7 +53,7 @@ class StoredResponse:
 
     The events are given literally when the record is made (``literal_events``, the third
     field) and read back through ``events``. The serialised form (``to_json``) keeps them as a
-    compact replay tape (``storage.replay``: the delta boundaries, a few bytes per delta) when
+    compact replay tape (``protocol.replay``: the delta boundaries, a few bytes per delta) when
     the tape rebuilds them exactly, which is always the case for events made by the
     ``ResponseMachine``; a record read back from a store holds the tape (``replay``) and
     rebuilds the events, same types, ids and sequence numbers, when ``events`` is read.

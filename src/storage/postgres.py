@@ -42,6 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
+from ..protocol.replay import FAILED_UNSTARTED
 from .files import FileLimits, StoredFile, charged_bytes
 from .interface import (
     ConversationEdit,
@@ -54,7 +55,6 @@ from .interface import (
     scoped,
 )
 from .memory import encode_json
-from .replay import FAILED_UNSTARTED
 from .sqlite import StoreError, compress, decompress_json
 
 Clock = Callable[[], float]
