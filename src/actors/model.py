@@ -89,6 +89,7 @@ class ModelInfo:
     context_window: int
     tool_format: ToolFormat = "none"
     has_thinking: bool = False
+    device: str = ""  # MLX's version and device in words, read at load on the MLX thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +228,7 @@ class ModelHandle:
             settings.context_size or loaded.context_window,
             loaded.tool_format,
             loaded.has_thinking,
+            loaded.device,
         )
         self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
