@@ -1,6 +1,6 @@
-"""The response and conversation store actors through their handles, with a fake clock.
+"""The store actor's responses and conversations through their handles, with a fake clock.
 
-Each actor runs as a real Trio task with the in-memory backend; the backend's clock is a
+The store actor runs as a real Trio task with the in-memory backends; the backend's clock is a
 ``FakeClock`` the test moves by hand, so TTL expiry is tested without sleeping.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from mlx_responses.actors.conversation_store import ConversationStoreHandle, run_conversation_store
-from mlx_responses.actors.response_store import ResponseStoreHandle, run_response_store
+from mlx_responses.actors.conversation_store import ConversationStoreHandle
+from mlx_responses.actors.response_store import ResponseStoreHandle
+from mlx_responses.actors.store import Store, run_store
+from mlx_responses.storage.choice import Budgets, memory_backends
 from mlx_responses.storage.interface import StoredResponse, StoreLimits
 from mlx_responses.storage.memory import (
     MemoryConversationStorage,
@@ -52,17 +54,22 @@ def user_item(item_id: str, text: str = "hi") -> dict[str, object]:
 async def start_responses(
     nursery: trio.Nursery, limits: StoreLimits, clock: FakeClock
 ) -> ResponseStoreHandle:
+    budgets = Budgets(limits, limits)
     storage = MemoryResponseStorage(limits, clock=clock)
-    handle: ResponseStoreHandle = await nursery.start(run_response_store, limits, storage)
-    return handle
+    store: Store = await nursery.start(
+        run_store, budgets, memory_backends(budgets, responses=storage)
+    )
+    return store.responses
 
 
 async def start_conversations(
     nursery: trio.Nursery, limits: StoreLimits, clock: FakeClock
 ) -> ConversationStoreHandle:
+    budgets = Budgets(limits, limits)
     storage = MemoryConversationStorage(limits, clock=clock)
-    handle: ConversationStoreHandle = await nursery.start(run_conversation_store, limits, storage)
-    return handle
+    backends = memory_backends(budgets, conversations=storage)
+    store: Store = await nursery.start(run_store, budgets, backends)
+    return store.conversations
 
 
 async def held(handle: ResponseStoreHandle, ids: list[str]) -> list[str]:

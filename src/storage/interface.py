@@ -31,6 +31,7 @@ __all__ = [
     "ConversationEdit",
     "ConversationRecord",
     "ConversationStorage",
+    "EchoStorage",
     "JsonObject",
     "ResponseStorage",
     "StoreLimits",
@@ -95,3 +96,14 @@ def change_in_place(
     if changed is not None:
         storage.put(changed)
     return changed
+
+
+class EchoStorage(Protocol):
+    """The reasoning echo's memory (spec 000): reply key -> reasoning text, least recently used
+    evicted first under a byte budget. ``recall`` answers only the keys it holds and refreshes
+    them."""
+
+    def remember(self, key: str, reasoning: str) -> None: ...
+    def recall(self, keys: tuple[str, ...]) -> dict[str, str]: ...
+    def statistics(self) -> StoreStatistics: ...
+    def close(self) -> None: ...
