@@ -46,18 +46,9 @@ import trio
 
 from ..protocol.sse import encode_sse
 from ..storage.interface import JsonObject, StoredResponse, StoreLimits, scoped
-from ..storage.postgres import (
-    CANCEL_CHANNEL,
-    PROGRESS_CHANNEL,
-    PgDatabase,
-    PgResponseStorage,
-    connect,
-    publish_events,
-    read_events,
-    read_job,
-    register_replica,
-    send_cancel,
-)
+from ..storage.postgres import PgResponseStorage, register_replica
+from ..storage.postgres_jobs import publish_events, read_events, read_job, send_cancel
+from ..storage.postgres_schema import CANCEL_CHANNEL, PROGRESS_CHANNEL, PgDatabase, connect
 from ..storage.thread import StorageThread
 from .event_log import EventLog
 from .response_store import ResponseStoreHandle

@@ -43,7 +43,7 @@ class StoreChoice:
 
     def describe(self) -> str:
         if self.kind == "postgresql":
-            from .postgres import redact
+            from .postgres_schema import redact
 
             return redact(self.path)
         return "memory" if self.kind == "memory" else f"sqlite:{self.path}"
