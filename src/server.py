@@ -89,7 +89,14 @@ async def serve(
         store = await nursery.start(partial(run_store, budgets, open_backends=opener))
         model = await nursery.start(run_model_actor, settings.model)
         metrics = Metrics()  # issue 16
-        replica = await start_replica_link(nursery, settings, replica_id, store.responses)
+        replica = await start_replica_link(
+            nursery,
+            settings.store,
+            store.responses,
+            replica_id=replica_id,
+            lease_seconds=settings.replica_lease_seconds,
+            limits=settings.responses_store,
+        )
         actors = Actors(
             model,
             store.responses,
