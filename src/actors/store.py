@@ -93,8 +93,10 @@ async def run_store(
         serial = 0
         async for message in receive:
             serial += 1
-            step = partial(_answer, served, wall_clock, serial, message)
-            answer = step() if run is None else await run(step)
+            if run is None:
+                answer = _answer(served, wall_clock, serial, message)
+            else:
+                answer = await run(partial(_answer, served, wall_clock, serial, message))
             if isinstance(answer.result, outcome.Error) and not isinstance(
                 answer.result.error, Exception
             ):

@@ -45,7 +45,8 @@ class StorePart(Generic[M]):
 
     async def _ask(self, make: Callable[[Reply[StoreAnswer[T]]], M]) -> T:
         answer = await ask(self._mailbox, make)
-        self.observe(answer.statistics, answer.serial)
+        if answer.serial > self._serial:
+            self._stats, self._serial = answer.statistics, answer.serial
         return answer.result.unwrap()
 
     async def _tell(self, make: Callable[[Reply[StoreAnswer[None]]], M]) -> None:
