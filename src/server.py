@@ -147,7 +147,8 @@ async def serve(
         binds = await nursery.start(run_http)
         runtime = dataclasses.replace(runtime, base_url=binds[0])
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
-        log_startup(log, model.info, model.blas)  # issue 16: the model, its size, the backend
+        # Issue 16: the model, its size, the backend.
+        log_startup(log, model.info, model.blas, model.device)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
         task_status.started(runtime)

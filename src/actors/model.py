@@ -89,7 +89,6 @@ class ModelInfo:
     context_window: int
     tool_format: ToolFormat = "none"
     has_thinking: bool = False
-    device: str = ""  # MLX's version and device in words, read at load on the MLX thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,10 +227,10 @@ class ModelHandle:
             settings.context_size or loaded.context_window,
             loaded.tool_format,
             loaded.has_thinking,
-            loaded.device,
         )
         self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
+        self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
         self._tokenizer = loaded.tokenizer
         self._bound = measure_tokenizer(loaded.tokenizer)
         self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
