@@ -1,0 +1,1 @@
+"""Model output formats: one pure module per family (no MLX, no Trio)."""
