@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mlx_responses.formats.family_parser import FamilyParser
 from mlx_responses.formats.family_regions import REGIONS
 from mlx_responses.formats.json_sections import DEEPSEEK_V3
-from mlx_responses.model.stream_parse import (
+from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
     TextChunk,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..model.stream_parse import THINK_CLOSE, THINK_OPEN, StreamParser
-from ..model.tool_format_base import NewIndex
-from ..model.tool_formats import ToolRegion, ToolSchemas
+from .base import NewIndex
+from .regions import ToolRegion, ToolSchemas
+from .stream import THINK_CLOSE, THINK_OPEN, StreamParser
 
 RegionFactory = Callable[[str, NewIndex, ToolSchemas | None], ToolRegion]
 """``(shown_if_reverted, new_index, schemas) -> region``: the region a marker opens."""
@@ -29,6 +29,7 @@ class FamilyParser(StreamParser):
         reasoning: bool,
         starts_in_reasoning: bool = False,
         tool_schemas: ToolSchemas | None = None,
+        think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
     ) -> None:
         super().__init__(
             tool_format="none",
@@ -36,11 +37,11 @@ class FamilyParser(StreamParser):
             reasoning=reasoning,
             starts_in_reasoning=starts_in_reasoning,
             tool_schemas=tool_schemas,
+            think=think,
         )
         self._regions = dict(regions) if tools_enabled else {}
         self._tool_markers = tuple(self._regions)
-        think = (THINK_OPEN, THINK_CLOSE) if reasoning else ()
-        self._markers = think + self._tool_markers
+        self._markers = (think if reasoning else ()) + self._tool_markers
 
     def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
         return self._regions[marker](shown_if_reverted, self._new_index, self._schemas)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import partial
 
-from ..model.tool_format_base import NewIndex
-from ..model.tool_formats import ToolRegion, ToolSchemas
 from . import pythonic
+from .base import NewIndex
 from .family_parser import RegionFactory
 from .gemma import FUNCTION_GEMMA, GEMMA4, GemmaRegion
 from .json_sections import DEEPSEEK_V3, KIMI_K2, SectionJsonRegion
+from .regions import ToolRegion, ToolSchemas
 from .xml_kv import GLM, LONGCAT, MINICPM5, MINIMAX_M2, MUSE_SPARK, KvRegion
 
 

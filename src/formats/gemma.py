@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..model.tool_format_base import (
+from .base import (
     CallStream,
     NewIndex,
     ParsedEvent,
@@ -30,7 +30,7 @@ from ..model.tool_format_base import (
     is_partial,
     skip_ws,
 )
-from ..model.tool_formats import ToolRegion, ToolSchemas
+from .regions import ToolRegion, ToolSchemas
 from .scan_util import take_until
 
 

@@ -14,8 +14,8 @@ import ast
 import json
 from typing import Any
 
-from ..model.tool_format_base import CallStream, NewIndex, ParsedEvent, Step
-from ..model.tool_formats import ToolRegion, ToolSchemas
+from .base import CallStream, NewIndex, ParsedEvent, Step
+from .regions import ToolRegion, ToolSchemas
 from .scan_util import take_until
 
 OPEN = "<|tool_call_start|>"

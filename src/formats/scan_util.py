@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..model.tool_format_base import find_first, partial_suffix
+from .base import find_first, partial_suffix
 
 
 def take_until(

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..model.tool_format_base import (
+from .base import (
     CallStream,
     NewIndex,
     ParsedEvent,
@@ -33,7 +33,7 @@ from ..model.tool_format_base import (
     is_partial,
     skip_ws,
 )
-from ..model.tool_formats import ToolRegion, ToolSchemas, xml_param_value
+from .regions import ToolRegion, ToolSchemas, xml_param_value
 from .scan_util import take_until, unquote
 
 _HEADER_MAX = 300
