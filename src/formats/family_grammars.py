@@ -25,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +53,20 @@ def _alternatives(tools: Sequence[ForcedTool]) -> str:
     return " | ".join(f"call_{i}" for i in range(len(tools)))
 
 
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
+
+
 def _regex_text(text: str) -> str:
-    return re.escape(text).replace("/", "\\/")
+    """``text`` as a literal inside a Lark ``/.../`` regex (Rust regex syntax)."""
+    out = []
+    for c in text:
+        if c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        else:
+            out.append("\\" + c if c in _REGEX_META else c)
+    return "".join(out)
 
 
 def _json_rule(schema: Mapping[str, Any], strict: bool) -> str:
@@ -104,7 +115,8 @@ deepseek_grammar = _section_grammar(DEEPSEEK_V3, lambda name, i: name)
 class _Params:
     """How one format writes a parameter: ``head(key)`` before the value, ``close`` after it,
     ``stops`` where its parser ends a raw value, ``trim`` when the parser strips values,
-    ``quote`` around a string value (Gemma), ``separator`` between parameters."""
+    ``quote`` around a string value (Gemma), ``separator`` between parameters, ``after`` each
+    parameter."""
 
     head: Callable[[str, Literal], str]
     close: str
@@ -114,6 +126,7 @@ class _Params:
     separator: str = ""
     close_is_marker: bool = True
     json_only: bool = False  # pythonic: every value is JSON (a Python literal)
+    after: str = ""  # text after each parameter (the newline GLM's and MiniMax's templates write)
 
 
 class _Rules:
@@ -198,12 +211,14 @@ def _properties(tool: ForcedTool) -> list[tuple[str, Mapping[str, Any], bool]]:
 def _param_list(rules: _Rules, i: int, tool: ForcedTool, p: _Params) -> str:
     """The parameters of call ``i``: required in order, then any optional ones in order."""
     if tool.syntax != "function":
-        return f"{p.head('input', rules.literal)} {rules.custom(i, tool, p)}"
+        after = f" {lark_string(p.after)}" if p.after else ""
+        return f"{p.head('input', rules.literal)} {rules.custom(i, tool, p)}{after}"
     items = []
     for j, (key, schema, required) in enumerate(_properties(tool)):
+        after = f" {lark_string(p.after)}" if p.after else ""
         rules.lines.append(
             f"p_{i}_{j}: {p.head(key, rules.literal)} "
-            f"{rules.value(f'{i}_{j}', schema, tool.strict, p)}"
+            f"{rules.value(f'{i}_{j}', schema, tool.strict, p)}{after}"
         )
         items.append((f"p_{i}_{j}", required))
     if not p.separator:
@@ -253,6 +268,7 @@ def _glm_like(prefix: str) -> Callable[[Sequence[ForcedTool], Literal], str]:
         close=f"</{prefix}arg_value>",
         stops=(f"</{tag}>",),
         trim=True,
+        after="\n",
     )
     return _per_param_grammar(
         params,
@@ -274,6 +290,7 @@ def _invoke_like(
         stops=(f"</{prefix}invoke>",),
         trim=True,
         close_is_marker=False,
+        after="\n",
     )
     return _per_param_grammar(
         params,
