@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlx_responses import formats
 from mlx_responses.formats.family_parser import FamilyParser
 from mlx_responses.formats.family_regions import REGIONS
+from mlx_responses.formats.format import ParseOptions
 from mlx_responses.formats.json_sections import DEEPSEEK_V3
 from mlx_responses.formats.stream import (
     ParsedEvent,
@@ -391,3 +393,25 @@ def test_any_prefix_parses_the_same_however_chunked(
     whole = parse(prefix, family, schemas=schemas)
     check_call_grammar(whole)
     assert parse(data.draw(chunkings(prefix)), family, schemas=schemas) == whole
+
+
+def test_gemma_reads_json_written_inside_its_notation() -> None:
+    """What a forced call's ``%json`` writes for a nested value: quoted keys and strings."""
+    text = '<|tool_call>call:f{o:{"a b": [1, "x"], "c": {"d": null}},s:<|"|>t<|"|>}<tool_call|>'
+    for pieces in ([text], list(text)):
+        assert calls(parse(pieces, "gemma4")) == [
+            ("f", {"o": {"a b": [1, "x"], "c": {"d": None}}, "s": "t"})
+        ]
+
+
+def test_gemma4_reasoning_is_its_thought_channel() -> None:
+    fmt = formats.get("gemma4")
+    text = "<|channel>thought\nThe user wants weather.<channel|>" + render_gemma4(WEATHER)
+    for pieces in ([text], list(text)):
+        parser = fmt.new_parser(ParseOptions(tools_enabled=True, reasoning=True))
+        events = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert events[0] == ReasoningChunk("The user wants weather.")
+        assert calls(events) == [("get_weather", {"city": "Paris", "days": 3})]

@@ -175,6 +175,15 @@ KINDS: dict[str, tuple[dict[str, Any], st.SearchStrategy[Any]]] = {
     ),
     "integer": ({"type": "integer"}, st.integers(-999, 999)),
     "boolean": ({"type": "boolean"}, st.booleans()),
+    "object": (
+        {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+            "required": ["n", "s"],
+            "additionalProperties": False,
+        },
+        st.builds(lambda n, w: {"n": n, "s": w}, st.integers(0, 9), words),
+    ),
     "array": (
         {"type": "array", "items": {"type": "integer"}},
         st.lists(st.integers(0, 9), max_size=3),
@@ -193,6 +202,8 @@ def tools_and_call(draw: st.DrawFn) -> tuple[dict[str, Any], Params]:
         "name": draw(st.sampled_from(["get_weather", "lookup", "ns.find"])),
         "parameters": {"type": "object", "properties": props, "required": required},
     }
+    if draw(st.booleans()):
+        tool["parameters"]["additionalProperties"] = False
     present = [k for k in keys if k in required or draw(st.booleans())]
     ordered = [k for k in keys if k in required] + [k for k in keys if k not in required]
     values = {k: draw(KINDS[kind][1]) for k, kind in zip(keys, kinds, strict=True)}
@@ -206,9 +217,13 @@ def valid(call: Call, tools: list[dict[str, Any]]) -> bool:
         return False
     schema = tool["parameters"]
     props = schema["properties"]
-    if any(k not in args for k in schema["required"]) or any(k not in props for k in args):
+    if any(k not in args for k in schema["required"]):
+        return False
+    if schema.get("additionalProperties") is False and any(k not in props for k in args):
         return False
     for k, v in args.items():
+        if k not in props:
+            continue
         s = props[k]
         kind = s["type"]
         ok = {
@@ -216,6 +231,10 @@ def valid(call: Call, tools: list[dict[str, Any]]) -> bool:
             "integer": isinstance(v, int) and not isinstance(v, bool),
             "boolean": isinstance(v, bool),
             "array": isinstance(v, list) and all(isinstance(x, int) for x in v),
+            "object": isinstance(v, dict)
+            and set(v) == {"n", "s"}
+            and isinstance(v["n"], int)
+            and isinstance(v["s"], str),
         }[kind]
         if not ok:
             return False

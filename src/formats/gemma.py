@@ -106,6 +106,10 @@ class GemmaArgs:
                 out.append(buf[pos : i + 1])
                 self._in_json_string = False
                 pos = i + 1
+                if self._expect_key:  # a JSON-quoted key (``%json`` writes nested objects so)
+                    self._expect_key = False
+                    out.append(": ")
+                    pos = self._skip_colon(buf, pos)
                 continue
             c = buf[pos]
             if self._held:
