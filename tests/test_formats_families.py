@@ -415,3 +415,49 @@ def test_gemma4_reasoning_is_its_thought_channel() -> None:
         events = coalesce(events + parser.finish())
         assert events[0] == ReasoningChunk("The user wants weather.")
         assert calls(events) == [("get_weather", {"city": "Paris", "days": 3})]
+
+
+# -- detection ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "name"),
+    [
+        ("<minimax:tool_call><invoke name=", "minimax_m2"),
+        ("{{ '<|tool_call>call:' }}<tool_call|>", "gemma4"),
+        ("<start_function_call>call:", "function_gemma"),
+        ("<longcat_tool_call><longcat_arg_key>", "longcat"),
+        ("<tool_call>{{ tc.name }}<arg_key>", "glm47"),
+        ("<|tool_list_start|>[]<|tool_list_end|>", "pythonic"),
+        ("<|tool_call_start|>", "pythonic"),
+        (DEEPSEEK_V3.section_open + DEEPSEEK_V3.call_open, "deepseek_v3"),
+        ("<|tool_calls_section_begin|>", "kimi_k2"),
+        ('<function name="f"><param name="p">', "minicpm5"),
+        ("<atem:function_calls>", "muse_spark"),
+        # mlx-lm's order: a Qwen3-Coder template also holds <tool_call>, GLM's too
+        ("<tool_call>\n<function=f>\n<parameter=p>", "qwen3_coder"),
+        ("<tool_call>{{ tool_call.name }}</tool_call>", "hermes"),
+    ],
+)
+def test_templates_detect_as_mlx_lm_does(template: str, name: str) -> None:
+    assert formats.detect(formats.Detection(template)).name == name
+
+
+def test_the_vocabulary_is_the_fallback() -> None:
+    lfm = frozenset({"<|tool_call_start|>", "<|tool_call_end|>"})
+    assert formats.detect(formats.Detection("plain", lfm)).name == "pythonic"
+    # a template that names another format wins over the vocabulary
+    hermes = "<tool_call>{{ tool_call.name }}</tool_call>"
+    assert formats.detect(formats.Detection(hermes, lfm)).name == "hermes"
+    xtml = frozenset({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"})
+    kimi_k3 = formats.detect(formats.Detection("plain", xtml))
+    assert kimi_k3.name == "kimi_k3"
+    assert kimi_k3.call_grammar is None  # a forced call is a 400 naming --tool-format
+
+
+@pytest.mark.parametrize(
+    ("named", "name"),
+    [("glm47", "glm47"), ("laguna", "glm47"), ("kimi_k2", "kimi_k2"), ("deepseek", "deepseek_v3")],
+)
+def test_tool_parser_type_names_the_format(named: str, name: str) -> None:
+    assert formats.detect(formats.Detection("<tool_call>", tool_parser_type=named)).name == name
