@@ -130,7 +130,9 @@ def write_call(family: str, name: str, params: Params) -> str:
             else ("atem:", "atem:function_calls")
         )
         body = "".join(f'<{p}parameter name="{k}">{_kv(v)}</{p}parameter>\n' for k, v in params)
-        return f'<{block}>\n<{p}invoke name="{name}">\n{body}</{p}invoke>\n</{block}>'
+        # MiniMax's prompt opens reasoning: its forced call closes it first
+        lead = "</think>\n\n" if family == "minimax_m2" else ""
+        return f'{lead}<{block}>\n<{p}invoke name="{name}">\n{body}</{p}invoke>\n</{block}>'
     if family == "minicpm5":
         body = "".join(f'<param name="{k}">{_kv(v)}</param>' for k, v in params)
         return f'<function name="{name}">{body}</function>'

@@ -8,7 +8,8 @@ is recognised by its tool-call marker in the template.
 
 Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``; DeepSeek
 V3.x joins ``arguments`` into the prompt as a string (a dict fails to render); ``reasoning.effort``
-becomes ``enable_thinking`` (DeepSeek: ``thinking``): ``none``/``minimal`` off, any other on.
+becomes ``enable_thinking`` (DeepSeek: ``thinking``, off without an effort, as its template
+defaults): ``none``/``minimal`` off, any other on.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ __all__ = ["FAMILY_FORMATS", "GEMMA4_THINK", "KIMI_K3"]
 GEMMA4_THINK = ("<|channel>thought", "<channel|>")
 
 
-def _thinking_kwarg(key: str) -> Callable[[str | None], Mapping[str, Any]]:
+def _thinking_kwarg(
+    key: str, default: bool | None = None
+) -> Callable[[str | None], Mapping[str, Any]]:
+    """``reasoning.effort`` -> ``{key: on}``: ``none``/``minimal`` off, any other on; without an
+    effort, ``default`` (None: nothing, so mlx-lm's own ``enable_thinking`` applies)."""
+
     def kwargs(effort: str | None) -> Mapping[str, Any]:
         if effort is None:
-            return {}
+            return {} if default is None else {key: default}
         return {key: effort not in ("none", "minimal")}
 
     return kwargs
@@ -144,7 +150,9 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _template_has(DEEPSEEK_V3.section_open),
         _parser("deepseek_v3"),
         call_grammar=g.deepseek_grammar,
-        replay=Replay(arguments="string", effort_kwargs=_thinking_kwarg("thinking")),
+        # Without an effort, DeepSeek's own default (its template's ``thinking = false``): mlx-lm
+        # would pass ``enable_thinking=True``, and the prompt would open reasoning.
+        replay=Replay(arguments="string", effort_kwargs=_thinking_kwarg("thinking", False)),
         aliases=("deepseek", "deepseek_v31"),
         priority=16,
     ),

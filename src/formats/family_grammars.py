@@ -282,8 +282,11 @@ longcat_grammar = _glm_like("longcat_")
 
 
 def _invoke_like(
-    prefix: str, block_open: str, block_close: str
+    prefix: str, block_open: str, block_close: str, opened: str = ""
 ) -> Callable[[Sequence[ForcedTool], Literal], str]:
+    """``opened``: the reasoning close written first, for a template whose generation prompt
+    always opens reasoning (MiniMax M2's ends in ``<think>``): the call then follows an empty
+    reasoning block instead of landing inside it."""
     params = _Params(
         head=lambda k, lit: _s(f'<{prefix}parameter name="{k}">'),
         close=f"</{prefix}parameter>",
@@ -292,16 +295,20 @@ def _invoke_like(
         close_is_marker=False,
         after="\n",
     )
+
+    def head(name: str, lit: Literal) -> str:
+        lead = f"{lit(opened)} {_s(chr(10) * 2)} " if opened else ""
+        invoke = f"\n<{prefix}invoke name={json.dumps(name)}>\n"
+        return f"{lead}{lit(block_open)} {_s(invoke)}"
+
     return _per_param_grammar(
         params,
-        lambda name, lit: (
-            f"{lit(block_open)} {_s(f'{chr(10)}<{prefix}invoke name={json.dumps(name)}>{chr(10)}')}"
-        ),
+        head,
         lambda lit: f"{_s(f'</{prefix}invoke>' + chr(10))} {lit(block_close)}",
     )
 
 
-minimax_grammar = _invoke_like("", "<minimax:tool_call>", "</minimax:tool_call>")
+minimax_grammar = _invoke_like("", "<minimax:tool_call>", "</minimax:tool_call>", opened="</think>")
 muse_spark_grammar = _invoke_like("atem:", "<atem:function_calls>", "</atem:function_calls>")
 
 minicpm5_grammar = _per_param_grammar(
