@@ -3,6 +3,10 @@ known format (start-up line, ``/v1/models``, a forced call refused naming the fl
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import trio
 from openai import AsyncOpenAI, BadRequestError
@@ -78,3 +82,21 @@ async def test_a_model_without_a_known_format_says_so_and_refuses_forced_calls(
     assert error["param"] == "tool_choice"
     assert "--tool-format" in error["message"]
     assert [item.type for item in free.output] == ["message"]
+
+
+def test_tokenizer_config_names_the_format_even_one_mlx_lm_lacks(tmp_path: Path) -> None:
+    """``tool_parser_type`` overrides detection; a name only this server knows (``harmony``)
+    would fail mlx-lm's own load, so mlx-lm is not told it."""
+    from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+    from mlx_responses.model.loader import load_model
+
+    def loaded_format(parser_type: str) -> str:
+        folder = tmp_path / parser_type
+        shutil.copytree(BUNDLED_MODEL_PATH, folder)
+        config_file = folder / "tokenizer_config.json"
+        config = json.loads(config_file.read_text())
+        config_file.write_text(json.dumps({**config, "tool_parser_type": parser_type}))
+        return load_model(str(folder)).tool_format
+
+    assert loaded_format("harmony") == "harmony"
+    assert loaded_format("json_tools") == "hermes"  # mlx-lm's name for it
