@@ -20,26 +20,31 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..model.stream_parse import (
+from ..formats import (
     ParsedEvent,
+    Parser,
     ReasoningChunk,
-    StreamParser,
     TextChunk,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
 )
+from ..formats.grammars import CUSTOM_HEAD, CUSTOM_TAIL
 from ..protocol import machine as m
 from ..protocol.tool_search import search
 from ..protocol.tools import CUSTOM_INPUT, CallTarget
 
 
 def custom_input(arguments: str) -> str:
-    """A custom tool's freeform input from the call's JSON arguments (``{"input": ...}``); the
-    arguments text itself when the model wrote something else."""
+    """A custom tool's freeform input from the call's JSON arguments (``{"input": ...}``); a
+    forced Lark call's raw text between ``{"input": "`` and ``"}`` where it is not valid JSON
+    (``formats.grammars``: a grammar's output is not JSON-escaped); else the arguments text
+    itself."""
     try:
-        parsed = json.loads(arguments)
+        parsed = json.loads(arguments, strict=False)
     except ValueError:
+        if arguments.startswith(CUSTOM_HEAD) and arguments.endswith(CUSTOM_TAIL):
+            return arguments[len(CUSTOM_HEAD) : len(arguments) - len(CUSTOM_TAIL)]
         return arguments
     if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
         return str(parsed[CUSTOM_INPUT])
@@ -49,7 +54,7 @@ def custom_input(arguments: str) -> str:
 class OutputShaper:
     def __init__(
         self,
-        parser: StreamParser,
+        parser: Parser,
         *,
         max_calls: int | None,
         targets: Mapping[str, CallTarget] | None = None,
