@@ -101,6 +101,12 @@ def output_shaper(
         parser,
         max_calls=min(limits) if limits else None,
         targets=call_targets(request.tools),  # namespaced and custom tools
+        # What the model may call: the offered tools and those a tool search can load.
+        declared=frozenset(
+            name
+            for tool in request.tools
+            for name in (tool.name, *(loaded.name for loaded in tool.catalog))
+        ),
     )
 
 

@@ -20,8 +20,7 @@ One ``Format`` per family (``format.py``), registered by name in a registry:
 - ``Format.replay`` (``Replay``): where the template wants reasoning (``reasoning_content``,
   ``thinking``), arguments as an object or a string, a default description for a tool without
   one, template kwargs for ``reasoning.effort``.
-- ``Format.reasons``: the format carries reasoning itself (harmony's analysis channel);
-  ``Format.stop_texts``: text that ends the turn beyond the tokenizer's EOS.
+- ``Format.reasons``: the format carries reasoning itself (harmony's analysis channel).
 
 To add a family: a module here building a ``Format`` and calling ``register`` at import, then
 one import line below. ``tagged`` holds today's four tag formats (Hermes, Qwen3-Coder XML,
@@ -30,7 +29,7 @@ Llama 3 JSON, Mistral, parsed by ``stream.StreamParser``); ``harmony`` is gpt-os
 
 from __future__ import annotations
 
-from . import families, tagged
+from . import families, harmony, tagged
 from .base import (
     ParsedEvent,
     ReasoningChunk,
@@ -72,6 +71,7 @@ __all__ = [
     "detect",
     "families",
     "get",
+    "harmony",
     "names",
     "reasoning_opens_in_prompt",
     "register",

@@ -136,8 +136,6 @@ class Format:
     priority: int = 100  # detection order: lower first
     # The format itself carries reasoning (harmony's analysis channel), whatever the vocabulary.
     reasons: bool = False
-    # Text that ends the turn when generated (not output), beyond the tokenizer's EOS ids.
-    stop_texts: tuple[str, ...] = ()
 
 
 class UnknownFormat(ValueError):

@@ -1,0 +1,168 @@
+"""Output-format parsing cost per generated token, as a share of the bundled model's decode step.
+
+Run::
+
+    .venv/bin/python bench/formats.py [--repeats 30] [--decode-tokens 200]
+
+For each registered format (``mlx_responses.formats``): a typical generation in that format
+(reasoning, a sentence, one tool call with a few arguments; ``none`` has reasoning and text
+only) is cut into the pieces the bundled tokenizer would stream (one token's text each), then
+fed piece by piece to a fresh parser, and once more through the ``OutputShaper`` that turns
+events into event-machine inputs. The time per piece is the minimum over ``--repeats`` runs
+(on a shared machine the minimum is the steadiest estimate of the cost itself) and the median.
+
+The decode step is the bundled model's, one greedy sequence through ``mlx_lm``'s
+``stream_generate`` (``--decode-tokens`` tokens; the best of 3 runs). The share is the parsing
+cost per token over that step; the target is under 2%. Results are printed and written to
+``bench/results/formats-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from mlx_responses import formats
+from mlx_responses.actors.output import OutputShaper
+from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+
+RESULTS = Path(__file__).parent / "results"
+
+REASONING = "The user wants the weather in Paris, so I call the weather tool with the city."
+TEXT = "Let me look that up for you."
+ARGS = '{"city": "Paris", "unit": "celsius", "days": 3}'
+
+GENERATIONS: dict[str, str] = {
+    "harmony": (
+        f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant<|channel|>"
+        f"commentary<|message|>{TEXT}<|end|><|start|>assistant to=functions.get_weather"
+        f"<|channel|>commentary json<|message|>{ARGS}<|call|>"
+    ),
+    "hermes": (
+        f'<think>\n{REASONING}\n</think>\n\n{TEXT}\n<tool_call>\n{{"name": "get_weather", '
+        f'"arguments": {ARGS}}}\n</tool_call>'
+    ),
+    "qwen3_coder": (
+        f"<think>\n{REASONING}\n</think>\n\n{TEXT}\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    ),
+    "mistral": f"<think>\n{REASONING}\n</think>\n\n{TEXT}[TOOL_CALLS]get_weather[ARGS]{ARGS}",
+    "llama3_json": f'{{"name": "get_weather", "parameters": {ARGS}}}',
+    "none": f"<think>\n{REASONING}\n</think>\n\n{TEXT} It is sunny and 18 degrees in Paris.",
+}
+
+
+def pieces(tokenizer: Any, text: str) -> list[str]:
+    """``text`` as the detokenizer would stream it: one token's text per piece."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+
+def time_parse(name: str, chunks: list[str], repeats: int, *, shaped: bool) -> list[float]:
+    """Microseconds per piece of each run."""
+    fmt = formats.get(name)
+    options = formats.ParseOptions(tools_enabled=True, reasoning=name != "harmony")
+    runs = []
+    for _ in range(repeats):
+        parser = fmt.new_parser(options)
+        start = time.perf_counter()
+        if shaped:
+            shaper = OutputShaper(parser, max_calls=None, declared=frozenset({"get_weather"}))
+            for chunk in chunks:
+                shaper.feed(chunk)
+            shaper.finish()
+        else:
+            for chunk in chunks:
+                parser.feed(chunk)
+            parser.finish()
+        runs.append((time.perf_counter() - start) / len(chunks) * 1e6)
+    return runs
+
+
+def decode_step_ms(model: Any, tokenizer: Any, tokens: int) -> float:
+    """Milliseconds per generated token; end of sequence is masked so every run is ``tokens``
+    long (the bundled model answers its prompts in a few tokens)."""
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say something short."}], add_generation_prompt=True
+    )
+    width = int(model(mx.array([prompt[:1]])).shape[-1])
+    ban = mx.zeros((width,))
+    ban[mx.array(sorted(tokenizer.eos_token_ids))] = -1e9
+
+    def no_eos(_tokens: Any, logits: Any) -> Any:
+        return logits + ban
+
+    best = float("inf")
+    for _ in range(3):
+        last = None
+        for response in stream_generate(
+            model, tokenizer, prompt, max_tokens=tokens, logits_processors=[no_eos]
+        ):
+            last = response
+        assert last is not None
+        assert last.generation_tokens == tokens
+        best = min(best, 1e3 / last.generation_tps)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--decode-tokens", type=int, default=200)
+    args = parser.parse_args()
+
+    from mlx_lm import load
+
+    model, tokenizer = load(str(BUNDLED_MODEL_PATH))[:2]
+    step = decode_step_ms(model, tokenizer, args.decode_tokens)
+    print(f"bundled model decode step: {step:.3f} ms/token (best of 3, {args.decode_tokens})")
+    rows: dict[str, Any] = {}
+    for name in formats.names():
+        text = GENERATIONS.get(name)
+        if text is None:
+            continue  # a format added without a sample generation here
+        chunks = pieces(tokenizer, text)
+        parse = time_parse(name, chunks, args.repeats, shaped=False)
+        shaped = time_parse(name, chunks, args.repeats, shaped=True)
+        row = {
+            "tokens": len(chunks),
+            "parse_us_min": min(parse),
+            "parse_us_median": statistics.median(parse),
+            "shaped_us_min": min(shaped),
+            "shaped_us_median": statistics.median(shaped),
+            "share_of_decode_step": min(shaped) / 1e3 / step,
+        }
+        rows[name] = row
+        print(
+            f"{name:12} {row['tokens']:4} tokens  parse {row['parse_us_min']:6.2f} us/token "
+            f"(median {row['parse_us_median']:6.2f})  + shaping {row['shaped_us_min']:6.2f} "
+            f"(median {row['shaped_us_median']:6.2f})  = {100 * row['share_of_decode_step']:.2f}%"
+            " of a decode step"
+        )
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"formats-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "machine": platform.platform(),
+                "decode_step_ms": step,
+                "repeats": args.repeats,
+                "formats": rows,
+            },
+            indent=2,
+        )
+    )
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
