@@ -55,6 +55,36 @@ GENERATIONS: dict[str, str] = {
     "mistral": f"<think>\n{REASONING}\n</think>\n\n{TEXT}[TOOL_CALLS]get_weather[ARGS]{ARGS}",
     "llama3_json": f'{{"name": "get_weather", "parameters": {ARGS}}}',
     "none": f"<think>\n{REASONING}\n</think>\n\n{TEXT} It is sunny and 18 degrees in Paris.",
+    # The family formats (formats/families.py), each as its template writes a call.
+    "glm47": (
+        f"<think>{REASONING}</think>\n{TEXT}\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    ),
+    "minimax_m2": (
+        f"<think>\n{REASONING}\n</think>\n\n{TEXT}\n<minimax:tool_call>\n"
+        '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="unit">celsius</parameter>\n<parameter name="days">3</parameter>\n'
+        "</invoke>\n</minimax:tool_call>"
+    ),
+    "kimi_k2": (
+        f"<think>{REASONING}</think>{TEXT}<|tool_calls_section_begin|><|tool_call_begin|>"
+        f"functions.get_weather:0<|tool_call_argument_begin|>{ARGS}<|tool_call_end|>"
+        "<|tool_calls_section_end|>"
+    ),
+    "deepseek_v3": (
+        f"<think>{REASONING}</think>{TEXT}<\uff5ctool\u2581calls\u2581begin\uff5c>"
+        f"<\uff5ctool\u2581call\u2581begin\uff5c>get_weather<\uff5ctool\u2581sep\uff5c>{ARGS}"
+        "<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>"
+    ),
+    "gemma4": (
+        f"<|channel>thought\n{REASONING}<channel|>{TEXT}<|tool_call>call:get_weather"
+        '{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>,days:3}<tool_call|>'
+    ),
+    "pythonic": (
+        f"<think>{REASONING}</think>{TEXT}<|tool_call_start|>"
+        '[get_weather(city="Paris", unit="celsius", days=3)]<|tool_call_end|>'
+    ),
 }
 
 
