@@ -85,8 +85,10 @@ def render(family: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
 def expected_messages(fmt: formats.Format) -> list[dict[str, Any]]:
     """The turn as the family's own tooling passes it to the template."""
     args: Any = json.dumps(ARGS) if fmt.replay.arguments == "string" else ARGS
+    rename = fmt.replay.call_id  # Kimi K2's ids are its own functions.NAME:N
+    call_id = rename("call_1", "get_weather", 0) if rename else "call_1"
     call = {
-        "id": "call_1",
+        "id": call_id,
         "type": "function",
         "function": {"name": "get_weather", "arguments": args},
     }
@@ -99,7 +101,7 @@ def expected_messages(fmt: formats.Format) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": "What is the weather in Paris?"},
         assistant,
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
+        {"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 18}'},
     ]
 
 
@@ -128,6 +130,13 @@ def test_the_call_the_template_writes_reads_back(family: str) -> None:
     events = parser.feed(rendered[start:]) + parser.finish()
     calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCallEnd)]
     assert calls == [("get_weather", ARGS)]
+
+
+def test_kimi_outputs_answer_its_own_call_ids() -> None:
+    rendered = render("kimi-k2", to_chat(None, ITEMS, formats.get("kimi_k2").replay))
+    assert "functions.get_weather:0<|tool_call_argument_begin|>" in rendered
+    assert "## Return of functions.get_weather:0" in rendered
+    assert "call_1" not in rendered
 
 
 def test_deepseek_needs_arguments_as_a_string() -> None:

@@ -6,7 +6,8 @@ order, then the vocabulary); ``priority`` puts these checks around the tag forma
 40, Mistral 50, Hermes 60, Llama 3 70) in mlx-lm's order. DeepSeek, which mlx-lm does not know,
 is recognised by its tool-call marker in the template.
 
-Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``; DeepSeek
+Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``; Kimi K2
+writes a call's id as its header, so replayed ids become ``functions.NAME:N``; DeepSeek
 V3.x joins ``arguments`` into the prompt as a string (a dict fails to render); ``reasoning.effort``
 becomes ``enable_thinking`` (DeepSeek: ``thinking``, off without an effort, as its template
 defaults): ``none``/``minimal`` off, any other on.
@@ -15,6 +16,7 @@ defaults): ``none``/``minimal`` off, any other on.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from . import family_grammars as g
@@ -161,7 +163,8 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _template_has("<|tool_calls_section_begin|>"),
         _parser("kimi_k2"),
         call_grammar=g.kimi_grammar,
-        replay=_ENABLE_THINKING,
+        # Its template writes a call's id as the call's header: the id must be Kimi's own.
+        replay=replace(_ENABLE_THINKING, call_id=lambda _id, name, n: f"functions.{name}:{n}"),
         aliases=("kimi",),
         priority=45,
     ),
