@@ -197,6 +197,20 @@ def render_pythonic(cs: list[Call]) -> str:
     return "<|tool_call_start|>[" + ", ".join(call(n, a) for n, a in cs) + "]<|tool_call_end|>"
 
 
+def render_kimi_k3(cs: list[Call]) -> str:
+    body = "".join(
+        f'<|open|>call tool="{name}" index="{i + 1}"<|sep|>'
+        + "".join(
+            f'<|open|>argument key="{k}" type="{"string" if isinstance(v, str) else "json"}"'
+            f"<|sep|>{_kv_value(v)}<|close|>argument<|sep|>"
+            for k, v in args.items()
+        )
+        + "<|close|>call<|sep|>"
+        for i, (name, args) in enumerate(cs)
+    )
+    return f"<|open|>tools<|sep|>{body}<|close|>tools<|sep|>"
+
+
 RENDER: dict[str, Callable[[list[Call]], str]] = {
     "glm47": render_glm,
     "longcat": render_longcat,
@@ -208,8 +222,9 @@ RENDER: dict[str, Callable[[list[Call]], str]] = {
     "gemma4": render_gemma4,
     "function_gemma": render_function_gemma,
     "pythonic": render_pythonic,
+    "kimi_k3": render_kimi_k3,
 }
-KV_FAMILIES = {"glm47", "longcat", "minimax_m2", "muse_spark", "minicpm5"}
+KV_FAMILIES = {"glm47", "longcat", "minimax_m2", "muse_spark", "minicpm5", "kimi_k3"}
 FAMILIES = sorted(RENDER)
 
 WEATHER: list[Call] = [("get_weather", {"city": "Paris", "days": 3})]
@@ -404,6 +419,25 @@ def test_gemma_reads_json_written_inside_its_notation() -> None:
         ]
 
 
+def test_kimi_k3_types_values_by_their_type_attribute() -> None:
+    text = (
+        '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|>'
+        '<|open|>argument key="zip" type="string"<|sep|>01234<|close|>argument<|sep|>'
+        '<|open|>argument key="n" type="integer"<|sep|>7<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>"
+    )
+    assert calls(parse(text, "kimi_k3")) == [("f", {"zip": "01234", "n": 7})]
+
+
+def test_kimi_k3_reasoning_is_its_think_block() -> None:
+    fmt = formats.get("kimi_k3")
+    parser = fmt.new_parser(ParseOptions(tools_enabled=True, reasoning=True))
+    text = "<|open|>think<|sep|>hmm<|close|>think<|sep|>" + render_kimi_k3(WEATHER)
+    events = coalesce(parser.feed(text) + parser.finish())
+    assert events[0] == ReasoningChunk("hmm")
+    assert calls(events) == [("get_weather", {"city": "Paris", "days": 3})]
+
+
 def test_gemma4_reasoning_is_its_thought_channel() -> None:
     fmt = formats.get("gemma4")
     text = "<|channel>thought\nThe user wants weather.<channel|>" + render_gemma4(WEATHER)
@@ -450,9 +484,7 @@ def test_the_vocabulary_is_the_fallback() -> None:
     hermes = "<tool_call>{{ tool_call.name }}</tool_call>"
     assert formats.detect(formats.Detection(hermes, lfm)).name == "hermes"
     xtml = frozenset({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"})
-    kimi_k3 = formats.detect(formats.Detection("plain", xtml))
-    assert kimi_k3.name == "kimi_k3"
-    assert kimi_k3.call_grammar is None  # a forced call is a 400 naming --tool-format
+    assert formats.detect(formats.Detection("plain", xtml)).name == "kimi_k3"
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The family formats, registered: GLM-4.x, LongCat, MiniMax M2, Muse Spark, MiniCPM 5, Kimi K2,
-DeepSeek V3.x, Gemma 4, FunctionGemma, pythonic (LFM2), and Kimi K3 (detected, not parsed).
+Kimi K3, DeepSeek V3.x, Gemma 4, FunctionGemma, pythonic (LFM2).
 
 Detection follows mlx-lm 0.32.2's ``_infer_tool_parser`` (template substrings first, in its
 order, then the vocabulary); ``priority`` puts these checks around the tag formats' (Qwen3-Coder
@@ -89,15 +89,6 @@ def _is_kimi_k3(d: Detection) -> bool:
     return all(t in d.vocab for t in ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"))
 
 
-def _plain_parser(options: ParseOptions) -> Parser:
-    return FamilyParser(
-        regions={},
-        tools_enabled=False,
-        reasoning=options.reasoning,
-        starts_in_reasoning=options.starts_in_reasoning,
-    )
-
-
 FAMILY_FORMATS: tuple[Format, ...] = (
     Format(
         "minimax_m2",
@@ -184,9 +175,15 @@ FAMILY_FORMATS: tuple[Format, ...] = (
     ),
 )
 
-KIMI_K3 = Format("kimi_k3", _is_kimi_k3, _plain_parser, priority=80)
-"""Kimi K3's ``<|open|>...<|sep|>`` markup: recognised from the vocabulary, not parsed yet (its
-output stays text; a forced call is a 400 that names ``--tool-format``)."""
+KIMI_K3 = Format(
+    "kimi_k3",
+    _is_kimi_k3,
+    _parser("kimi_k3", think=("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
+    call_grammar=g.kimi_k3_grammar,
+    priority=80,
+)
+"""Kimi K3's ``<|open|>...<|sep|>`` markup (XTML), recognised from the vocabulary as mlx-lm
+does: typed arguments are read and forced; its single-JSON-block argument form is not read."""
 
 for _fmt in (*FAMILY_FORMATS, KIMI_K3):
     register(_fmt)
