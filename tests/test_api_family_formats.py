@@ -27,17 +27,9 @@ from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 
 from .conftest import MODEL, START_DEADLINE, server_settings
+from .test_formats_family_render import FAMILIES, FIXTURES
 
 DEADLINE = 60
-FIXTURES = Path(__file__).parent / "fixtures" / "families"
-FAMILIES = {
-    "glm-4.6": "glm47",
-    "kimi-k2": "kimi_k2",
-    "minimax-m2": "minimax_m2",
-    "gemma-4": "gemma4",
-    "deepseek-v3.1": "deepseek_v3",
-    "qwen3-coder": "qwen3_coder",
-}
 WEATHER: dict[str, Any] = {
     "type": "function",
     "name": "get_weather",

@@ -24,11 +24,10 @@ from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
     TextChunk,
-    ToolCallArgs,
     ToolCallEnd,
-    ToolCallStart,
     coalesce,
 )
+from tests.test_formats_regions import check_call_grammar
 
 Call = tuple[str, dict[str, Any]]
 
@@ -47,33 +46,6 @@ def parse(
     for piece in [text] if isinstance(text, str) else text:
         events += parser.feed(piece)
     return coalesce(events + parser.finish())
-
-
-def check_call_grammar(events: list[ParsedEvent]) -> None:
-    """Indices 0..n-1 in order; per call Start, Args*, End; deltas join to the arguments."""
-    open_call: ToolCallStart | None = None
-    sent: list[str] = []
-    next_index = 0
-    for e in events:
-        if isinstance(e, ToolCallStart):
-            assert open_call is None
-            assert e.index == next_index
-            open_call, sent = e, []
-            next_index += 1
-        elif isinstance(e, ToolCallArgs):
-            assert open_call is not None
-            assert e.index == open_call.index
-            assert e.delta
-            sent.append(e.delta)
-        elif isinstance(e, ToolCallEnd):
-            assert open_call is not None
-            assert (e.index, e.name) == (open_call.index, open_call.name)
-            assert "".join(sent) == e.arguments
-            open_call = None
-        else:
-            assert open_call is None, f"{e} inside a call"
-            assert e.text
-    assert open_call is None
 
 
 def calls(events: list[ParsedEvent]) -> list[Call]:
