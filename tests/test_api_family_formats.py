@@ -12,11 +12,13 @@ own unforced output; this file proves the format side with the real server and t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx
 import pytest
 import trio
@@ -45,6 +47,26 @@ WEATHER: dict[str, Any] = {
         },
         "required": ["city", "unit", "hourly"],
         "additionalProperties": False,
+    },
+}
+TIME: dict[str, Any] = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The time in a zone.",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+    },
+}
+SHOUT: dict[str, Any] = {
+    "type": "custom",
+    "name": "shout",
+    "description": "Shout a word.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/',
     },
 }
 MARKERS = ("<tool_call>", "<arg_key>", "<|tool_call", "<minimax:", "<invoke", "tool\u2581", "call:")
@@ -103,11 +125,28 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
         texts = [e["delta"] for n, e in events if n == "response.output_text.delta"]
         assert not any(marker in "".join(texts) for marker in MARKERS)
 
-    # The call and its output replayed through the family's template, with the SDK.
+    # The call and its output replayed through the family's template, with the SDK; then
+    # `required` among two tools and a Lark custom tool, valid by construction.
     async with AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="sk-local", max_retries=0, timeout=60
     ) as client:
         with trio.fail_after(DEADLINE):
+            required = await client.responses.create(
+                model=MODEL,
+                input="What is the weather in Paris?",
+                tools=[WEATHER, TIME],  # type: ignore[list-item]
+                tool_choice="required",
+                temperature=0,
+                max_output_tokens=400,
+            )
+            shout = await client.responses.create(
+                model=MODEL,
+                input="Reply with: hello",
+                tools=[SHOUT, WEATHER],  # type: ignore[list-item]
+                tool_choice={"type": "custom", "name": "shout"},
+                temperature=0,
+                max_output_tokens=400,
+            )
             second = await client.responses.create(
                 model=MODEL,
                 previous_response_id=final["id"],
@@ -123,3 +162,63 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
                 ],
             )
     assert second.status in ("completed", "incomplete")
+    (chosen,) = [item for item in required.output if item.type == "function_call"]
+    assert chosen.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(chosen.arguments), dict)
+    (custom,) = [item for item in shout.output if item.type == "custom_tool_call"]
+    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+
+
+async def test_a_messages_tool_use_round_trip_in_glm(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Anthropic's /v1/messages on a family format: a forced ``tool_use`` in GLM's notation,
+    then its ``tool_result`` replayed through GLM's template."""
+    settings = server_settings()
+    settings = replace(
+        settings, model=replace(settings.model, model_path=str(family_model("glm-4.6", tmp_path)))
+    )
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    tools: Any = [
+        {
+            "name": "get_weather",
+            "description": "The weather.",
+            "input_schema": WEATHER["parameters"],
+        }
+    ]
+    question: Any = {"role": "user", "content": "What is the weather in Paris?"}
+    async with anthropic.AsyncAnthropic(
+        base_url=server.base_url, api_key="x", max_retries=0, timeout=DEADLINE
+    ) as client:
+        with trio.fail_after(DEADLINE):
+            first = await client.messages.create(
+                model=MODEL,
+                max_tokens=400,
+                tools=tools,
+                tool_choice={"type": "tool", "name": "get_weather"},
+                messages=[question],
+                extra_body={"temperature": 0},
+            )
+            (use,) = [block for block in first.content if block.type == "tool_use"]
+            second = await client.messages.create(
+                model=MODEL,
+                max_tokens=8,
+                tools=tools,
+                messages=[
+                    question,
+                    {"role": "assistant", "content": first.content},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
+                        ],
+                    },
+                ],
+                extra_body={"temperature": 0},
+            )
+    assert first.stop_reason == "tool_use"
+    assert use.name == "get_weather"
+    assert isinstance(use.input, dict)
+    assert use.input["city"] in ("Paris", "Tokyo")
+    assert isinstance(use.input["hourly"], bool)
+    assert not [block for block in first.content if block.type == "text" and "<" in block.text]
+    assert second.stop_reason in ("end_turn", "max_tokens")
