@@ -236,7 +236,7 @@ def detect_tool_format(template: str) -> str:
         (LLAMA32_TEMPLATE, "llama3_json"),
         (MISTRAL_TEMPLATE, "mistral"),
         (PLAIN_TEMPLATE, "none"),
-        (GLM_TEMPLATE, "none"),
+        (GLM_TEMPLATE, "glm47"),
         ("", "none"),
     ],
 )

@@ -29,7 +29,7 @@ Llama 3 JSON, Mistral, parsed by ``stream.StreamParser``); ``harmony`` is gpt-os
 
 from __future__ import annotations
 
-from . import harmony, tagged
+from . import families, harmony, tagged
 from .base import (
     ParsedEvent,
     ReasoningChunk,
@@ -69,6 +69,7 @@ __all__ = [
     "UnknownFormat",
     "coalesce",
     "detect",
+    "families",
     "get",
     "harmony",
     "names",

@@ -123,14 +123,17 @@ class StreamParser:
         reasoning: bool,
         starts_in_reasoning: bool = False,
         tool_schemas: ToolSchemas | None = None,
+        think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
     ) -> None:
         """``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
-        types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``."""
+        types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``.
+        ``think``: the markers around reasoning (Gemma 4 writes ``<|channel>thought``...
+        ``<channel|>``)."""
         self._format: TagFormat = tool_format if tools_enabled else "none"
         self._schemas = tool_schemas
         self._tool_markers = _TOOL_MARKERS[self._format]
-        think = (THINK_OPEN, THINK_CLOSE) if reasoning else ()
-        self._markers = think + self._tool_markers
+        self._think_open, self._think_close = think
+        self._markers = (think if reasoning else ()) + self._tool_markers
         self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
@@ -185,10 +188,10 @@ class StreamParser:
             if not buf:
                 return False
             self._reasoning_lead = False
-        i = buf.find(THINK_CLOSE)
+        i = buf.find(self._think_close)
         if i >= 0:
             self._reasoning_text(out, buf[:i].rstrip())
-            self._buf = buf[i + len(THINK_CLOSE) :]
+            self._buf = buf[i + len(self._think_close) :]
             self._in_reasoning = False
             self._skip_ws = True
             return True
@@ -197,7 +200,7 @@ class StreamParser:
             self._buf = ""
             return False
         # Hold a possible "</think>" and the whitespace before it (dropped if it closes).
-        end = len(buf[: len(buf) - partial_suffix(buf, 0, (THINK_CLOSE,))].rstrip())
+        end = len(buf[: len(buf) - partial_suffix(buf, 0, (self._think_close,))].rstrip())
         self._reasoning_text(out, buf[:end])
         self._buf = buf[end:]
         return False
@@ -229,10 +232,10 @@ class StreamParser:
             self._buf = buf[end:]
             return False
         before, self._buf = buf[:i], buf[i + len(marker) :]
-        if marker == THINK_OPEN:
+        if marker == self._think_open:
             self._text(out, before)
             self._in_reasoning = self._reasoning_lead = True
-        elif marker == THINK_CLOSE:
+        elif marker == self._think_close:
             self._text(out, before)
             self._skip_ws = True
         else:

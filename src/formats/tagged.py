@@ -6,8 +6,8 @@ Detection follows what the server did before formats were a package (mlx-lm's
 ``_infer_tool_parser`` template checks, narrowed to these four): Qwen3-Coder when the template
 has ``<function=`` and ``<parameter=``; Mistral on ``[TOOL_CALLS]``; Hermes on ``<tool_call>``
 (not GLM's ``<arg_key>`` templates); Llama 3 on ``<|python_tag|>`` or an ``ipython`` header.
-Only Hermes has a forced-call grammar: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
-</tool_call>``.
+Hermes and Qwen3-Coder have forced-call grammars: ``<tool_call>\\n{"name": ..., "arguments":
+...}\\n</tool_call>`` and ``family_grammars.qwen3_coder_grammar``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
+from .family_grammars import qwen3_coder_grammar
 from .format import Detection, Format, ParseOptions, Parser, register
 from .grammars import ForcedTool, argument_rules, lark_string
 from .stream import StreamParser, TagFormat
@@ -67,7 +68,15 @@ def _is_llama3(d: Detection) -> bool:
     return "<|python_tag|>" in t or ("<|start_header_id|>" in t and "ipython" in t)
 
 
-QWEN3_CODER = register(Format("qwen3_coder", _is_qwen3_coder, _parser("qwen3_coder"), priority=40))
+QWEN3_CODER = register(
+    Format(
+        "qwen3_coder",
+        _is_qwen3_coder,
+        _parser("qwen3_coder"),
+        call_grammar=qwen3_coder_grammar,
+        priority=40,
+    )
+)
 MISTRAL = register(Format("mistral", _is_mistral, _parser("mistral"), priority=50))
 # mlx-lm calls this parser ``json_tools``; ``qwen`` names are what callers used before.
 HERMES = register(
