@@ -1,7 +1,7 @@
 """gpt-oss's harmony format: parsing any chunking of any generation, the forced-call grammar
 (it only accepts what the parser reads back), and replay through the real gpt-oss template
-(``tests/fixtures/formats/openai-gpt-oss-120b.jinja``, from llama.cpp's
-``models/templates/``)."""
+(``tests/fixtures/families/gpt-oss/chat_template.jinja``: llama.cpp's
+``models/templates/openai-gpt-oss-120b.jinja``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from mlx_responses.protocol.items import (
 
 from .test_formats_regions import check_call_grammar
 
-TEMPLATE = Path(__file__).parent / "fixtures" / "formats" / "openai-gpt-oss-120b.jinja"
+TEMPLATE = Path(__file__).parent / "fixtures" / "families" / "gpt-oss" / "chat_template.jinja"
 SPECIAL = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
 SPECIAL += ["<|constrain|>"]
 
