@@ -1,6 +1,7 @@
 """Replay through each family's real chat template (``tests/fixtures/families/<family>/
 chat_template.jinja``, from llama.cpp's ``models/templates/``: GLM-4.6, moonshotai-Kimi-K2,
-MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder; see docs/models.md).
+MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder, LFM2.5-8B-A1B; see
+docs/models.md).
 
 A replayed turn (reasoning, function call, its output) goes through ``model.chat.to_chat`` with
 the family format's ``Replay``: it must render, render exactly as the chat messages the family's
@@ -35,7 +36,10 @@ FAMILIES = {
     "gemma-4": "gemma4",
     "deepseek-v3.1": "deepseek_v3",
     "qwen3-coder": "qwen3_coder",
+    "lfm2.5": "pythonic",
 }
+
+KEEPS_REASONING = {"glm-4.6", "minimax-m2", "gemma-4", "lfm2.5"}
 
 ARGS = {"city": "Paris", "days": 2}
 TOOLS = [
@@ -118,6 +122,9 @@ def test_replayed_history_renders_as_the_family_passes_it(family: str) -> None:
     assert replayed == render(family, expected_messages(fmt))
     assert "Paris" in replayed
     assert '{"temperature": 18}' in replayed
+    # Where the template keeps the reasoning of the turn after the last user message, the
+    # replayed reasoning is where the model wrote it.
+    assert ("The user wants the weather." in replayed) == (family in KEEPS_REASONING)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

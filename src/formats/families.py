@@ -6,7 +6,8 @@ order, then the vocabulary); ``priority`` puts these checks around the tag forma
 40, Mistral 50, Hermes 60, Llama 3 70) in mlx-lm's order. DeepSeek, which mlx-lm does not know,
 is recognised by its tool-call marker in the template.
 
-Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``; Kimi K2
+Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``, LFM2.5
+``thinking``; Kimi K2
 writes a call's id as its header, so replayed ids become ``functions.NAME:N``; DeepSeek
 V3.x joins ``arguments`` into the prompt as a string (a dict fails to render); ``reasoning.effort``
 becomes ``enable_thinking`` (DeepSeek: ``thinking``, off without an effort, as its template
@@ -135,6 +136,7 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _is_pythonic,
         _parser("pythonic"),
         call_grammar=g.pythonic_grammar,
+        replay=Replay(reasoning_key="thinking"),  # LFM2.5's template reads ``thinking``
         aliases=("lfm2",),
         priority=15,
     ),
