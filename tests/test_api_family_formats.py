@@ -139,6 +139,16 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
                 temperature=0,
                 max_output_tokens=400,
             )
+            # With reasoning on, DeepSeek's prompt opens <think>: the forced call is still one.
+            thinking = await client.responses.create(
+                model=MODEL,
+                input="Reply with: hello",
+                tools=[WEATHER],  # type: ignore[list-item]
+                tool_choice={"type": "function", "name": "get_weather"},
+                reasoning={"effort": "high"},
+                temperature=0,
+                max_output_tokens=400,
+            )
             shout = await client.responses.create(
                 model=MODEL,
                 input="Reply with: hello",
@@ -165,6 +175,8 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
     (chosen,) = [item for item in required.output if item.type == "function_call"]
     assert chosen.name in ("get_weather", "get_time")
     assert isinstance(json.loads(chosen.arguments), dict)
+    (forced,) = [item for item in thinking.output if item.type == "function_call"]
+    assert forced.name == "get_weather"
     (custom,) = [item for item in shout.output if item.type == "custom_tool_call"]
     assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
 

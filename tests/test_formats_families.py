@@ -465,3 +465,31 @@ def test_the_vocabulary_is_the_fallback() -> None:
 )
 def test_tool_parser_type_names_the_format(named: str, name: str) -> None:
     assert formats.detect(formats.Detection("<tool_call>", tool_parser_type=named)).name == name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_call_where_the_prompt_opened_reasoning_is_a_call(family: str) -> None:
+    """A forced call's grammar writes the call first, also after a prompt that opened
+    reasoning (DeepSeek thinking, MiniMax): it is read as a call, in any chunking; reasoning
+    text before a marker stays reasoning."""
+    text = "\n" + RENDER[family](WEATHER)
+    for pieces in ([text], list(text)):
+        parser = FamilyParser(
+            regions=REGIONS[family],
+            tools_enabled=True,
+            reasoning=True,
+            starts_in_reasoning=True,
+            tool_schemas=SCHEMAS,
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert calls(events) == WEATHER
+        assert not [e for e in events if isinstance(e, ReasoningChunk)]
+    parser = FamilyParser(
+        regions=REGIONS[family], tools_enabled=True, reasoning=True, starts_in_reasoning=True
+    )
+    events = coalesce(parser.feed("Hmm. " + RENDER[family](WEATHER)) + parser.finish())
+    assert calls(events) == []
+    assert isinstance(events[0], ReasoningChunk)
