@@ -168,3 +168,18 @@ def test_reasoning_effort_reaches_the_template(
     kwargs = dict(fmt.replay.template_kwargs(effort, {}))
     chat = [{"role": "user", "content": "hi"}]
     assert render(family, chat, **kwargs).endswith(marker) is present
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_tool_without_a_description_renders(family: str) -> None:
+    fmt = formats.get(FAMILIES[family])
+    bare = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
+    text = tokenizer().apply_chat_template(
+        to_chat(None, ITEMS, fmt.replay),
+        tools=fmt.replay.template_tools(bare),
+        chat_template=template(family),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    # DeepSeek V3.1's template does not list tools at all
+    assert ("ping" in text) == ("tools" in template(family))
