@@ -493,3 +493,36 @@ def test_a_call_where_the_prompt_opened_reasoning_is_a_call(family: str) -> None
     events = coalesce(parser.feed("Hmm. " + RENDER[family](WEATHER)) + parser.finish())
     assert calls(events) == []
     assert isinstance(events[0], ReasoningChunk)
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "mistral", "glm47", "kimi_k2"])
+def test_a_marker_that_starts_no_call_stays_reasoning(family: str) -> None:
+    """The other side of reading a call at the start of prompt-opened reasoning: when what
+    follows the marker is no call, all of it was reasoning, in any chunking."""
+    marker = {"hermes": "<tool_call>", "qwen3_coder": "<function=", "mistral": "[TOOL_CALLS]"}.get(
+        family, next(iter(REGIONS.get(family, {"": None})))
+    )
+    text = f"{marker} is how I would call it?</think>Answer."
+    for pieces in ([text], list(text)):
+        parser = formats.get(family).new_parser(
+            ParseOptions(tools_enabled=True, reasoning=True, starts_in_reasoning=True)
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert events == [ReasoningChunk(f"{marker} is how I would call it?"), TextChunk("Answer.")]
+
+
+def test_a_forced_hermes_call_after_a_prompt_that_opened_reasoning() -> None:
+    text = '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for pieces in ([text], list(text)):
+        parser = formats.get("hermes").new_parser(
+            ParseOptions(tools_enabled=True, reasoning=True, starts_in_reasoning=True)
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert calls(events) == [("get_weather", {"city": "Paris"})]
+        assert not [e for e in events if isinstance(e, ReasoningChunk)]

@@ -4,16 +4,13 @@ machinery with the family's own region markers.
 Invariants: those of ``StreamParser`` (chunking never matters, calls indexed 0.. in order,
 argument deltas join to the final arguments). Each marker in ``regions`` opens the region its
 factory builds; without ``tools_enabled`` no marker opens one and all of them are text.
-Where the prompt opened reasoning and the output begins (after whitespace) with a tool-call
-marker, the reasoning is empty and the call is read: that is what a forced call's grammar
-writes there (it knows nothing of the prompt), and no family begins its reasoning so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from .base import NewIndex, ParsedEvent
+from .base import NewIndex
 from .regions import ToolRegion, ToolSchemas
 from .stream import THINK_CLOSE, THINK_OPEN, StreamParser
 
@@ -48,14 +45,3 @@ class FamilyParser(StreamParser):
 
     def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
         return self._regions[marker](shown_if_reverted, self._new_index, self._schemas)
-
-    def _scan_reasoning(self, final: bool, out: list[ParsedEvent]) -> bool:
-        if self._reasoning_lead and self._tool_markers:
-            body = self._buf.lstrip()
-            if body and any(body.startswith(m) for m in self._tool_markers):
-                self._in_reasoning = self._reasoning_lead = False
-                self._buf = body
-                return True
-            if body and not final and any(m.startswith(body) for m in self._tool_markers):
-                return False  # could still be a call's marker: wait
-        return super()._scan_reasoning(final, out)
