@@ -43,10 +43,14 @@ def read_context_window(path: str) -> int:
     if not config_file.is_file():
         return DEFAULT_CONTEXT_WINDOW
     config: Mapping[str, Any] = json.loads(config_file.read_text())
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
+    # Multimodal checkpoints (Gemma 3/4, Qwen-VL, ...) keep the language model's settings in a
+    # nested text_config; a top-level value still wins where both exist.
+    nested = config.get("text_config")
+    for source in (config, nested if isinstance(nested, Mapping) else {}):
+        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return DEFAULT_CONTEXT_WINDOW
 
 
