@@ -150,6 +150,7 @@ FACTS: dict[str, tuple[str, bool]] = {
     "gemma-4": ("gemma4", True),
     "qwen3": ("hermes", True),
     "glm-4.6": ("glm47", True),
+    "kimi-k2": ("kimi_k2", False),
 }
 
 
