@@ -151,6 +151,9 @@ FACTS: dict[str, tuple[str, bool]] = {
     "qwen3": ("hermes", True),
     "glm-4.6": ("glm47", True),
     "kimi-k2": ("kimi_k2", False),
+    "minimax-m2": ("minimax_m2", True),
+    "deepseek-v3.1": ("deepseek_v3", True),
+    "qwen3-coder": ("qwen3_coder", False),
 }
 
 

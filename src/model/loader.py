@@ -86,6 +86,19 @@ def detect_format(tokenizer: Any, tool_parser_type: str | None) -> formats.Forma
     )
 
 
+def writes_reasoning(tokenizer: Any) -> bool:
+    """Whether the model reasons: mlx-lm found thinking tokens in the vocabulary and the chat
+    template writes them. A vocabulary shared across a family keeps ``<think>`` in models that
+    never reason (Qwen3-Coder's template has no reasoning at all)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    start = getattr(tokenizer, "think_start", None)
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(start, str) or not isinstance(template, str):
+        return True
+    return start in template
+
+
 def load_model(path: str) -> LoadedModel:
     from mlx_lm import load
 
@@ -106,7 +119,7 @@ def load_model(path: str) -> LoadedModel:
         path,
         read_context_window(path),
         tool_format=detect_format(tokenizer, parser_type).name,
-        has_thinking=bool(getattr(tokenizer, "has_thinking", False)),
+        has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
     )
 
