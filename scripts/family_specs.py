@@ -375,8 +375,10 @@ _DS_END = _ds("end of sentence")
 
 DEEPSEEK_V31 = Family(
     name="deepseek-v3.1",
-    source=LLAMA_CPP
-    + "deepseek-ai-DeepSeek-V3.1.jinja (the template of deepseek-ai/DeepSeek-V3.1)",
+    # llama.cpp's upstream text before it added `| tojson`: it concatenates `arguments`, so a
+    # replayed call's arguments are a string (as the model's own template wants).
+    source="https://github.com/ggml-org/llama.cpp/blob/0374c5b6e4c19370262d93e2c3f2a98c9af9fe1f/"
+    "models/templates/deepseek-ai-DeepSeek-V3.1.jinja (deepseek-ai/DeepSeek-V3.1)",
     config={**KIMI_K2.config, "architectures": ["DeepseekV3ForCausalLM"]},
     special=[
         _ds(name)

@@ -43,10 +43,14 @@ def read_context_window(path: str) -> int:
     if not config_file.is_file():
         return DEFAULT_CONTEXT_WINDOW
     config: Mapping[str, Any] = json.loads(config_file.read_text())
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
+    # Multimodal checkpoints (Gemma 3/4, Qwen-VL, ...) keep the language model's settings in a
+    # nested text_config; a top-level value still wins where both exist.
+    nested = config.get("text_config")
+    for source in (config, nested if isinstance(nested, Mapping) else {}):
+        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return DEFAULT_CONTEXT_WINDOW
 
 
@@ -82,6 +86,19 @@ def detect_format(tokenizer: Any, tool_parser_type: str | None) -> formats.Forma
     )
 
 
+def writes_reasoning(tokenizer: Any) -> bool:
+    """Whether the model reasons: mlx-lm found thinking tokens in the vocabulary and the chat
+    template writes them. A vocabulary shared across a family keeps ``<think>`` in models that
+    never reason (Qwen3-Coder's template has no reasoning at all)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    start = getattr(tokenizer, "think_start", None)
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(start, str) or not isinstance(template, str):
+        return True
+    return start in template
+
+
 def load_model(path: str) -> LoadedModel:
     from mlx_lm import load
 
@@ -102,7 +119,7 @@ def load_model(path: str) -> LoadedModel:
         path,
         read_context_window(path),
         tool_format=detect_format(tokenizer, parser_type).name,
-        has_thinking=bool(getattr(tokenizer, "has_thinking", False)),
+        has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
     )
 
