@@ -234,3 +234,34 @@ async def test_a_messages_tool_use_round_trip_in_glm(nursery: trio.Nursery, tmp_
     assert isinstance(use.input["hourly"], bool)
     assert not [block for block in first.content if block.type == "text" and "<" in block.text]
     assert second.stop_reason in ("end_turn", "max_tokens")
+
+
+async def test_the_trained_qwen3_coder_fixture_calls_and_is_forced(nursery: trio.Nursery) -> None:
+    """The families' trained Qwen3-Coder fixture (its architecture, its marker tokens, its
+    template): its own call in XML parameters streams as a function_call, and a forced call,
+    a 400 before its XML format could be constrained, is valid by construction."""
+    prompts = json.loads((FIXTURES / "qwen3-coder" / "prompts.json").read_text(encoding="utf-8"))
+    tool_call = next(p for p in prompts if p["name"] == "tool_call")
+    weather = {"type": "function", **tool_call["tools"][0]["function"]}
+    settings = server_settings()
+    model = replace(settings.model, model_path=str(FIXTURES / "qwen3-coder"))
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, replace(settings, model=model))
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            own = await stream(http, input=tool_call["messages"][0]["content"], tools=[weather])
+            forced = await stream(
+                http,
+                input="Reply with: hello",
+                tools=[weather, TIME],
+                tool_choice={"type": "function", "name": "get_time"},
+            )
+    final = assert_stream_invariants(own)
+    (call,) = [item for item in final["output"] if item["type"] == "function_call"]
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
+    deltas = [e["delta"] for n, e in own if n == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == call["arguments"]
+    final = assert_stream_invariants(forced)
+    (call,) = [item for item in final["output"] if item["type"] == "function_call"]
+    assert call["name"] == "get_time"
+    assert json.loads(call["arguments"])["zone"] in ("UTC", "CET")
