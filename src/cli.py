@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from . import formats
 from .actors.model import ModelSettings
 from .check import run_check
 from .http.auth import load_api_keys
@@ -48,6 +49,16 @@ def blas_threads_flag(text: str) -> int | None:
     if count < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a count of at least 1, got {text!r}")
     return count
+
+
+def tool_format_flag(text: str) -> str | None:
+    """``--tool-format``: 'auto' (None: detected from the model) or a registered format name."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return formats.get(text.strip()).name
+    except formats.UnknownFormat as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
         "default: prefill on OpenBLAS's own count; decode steps too only if it makes a decode "
         "pass at least 1.3x faster than one thread, measured at load, else on one)",
+    ),
+    Flag(
+        "--tool-format",
+        "MLX_RESPONSES_TOOL_FORMAT",
+        "auto",
+        tool_format_flag,
+        "the format the model writes tool calls and reasoning in: 'auto' (the default: "
+        "tokenizer_config.json's tool_parser_type, else detected from the chat template and "
+        f"vocabulary) or one of: {', '.join(formats.names())}",
     ),
     # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
     Flag(
@@ -444,6 +464,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             prompt_cache_bytes=args.prompt_cache_bytes,
             prompt_cache_entries=args.prompt_cache_entries,
             blas_threads=args.blas_threads,
+            tool_format=args.tool_format,
         ),
         responses_store=responses_store,
         conversation_store=conversation_store,

@@ -44,9 +44,14 @@ def startup_line(
     where, slow = backend(device)
     if blas is not None:
         where += f", {blas.describe()}"
+    tool_format = (
+        "none known (tool calls are text; --tool-format NAME sets one)"
+        if info.tool_format == "none"
+        else info.tool_format
+    )
     line = (
         f"model {info.alias} ({info.path}, {human_bytes(weights_bytes(info.path))} of weights), "
-        f"context window {info.context_window} tokens, tool format {info.tool_format}, "
+        f"context window {info.context_window} tokens, tool format {tool_format}, "
         f"reasoning {'yes' if info.has_thinking else 'no'}; {where}"
     )
     return line, slow

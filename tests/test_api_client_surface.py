@@ -505,6 +505,36 @@ async def test_forced_custom_tool_call_follows_its_regex_and_replays(server: Ser
     assert replay["status"] == "completed"
 
 
+LARK_TOOL: dict[str, Any] = {
+    "type": "custom",
+    "name": "shout",
+    "description": "Shout a word.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/\n',
+    },
+}
+
+
+async def test_forced_lark_custom_tool_call_follows_its_grammar(server: ServerHandle) -> None:
+    """A forced custom tool with a Lark grammar is constrained by it (it once was not: the
+    input came back as free text)."""
+    import re
+
+    with trio.fail_after(DEADLINE):
+        data = await create(
+            server,
+            input="Reply with: hello",
+            tools=[LARK_TOOL, WEATHER_TOOL],
+            tool_choice={"type": "custom", "name": "shout"},
+        )
+    (call,) = data["output"]
+    assert call["type"] == "custom_tool_call"
+    assert call["name"] == "shout"
+    assert re.fullmatch("BEGIN [a-z]{2,8} END", call["input"]), call["input"]
+
+
 async def test_allowed_tools_required_offers_and_forces_only_those(server: ServerHandle) -> None:
     choice = {
         "type": "allowed_tools",

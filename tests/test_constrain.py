@@ -489,7 +489,7 @@ def test_bad_tools_raise_invalid_schema(
 
 
 def test_other_tool_formats_are_not_implemented(constraints: Constraints) -> None:
-    with pytest.raises(NotImplementedError, match="hermes"):
+    with pytest.raises(NotImplementedError, match="--tool-format"):
         constraints.tool_call([GET_WEATHER], name=None, tool_format="mistral")
 
 

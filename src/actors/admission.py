@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from .. import formats
 from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
 from ..model.penalties import sampling_adjust, with_adjustments
-from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.machine import Compacted
 from ..protocol.request import CreateRequest
@@ -54,7 +54,13 @@ async def constrain(request: CreateRequest, model: ModelHandle) -> Grammar | Non
     ``required`` or a named function) or structured output; None when unconstrained.
     Compiled now, so an invalid schema is a 400 before anything exists."""
     choice, fmt = request.tool_choice, request.text_format
-    tools = [tool.to_json() for tool in request.tools]
+    # A custom tool goes as sent (its format constrains its input), under its offered name.
+    tools = [
+        {"type": "custom", "name": t.name, "format": dict(t.custom_format)}
+        if t.custom_format is not None
+        else t.to_json()
+        for t in request.tools
+    ]
     try:
         if choice.mode == "required" and tools:
             tool_format = model.info.tool_format
@@ -83,17 +89,24 @@ def output_shaper(
     limits = [n for n in (request.config.max_tool_calls,) if n is not None]
     if not request.config.parallel_tool_calls:
         limits.append(1)
-    parser = StreamParser(
-        tool_format=info.tool_format,
-        tools_enabled=calls_allowed,
-        reasoning=info.has_thinking,
-        starts_in_reasoning=model.opens_reasoning(prompt),
-        tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
+    parser = formats.get(info.tool_format).new_parser(
+        formats.ParseOptions(
+            tools_enabled=calls_allowed,
+            reasoning=info.has_thinking,
+            starts_in_reasoning=model.opens_reasoning(prompt),
+            tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
+        )
     )
     return OutputShaper(
         parser,
         max_calls=min(limits) if limits else None,
         targets=call_targets(request.tools),  # namespaced and custom tools
+        # What the model may call: the offered tools and those a tool search can load.
+        declared=frozenset(
+            name
+            for tool in request.tools
+            for name in (tool.name, *(loaded.name for loaded in tool.catalog))
+        ),
     )
 
 

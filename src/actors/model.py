@@ -28,13 +28,14 @@ from typing import Any, assert_never
 
 import trio
 
+from .. import formats
+from ..formats import reasoning_opens_in_prompt
 from ..model.constrain import Constraints, Grammar
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
-from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
 from ..model.thread import (
     GenerationThread,
     InsertSequence,
@@ -78,6 +79,8 @@ class ModelSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads (None: measured at load, model.blas_threads).
     blas_threads: int | None = None
+    # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
+    tool_format: str | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
 
@@ -87,8 +90,8 @@ class ModelInfo:
     alias: str
     path: str
     context_window: int
-    tool_format: ToolFormat = "none"
-    has_thinking: bool = False
+    tool_format: str = "none"  # a ``formats`` registry name
+    has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +224,13 @@ class ModelHandle:
         mailbox: trio.MemorySendChannel[ModelMessage],
         board: _Board,
     ):
+        fmt = formats.get(settings.tool_format or loaded.tool_format)
         self.info = ModelInfo(
             settings.alias,
             loaded.path,
             settings.context_size or loaded.context_window,
-            loaded.tool_format,
-            loaded.has_thinking,
+            fmt.name,
+            loaded.has_thinking or fmt.reasons,
         )
         self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)

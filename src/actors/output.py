@@ -12,6 +12,11 @@ Invariants:
 - A call to ``tool_search`` begins a ``tool_search_call``; with server execution its end
   carries the tools the server's search loaded (``protocol.tool_search.search``).
 - ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
+- A call to a name no offered tool declares (``declared``) is never a call (OpenAI's API
+  never returns one; the Agents SDK raises on it): it becomes output text, the call written
+  as ``{"name": ..., "arguments": ...}`` when it ends, and counts toward no call limit
+  (docs/api.md, "Calls to undeclared tools"). The same in every format: it is decided here,
+  after parsing.
 """
 
 from __future__ import annotations
@@ -20,48 +25,69 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..model.stream_parse import (
+from ..formats import (
     ParsedEvent,
+    Parser,
     ReasoningChunk,
-    StreamParser,
     TextChunk,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
 )
+from ..formats.grammars import CUSTOM_HEAD, CUSTOM_TAIL
 from ..protocol import machine as m
 from ..protocol.tool_search import search
 from ..protocol.tools import CUSTOM_INPUT, CallTarget
 
 
 def custom_input(arguments: str) -> str:
-    """A custom tool's freeform input from the call's JSON arguments (``{"input": ...}``); the
-    arguments text itself when the model wrote something else."""
+    """A custom tool's freeform input from the call's JSON arguments (``{"input": ...}``); a
+    forced Lark call's raw text between ``{"input": "`` and ``"}`` where it is not valid JSON
+    (``formats.grammars``: a grammar's output is not JSON-escaped); else the arguments text
+    itself."""
     try:
-        parsed = json.loads(arguments)
+        parsed = json.loads(arguments, strict=False)
     except ValueError:
+        if arguments.startswith(CUSTOM_HEAD) and arguments.endswith(CUSTOM_TAIL):
+            return arguments[len(CUSTOM_HEAD) : len(arguments) - len(CUSTOM_TAIL)]
         return arguments
     if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
         return str(parsed[CUSTOM_INPUT])
     return arguments
 
 
+def as_text(name: str, arguments: str) -> str:
+    """An undeclared call as output text: ``{"name": ..., "arguments": ...}``."""
+    try:
+        json.loads(arguments)
+        body = arguments.strip() or "{}"
+    except ValueError:
+        body = json.dumps(arguments, ensure_ascii=False)
+    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + body + "}"
+
+
 class OutputShaper:
     def __init__(
         self,
-        parser: StreamParser,
+        parser: Parser,
         *,
         max_calls: int | None,
         targets: Mapping[str, CallTarget] | None = None,
+        declared: frozenset[str] | None = None,
     ) -> None:
+        """``declared``: the names the model may call (None: any name is a call)."""
         self._parser = parser
         self._max_calls = max_calls
+        self._declared = declared
+        self._undeclared: set[int] = set()  # parser indices of calls that are text instead
+        self._calls = 0  # declared calls begun: the ones the limits count
         # Offered name -> target: a namespaced call's item carries name and namespace apart; a
         # custom tool's call is a custom_tool_call whose input is the `input` argument.
         self._targets = targets or {}
         self._custom_open = False
         self._search_open: CallTarget | None = None  # the open call is a tool search
         self._reasoning: list[str] = []
+        self._numbers: set[int] = set()  # parser indices of calls accepted as calls
 
     @property
     def reasoning_text(self) -> str:
@@ -74,7 +100,18 @@ class OutputShaper:
         return self._shape(self._parser.finish(), ())
 
     def _accepted(self, index: int) -> bool:
-        return self._max_calls is None or index < self._max_calls
+        return index not in self._undeclared and index in self._numbers
+
+    def _begin(self, index: int, name: str) -> bool:
+        """Whether the call the parser began at ``index`` is one (module docstring)."""
+        if self._declared is not None and name not in self._declared:
+            self._undeclared.add(index)
+            return False
+        if self._max_calls is not None and self._calls >= self._max_calls:
+            return False
+        self._numbers.add(index)
+        self._calls += 1
+        return True
 
     def _shape(
         self, events: list[ParsedEvent], logprobs: Sequence[dict[str, Any]]
@@ -89,7 +126,7 @@ class OutputShaper:
                 case ReasoningChunk(text=text) if text:
                     self._reasoning.append(text)
                     inputs.append(m.ReasoningDelta(text))
-                case ToolCallStart(index=index, name=name) if self._accepted(index):
+                case ToolCallStart(index=index, name=name) if self._begin(index, name):
                     target = self._targets.get(name)
                     self._custom_open = target is not None and target.custom
                     self._search_open = target if target and target.search else None
@@ -106,6 +143,11 @@ class OutputShaper:
                 case ToolCallArgs(index=index, delta=delta) if self._accepted(index) and delta:
                     if not self._custom_open:  # a custom input is sent whole at the end
                         inputs.append(m.ToolCallArgs(delta))
+                case ToolCallEnd(index=index, name=name, arguments=arguments) if (
+                    index in self._undeclared
+                ):
+                    inputs.append(m.TextDelta(as_text(name, arguments), logprobs=pending))
+                    pending = []
                 case ToolCallEnd(index=index, arguments=arguments) if self._accepted(index):
                     if self._custom_open:
                         arguments = custom_input(arguments)

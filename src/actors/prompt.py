@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .. import formats
 from ..model.chat import ChatMessage, to_chat
 from ..model.prompt_bounds import PromptTooLong
 from ..protocol.errors import ApiError, invalid_request, not_found
@@ -131,7 +132,8 @@ async def render_messages(
     parsed = items_from_json(items)
     if actors.echo is not None:
         parsed = await actors.echo.restore(request.owner, parsed)
-    return to_chat(request.config.instructions, parsed)
+    replay = formats.get(actors.model.info.tool_format).replay
+    return to_chat(request.config.instructions, parsed, replay)
 
 
 async def render_items(
@@ -147,18 +149,20 @@ async def render_items(
     ids), and this render is written to the memo."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
-    tools = [tool.for_template() for tool in offered] or None
+    replay = formats.get(actors.model.info.tool_format).replay  # the template's wishes
+    tools = replay.template_tools([tool.for_template() for tool in offered]) or None
+    kwargs = replay.template_kwargs(request.config.reasoning_effort, request.template_kwargs)
     try:
         chat = await render_messages(request, actors, items)
         rendered = None
         if memo is not None:
             rendered = await actors.model.render_continuing(
-                chat, tools, request.template_kwargs, max_tokens, memo.previous
+                chat, tools, kwargs, max_tokens, memo.previous
             )
             memo.rendered = rendered
         if rendered is not None:
             return rendered.ids
-        prompt = await actors.model.render(chat, tools, request.template_kwargs, max_tokens)
+        prompt = await actors.model.render(chat, tools, kwargs, max_tokens)
     except PromptTooLong as exc:  # refused untokenized
         raise too_long_to_tokenize(exc, actors.model.info.context_window) from None
     except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)

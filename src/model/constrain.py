@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
-from .constrain_grammars import (
+from .. import formats
+from ..formats.grammars import (
     InvalidSchema,
     ToolGrammarBuilder,
     json_schema_grammar,
@@ -141,17 +142,22 @@ class Constraints:
     def tool_call(
         self, tools: Sequence[Mapping[str, Any]], *, name: str | None, tool_format: str
     ) -> Grammar:
-        """Output is exactly one call, in ``tool_format``, of ``name`` or of any of ``tools``,
-        whose arguments match that tool's ``parameters``; then the end of the turn.
+        """Output is exactly one call, in ``tool_format`` (a ``formats`` name), of ``name`` or
+        of any of ``tools``, whose arguments match that tool's ``parameters`` (a custom tool,
+        ``{"type": "custom", ...}``: its format); then the end of the turn.
 
-        ``tool_format``: ``"hermes"`` (aliases ``"json_tools"``, ``"qwen"``): ``<tool_call>\\n
-        {"name": ..., "arguments": {...}}\\n</tool_call>``. Other formats raise
+        A format without a ``call_grammar`` (or an unknown name) raises
         ``NotImplementedError``. Bad tools or an unknown ``name`` raise ``InvalidSchema``.
         """
         key = ("tool_call", _canonical(list(tools), "tools"), name or "", tool_format)
 
         def build() -> Grammar:
-            return self._compile("tool_call", self._tools.build(tools, name, tool_format))
+            try:
+                fmt = formats.get(tool_format)
+            except formats.UnknownFormat as exc:
+                raise NotImplementedError(str(exc)) from None
+            source = self._tools.build(tools, name, fmt.name, fmt.call_grammar)
+            return self._compile("tool_call", source)
 
         return self._cached(key, build)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
-from .stream_parse import ToolFormat, detect_tool_format
 
 DEFAULT_CONTEXT_WINDOW = 4096
 
@@ -25,8 +25,8 @@ class LoadedModel:
     tokenizer: Any
     path: str
     context_window: int
-    tool_format: ToolFormat = "none"
-    has_thinking: bool = False
+    tool_format: str = "none"  # a registered ``formats`` name (detected at load)
+    has_thinking: bool = False  # the tokenizer has ``<think>`` tags (mlx-lm's has_thinking)
     constraints: Constraints | None = None
     # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
     blas: BlasThreads | None = None
@@ -46,18 +46,72 @@ def read_context_window(path: str) -> int:
     if not config_file.is_file():
         return DEFAULT_CONTEXT_WINDOW
     config: Mapping[str, Any] = json.loads(config_file.read_text())
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
+    # Multimodal checkpoints (Gemma 3/4, Qwen-VL, ...) keep the language model's settings in a
+    # nested text_config; a top-level value still wins where both exist.
+    nested = config.get("text_config")
+    for source in (config, nested if isinstance(nested, Mapping) else {}):
+        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return DEFAULT_CONTEXT_WINDOW
+
+
+def read_tool_parser_type(path: str) -> str | None:
+    """``tokenizer_config.json``'s ``tool_parser_type`` (mlx-lm's key), or None."""
+    config_file = Path(path) / "tokenizer_config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError:
+        return None
+    named = config.get("tool_parser_type") if isinstance(config, dict) else None
+    return named if isinstance(named, str) and named else None
+
+
+def _mlx_lm_knows(parser_type: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(f"mlx_lm.tool_parsers.{parser_type}") is not None
+
+
+def detect_format(tokenizer: Any, tool_parser_type: str | None) -> formats.Format:
+    """The output format of a loaded tokenizer (``formats.detect``)."""
+    template = getattr(tokenizer, "chat_template", None)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return formats.detect(
+        formats.Detection(
+            template if isinstance(template, str) else "",
+            frozenset(vocab),
+            tool_parser_type,
+        )
+    )
+
+
+def writes_reasoning(tokenizer: Any) -> bool:
+    """Whether the model reasons: mlx-lm found thinking tokens in the vocabulary and the chat
+    template writes them. A vocabulary shared across a family keeps ``<think>`` in models that
+    never reason (Qwen3-Coder's template has no reasoning at all)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    start = getattr(tokenizer, "think_start", None)
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(start, str) or not isinstance(template, str):
+        return True
+    return start in template
 
 
 def load_model(path: str) -> LoadedModel:
     from mlx_lm import load
 
-    model, tokenizer = load(path)[:2]
-    template = getattr(tokenizer, "chat_template", None) or ""
+    parser_type = read_tool_parser_type(path)
+    # mlx-lm imports a parser module for the named type: a name only this server knows
+    # (``harmony``, ``hermes``) would fail its load, so mlx-lm is told none and infers.
+    hidden = parser_type is not None and not _mlx_lm_knows(parser_type)
+    model, tokenizer = load(path, tokenizer_config={"tool_parser_type": None} if hidden else None)[
+        :2
+    ]
     try:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):
@@ -67,8 +121,8 @@ def load_model(path: str) -> LoadedModel:
         tokenizer,
         path,
         read_context_window(path),
-        tool_format=detect_tool_format(template if isinstance(template, str) else ""),
-        has_thinking=bool(getattr(tokenizer, "has_thinking", False)),
+        tool_format=detect_format(tokenizer, parser_type).name,
+        has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
         device=device_words(),
     )

@@ -68,9 +68,12 @@ def chat_marks(render: Render) -> ChatMarks | None:
     if len(two) <= len(one) or two[: len(one)] != one:
         return None
     marker = two[len(one)]
-    if one.count(marker) != 1 or two.count(marker) != 2:
+    # Some templates render messages of their own before the user's (gpt-oss's system and
+    # developer preamble, Gemma 4's thinking system turn): the marker opens those too, and
+    # the user message is the last one it opens.
+    if marker not in one or two.count(marker) != one.count(marker) + 1:
         return None
-    start = one.index(marker)
+    start = len(one) - 1 - one[::-1].index(marker)
     user = tuple(one[start : max(start + 1, _common(one, other))])
     return ChatMarks(marker, user)
 

@@ -15,24 +15,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.stream_parse import (
+from mlx_responses.formats.regions import xml_param_value
+from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
     StreamParser,
+    TagFormat,
     TextChunk,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
-    ToolFormat,
     coalesce,
 )
-from mlx_responses.model.tool_formats import xml_param_value
 
-FORMATS: list[ToolFormat] = ["hermes", "qwen3_coder", "llama3_json", "mistral"]
+FORMATS: list[TagFormat] = ["hermes", "qwen3_coder", "llama3_json", "mistral"]
 
 
 def parse(
-    text: str | list[str], fmt: ToolFormat, *, reasoning: bool = False, **kw: Any
+    text: str | list[str], fmt: TagFormat, *, reasoning: bool = False, **kw: Any
 ) -> list[ParsedEvent]:
     parser = StreamParser(tool_format=fmt, tools_enabled=True, reasoning=reasoning, **kw)
     events: list[ParsedEvent] = []
@@ -415,7 +415,7 @@ CALLS = st.lists(st.tuples(NAMES, ARGS), min_size=1, max_size=3)
 PLAIN = st.text(alphabet="Hi there, ok. é🙂\n", max_size=20)
 
 
-def render(fmt: ToolFormat, calls_: list[tuple[str, dict[str, Any]]], variant: int) -> str:
+def render(fmt: TagFormat, calls_: list[tuple[str, dict[str, Any]]], variant: int) -> str:
     if fmt == "hermes":
         blocks = []
         for name, args in calls_:
@@ -467,7 +467,7 @@ def chunkings(draw: st.DrawFn, text: str) -> list[str]:
     data=st.data(),
 )
 def test_rendered_calls_parse_back_under_any_chunking(
-    fmt: ToolFormat,
+    fmt: TagFormat,
     calls_: list[tuple[str, dict[str, Any]]],
     variant: int,
     before: str,
@@ -495,7 +495,7 @@ def test_rendered_calls_parse_back_under_any_chunking(
     data=st.data(),
 )
 def test_generation_stopped_anywhere_parses_the_same_however_chunked(
-    fmt: ToolFormat,
+    fmt: TagFormat,
     calls_: list[tuple[str, dict[str, Any]]],
     variant: int,
     after: str,
@@ -523,7 +523,7 @@ EDITS = [
 
 
 @st.composite
-def damaged_renders(draw: st.DrawFn) -> tuple[ToolFormat, str]:
+def damaged_renders(draw: st.DrawFn) -> tuple[TagFormat, str]:
     """A rendering with a few insertions and deletions: text near a call, but not quite one."""
     fmt = draw(st.sampled_from(FORMATS))
     text = render(fmt, draw(CALLS), draw(st.integers(0, 5))) + draw(PLAIN)
@@ -541,7 +541,7 @@ def damaged_renders(draw: st.DrawFn) -> tuple[ToolFormat, str]:
 @settings(max_examples=200, deadline=None)
 @given(damaged=damaged_renders(), reasoning=st.booleans(), data=st.data())
 def test_damaged_calls_parse_the_same_however_chunked(
-    damaged: tuple[ToolFormat, str], reasoning: bool, data: st.DataObject
+    damaged: tuple[TagFormat, str], reasoning: bool, data: st.DataObject
 ) -> None:
     fmt, text = damaged
     whole = parse(text, fmt, reasoning=reasoning)

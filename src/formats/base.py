@@ -1,7 +1,7 @@
 """Parsed-output events and the pieces every tool-call format shares.
 
-``stream_parse`` re-exports the event types; they live here so that the per-format parsers in
-``tool_formats`` can build them without importing the composite parser.
+Every format's parser produces these events; they live here so that the per-format parsers
+(``regions``, ``harmony``...) can build them without importing one another.
 
 Invariants:
 - A scanner reads a buffer from a position and returns how far it consumed. It decides each

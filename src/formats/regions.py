@@ -12,7 +12,7 @@ A region starts where the composite parser saw a tool-call marker and ends where
 - ``MistralRegion``, after ``[TOOL_CALLS]``: ``f[ARGS]{...}`` (v11+, also ``f[CALL_ID]id[ARGS]``,
   repeated) or the older JSON list ``[{"name": "f", "arguments": {...}}, ...]``.
 
-Invariants (on top of ``tool_format_base``'s):
+Invariants (on top of ``base``'s):
 - A region that has started no call can always give up: its marker is shown as text and all it
   consumed is read again as ordinary output (so a reasoning or tool marker inside it still
   counts). After a call has started nothing is taken back: a malformed rest inside
@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .tool_format_base import (
+from .base import (
     JSON_WS,
     ArgsText,
     CallStream,

@@ -1,7 +1,8 @@
 """Generated text -> visible text, reasoning and tool calls, incrementally.
 
 ``StreamParser.feed`` takes the generated text in whatever pieces the detokenizer produces;
-``finish`` ends it. The tool-call formats themselves live in ``tool_formats``.
+``finish`` ends it. This parser reads the tag formats (``tagged``: Hermes, Qwen3-Coder, Llama 3,
+Mistral); their tool-call regions live in ``regions``.
 
 Invariants:
 - Chunking never matters: the events for any split of the same text, after merging adjacent
@@ -13,7 +14,9 @@ Invariants:
 - With ``reasoning``, text inside ``<think>...</think>`` is only ever ``ReasoningChunk``, the
   tags are never shown, a stray ``</think>`` is dropped, and the whitespace around the
   reasoning (the ``\\n`` after ``<think>``, before ``</think>``, the ``\\n\\n`` after it) is
-  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``. Without
+  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``; output that
+  then begins (after whitespace) with a tool call is that call after empty reasoning (a forced
+  call's grammar writes the call first; a marker that starts no call stays reasoning). Without
   ``reasoning`` the tags are ordinary text.
 - Tool calls are parsed only with ``tools_enabled``; otherwise every marker is text. Calls get
   indices 0, 1, 2... in order; each is ``ToolCallStart`` (as soon as the name is known), then
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .tool_format_base import (
+from .base import (
     ParsedEvent,
     ReasoningChunk,
     Step,
@@ -43,7 +46,7 @@ from .tool_format_base import (
     ToolCallStart,
     partial_suffix,
 )
-from .tool_formats import (
+from .regions import (
     FUNCTION_OPEN,
     MISTRAL_TOOL_CALLS,
     PYTHON_TAG,
@@ -60,46 +63,28 @@ __all__ = [
     "ParsedEvent",
     "ReasoningChunk",
     "StreamParser",
+    "TagFormat",
     "TextChunk",
     "ToolCallArgs",
     "ToolCallEnd",
     "ToolCallStart",
-    "ToolFormat",
     "ToolSchemas",
     "coalesce",
-    "detect_tool_format",
     "reasoning_opens_in_prompt",
 ]
 
-ToolFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
+TagFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
-_TOOL_MARKERS: dict[ToolFormat, tuple[str, ...]] = {
+_TOOL_MARKERS: dict[TagFormat, tuple[str, ...]] = {
     "hermes": (TOOL_CALL_OPEN,),
     "qwen3_coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
     "mistral": (MISTRAL_TOOL_CALLS,),
     "llama3_json": (),
     "none": (),
 }
-
-
-def detect_tool_format(chat_template: str) -> ToolFormat:
-    """The tool-call format a chat template teaches its model (mlx-lm's checks, narrowed to
-    the formats parsed here; other formats, GLM's ``<arg_key>`` say, give ``none``)."""
-    t = chat_template
-    if "<arg_key>" in t:
-        return "none"
-    if "<function=" in t and "<parameter=" in t:
-        return "qwen3_coder"
-    if "[TOOL_CALLS]" in t:
-        return "mistral"
-    if "<tool_call>" in t:
-        return "hermes"
-    if "<|python_tag|>" in t or ("<|start_header_id|>" in t and "ipython" in t):
-        return "llama3_json"
-    return "none"
 
 
 def reasoning_opens_in_prompt(rendered_prompt_text: str) -> bool:
@@ -135,22 +120,27 @@ class StreamParser:
     def __init__(
         self,
         *,
-        tool_format: ToolFormat,
+        tool_format: TagFormat,
         tools_enabled: bool,
         reasoning: bool,
         starts_in_reasoning: bool = False,
         tool_schemas: ToolSchemas | None = None,
+        think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
     ) -> None:
         """``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
-        types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``."""
-        self._format: ToolFormat = tool_format if tools_enabled else "none"
+        types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``.
+        ``think``: the markers around reasoning (Gemma 4 writes ``<|channel>thought``...
+        ``<channel|>``)."""
+        self._format: TagFormat = tool_format if tools_enabled else "none"
         self._schemas = tool_schemas
         self._tool_markers = _TOOL_MARKERS[self._format]
-        think = (THINK_OPEN, THINK_CLOSE) if reasoning else ()
-        self._markers = think + self._tool_markers
+        self._think_open, self._think_close = think
+        self._markers = (think if reasoning else ()) + self._tool_markers
         self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
+        self._prompt_lead = self._in_reasoning  # nothing read yet of reasoning the prompt opened
+        self._from_reasoning = False  # the open region began where that reasoning would
         self._region: ToolRegion | None = None
         self._skip_ws = False  # after </think> or a tool call
         self._llama_start = self._format == "llama3_json"  # nothing visible yet
@@ -201,11 +191,22 @@ class StreamParser:
             self._buf = buf
             if not buf:
                 return False
+            if self._prompt_lead:
+                # A call where the reasoning the prompt opened should begin is a call after
+                # empty reasoning: what a forced call's grammar writes (it knows nothing of the
+                # prompt). Should no call start there, the text is reasoning after all.
+                if any(buf.startswith(m) for m in self._tool_markers):
+                    self._in_reasoning = self._reasoning_lead = self._prompt_lead = False
+                    self._from_reasoning = True
+                    return True
+                if not final and any(m.startswith(buf) for m in self._tool_markers):
+                    return False  # could still be a call's marker: wait
+                self._prompt_lead = False
             self._reasoning_lead = False
-        i = buf.find(THINK_CLOSE)
+        i = buf.find(self._think_close)
         if i >= 0:
             self._reasoning_text(out, buf[:i].rstrip())
-            self._buf = buf[i + len(THINK_CLOSE) :]
+            self._buf = buf[i + len(self._think_close) :]
             self._in_reasoning = False
             self._skip_ws = True
             return True
@@ -214,7 +215,7 @@ class StreamParser:
             self._buf = ""
             return False
         # Hold a possible "</think>" and the whitespace before it (dropped if it closes).
-        end = len(buf[: len(buf) - partial_suffix(buf, 0, (THINK_CLOSE,))].rstrip())
+        end = len(buf[: len(buf) - partial_suffix(buf, 0, (self._think_close,))].rstrip())
         self._reasoning_text(out, buf[:end])
         self._buf = buf[end:]
         return False
@@ -246,10 +247,10 @@ class StreamParser:
             self._buf = buf[end:]
             return False
         before, self._buf = buf[:i], buf[i + len(marker) :]
-        if marker == THINK_OPEN:
+        if marker == self._think_open:
             self._text(out, before)
             self._in_reasoning = self._reasoning_lead = True
-        elif marker == THINK_CLOSE:
+        elif marker == self._think_close:
             self._text(out, before)
             self._skip_ws = True
         else:
@@ -293,6 +294,12 @@ class StreamParser:
             self._buf = rest
             return False
         self._region = None
+        if self._from_reasoning:
+            self._from_reasoning = False
+            if step.revert:  # no call started: it was reasoning
+                self._buf = step.revert + step.pushback + rest
+                self._in_reasoning = True
+                return True
         self._text(out, step.revert)
         self._buf = step.pushback + rest
         self._skip_ws = not step.revert and not step.pushback

@@ -13,21 +13,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.stream_parse import (
+from mlx_responses import formats
+from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
     StreamParser,
+    TagFormat,
     TextChunk,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
-    ToolFormat,
     coalesce,
-    detect_tool_format,
     reasoning_opens_in_prompt,
 )
 
-FORMATS: list[ToolFormat] = ["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
+FORMATS: list[TagFormat] = ["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
 
 
 def parse(text: str | list[str], **kw: Any) -> list[ParsedEvent]:
@@ -223,6 +223,10 @@ GLM_TEMPLATE = """<tool_call>{{ tc.name }}\\n{% for k, v in tc.arguments.items()
 </arg_key>\\n<arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>"""
 
 
+def detect_tool_format(template: str) -> str:
+    return formats.detect(formats.Detection(template)).name
+
+
 @pytest.mark.parametrize(
     ("template", "fmt"),
     [
@@ -232,11 +236,11 @@ GLM_TEMPLATE = """<tool_call>{{ tc.name }}\\n{% for k, v in tc.arguments.items()
         (LLAMA32_TEMPLATE, "llama3_json"),
         (MISTRAL_TEMPLATE, "mistral"),
         (PLAIN_TEMPLATE, "none"),
-        (GLM_TEMPLATE, "none"),
+        (GLM_TEMPLATE, "glm47"),
         ("", "none"),
     ],
 )
-def test_detect_tool_format(template: str, fmt: ToolFormat) -> None:
+def test_detect_tool_format(template: str, fmt: TagFormat) -> None:
     assert detect_tool_format(template) == fmt
 
 
@@ -270,7 +274,7 @@ SOUP = st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join)
     data=st.data(),
 )
 def test_any_chunking_gives_the_whole_text_parse(
-    text: str, fmt: ToolFormat, tools: bool, reasoning: bool, starts: bool, data: st.DataObject
+    text: str, fmt: TagFormat, tools: bool, reasoning: bool, starts: bool, data: st.DataObject
 ) -> None:
     kw: dict[str, Any] = {
         "tool_format": fmt,
@@ -292,7 +296,7 @@ def test_any_chunking_gives_the_whole_text_parse(
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(max_size=40), fmt=st.sampled_from(FORMATS), data=st.data())
-def test_any_unicode_text_any_chunking(text: str, fmt: ToolFormat, data: st.DataObject) -> None:
+def test_any_unicode_text_any_chunking(text: str, fmt: TagFormat, data: st.DataObject) -> None:
     whole = parse(text, tool_format=fmt)
     assert parse(data.draw(chunkings(text)), tool_format=fmt) == whole
     check_grammar(whole)
@@ -320,7 +324,7 @@ REASONING = st.lists(
     data=st.data(),
 )
 def test_reasoning_never_leaks_into_text(
-    before: str, thought: str, after: str, starts: bool, fmt: ToolFormat, data: st.DataObject
+    before: str, thought: str, after: str, starts: bool, fmt: TagFormat, data: st.DataObject
 ) -> None:
     text = (
         thought + "</think>" + after

@@ -1,0 +1,191 @@
+"""Harmony end to end through HTTP, the ``openai`` and ``anthropic`` SDKs, on the bundled model
+served with ``--tool-format harmony``: every forced call is then written in harmony's notation
+(the bundled tokenizer has no harmony tokens, so its markers are plain text, which the parser
+reads the same), so the whole path is real: grammar, parser, shaper, events, replay.
+The gpt-oss fixture model (``tests/fixtures/families/gpt-oss``) runs the same checks with its
+own tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import pytest
+import trio
+from openai import AsyncOpenAI
+
+from mlx_responses.server import ServerHandle, serve
+
+from .conftest import MODEL, START_DEADLINE, server_settings
+
+DEADLINE = 90
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    # No description: gpt-oss's template reads it unguarded; the format supplies one.
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TIME: dict[str, Any] = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The time in a city.",
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+}
+SHOUT: dict[str, Any] = {
+    "type": "custom",
+    "name": "shout",
+    "description": "Shout a word.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/\n',
+    },
+}
+MARKERS = re.compile(r"<\|(start|channel|message|end|call|return|constrain)\|>|to=functions")
+
+
+@pytest.fixture
+async def harmony_server(nursery: trio.Nursery) -> ServerHandle:
+    with trio.fail_after(START_DEADLINE):
+        handle: ServerHandle = await nursery.start(serve, server_settings(tool_format="harmony"))
+    return handle
+
+
+@pytest.fixture
+async def client(harmony_server: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(
+        base_url=f"{harmony_server.base_url}/v1", api_key="x", max_retries=0, timeout=DEADLINE
+    ) as c:
+        yield c
+
+
+async def test_the_model_reports_harmony(client: AsyncOpenAI) -> None:
+    with trio.fail_after(DEADLINE):
+        listed = await client.models.with_raw_response.list()
+    (entry,) = listed.http_response.json()["data"]
+    assert entry["tool_call_format"] == "harmony"
+    assert entry["supports_tools"] is True
+    assert entry["supports_reasoning"] is True
+
+
+async def test_a_streamed_forced_call_sends_argument_deltas_and_no_marker_text(
+    client: AsyncOpenAI,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        stream = await client.responses.create(
+            model=MODEL,
+            input="Reply with: hello",
+            tools=[WEATHER, TIME],  # type: ignore[list-item]
+            tool_choice={"type": "function", "name": "get_weather"},
+            stream=True,
+            temperature=0,
+        )
+        events = [event async for event in stream]
+    final = events[-1]
+    assert final.type == "response.completed"
+    response = final.response
+    (call,) = response.output
+    assert call.type == "function_call"
+    assert call.name == "get_weather"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert deltas
+    assert "".join(deltas) == call.arguments
+    assert response.output_text == ""
+    assert not [e for e in events if e.type == "response.output_text.delta"]
+    assert not MARKERS.search(call.arguments)
+
+
+async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
+    client: AsyncOpenAI,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        required = await client.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[WEATHER, TIME],  # type: ignore[list-item]
+            tool_choice="required",
+            temperature=0,
+        )
+        shout = await client.responses.create(
+            model=MODEL,
+            input="Reply with: hello",
+            tools=[SHOUT, WEATHER],  # type: ignore[list-item]
+            tool_choice={"type": "custom", "name": "shout"},
+            temperature=0,
+        )
+        # The call and its output replayed, with the tool that has no description.
+        (call,) = required.output
+        replay = await client.responses.create(
+            model=MODEL,
+            input=[
+                {"role": "user", "content": "What is the weather in Paris?"},
+                call.model_dump(exclude_none=True),  # type: ignore[list-item]
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+            ],
+            tools=[WEATHER],  # type: ignore[list-item]
+            reasoning={"effort": "high"},
+            max_output_tokens=8,
+            temperature=0,
+        )
+    assert call.type == "function_call"
+    assert call.name in ("get_weather", "get_time")
+    json.loads(call.arguments)
+    (custom,) = shout.output
+    assert custom.type == "custom_tool_call"
+    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+    assert replay.status in ("completed", "incomplete")
+
+
+async def test_a_messages_tool_use_round_trip(harmony_server: ServerHandle) -> None:
+    tools: Any = [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "input_schema": WEATHER["parameters"],
+        }
+    ]
+    question: Any = {"role": "user", "content": "What is the weather in Paris?"}
+    async with anthropic.AsyncAnthropic(
+        base_url=harmony_server.base_url, api_key="x", max_retries=0, timeout=DEADLINE
+    ) as client:
+        with trio.fail_after(DEADLINE):
+            first = await client.messages.create(
+                model=MODEL,
+                max_tokens=100,
+                tools=tools,
+                tool_choice={"type": "tool", "name": "get_weather"},
+                messages=[question],
+                extra_body={"temperature": 0},
+            )
+            (use,) = [block for block in first.content if block.type == "tool_use"]
+            second = await client.messages.create(
+                model=MODEL,
+                max_tokens=8,
+                tools=tools,
+                messages=[
+                    question,
+                    {"role": "assistant", "content": first.content},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
+                        ],
+                    },
+                ],
+                extra_body={"temperature": 0},
+            )
+    assert first.stop_reason == "tool_use"
+    assert use.name == "get_weather"
+    assert isinstance(use.input, dict)
+    assert use.input["city"] in ("Paris", "Oslo")
+    assert second.stop_reason in ("end_turn", "max_tokens")
