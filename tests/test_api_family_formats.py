@@ -145,7 +145,7 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
                 input="Reply with: hello",
                 tools=[WEATHER],  # type: ignore[list-item]
                 tool_choice={"type": "function", "name": "get_weather"},
-                reasoning={"effort": "high"},
+                extra_body={"chat_template_kwargs": {"thinking": True}},
                 temperature=0,
                 max_output_tokens=400,
             )
