@@ -8,12 +8,16 @@ Invariants:
 - Admission: at most ``max_sequences`` sequences are admitted; one is released when the thread
   reports that it ended, however it ended, never by its consumer. ``submit`` refuses with
   ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
-- A cancel puts a ``RemoveSequence`` on the thread's inbox: the sequence leaves the batch at
-  the thread's next step (one decode step or one prefill chunk).
+- The thread's port (``model/thread.py``): this actor is the only sender of its inbound stream
+  (``Admit``, ``Cancel``, ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the
+  Trio thread too) and the only reader of its ``FactStream``, whose facts a forwarding task
+  puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
   it had not taken in yet go to a new thread, which loads the model again: the server keeps
   serving.
 - ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
+- What Trio tasks count for the thread (``_Engine``: admitted, arriving, the current worker) is
+  touched only on the Trio thread; the generation thread learns of it by message.
 """
 
 from __future__ import annotations
@@ -21,28 +25,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 import trio
 
 from ..model.constrain import Constraints, Grammar
+from ..model.inbound import (
+    Admit,
+    Arrivals,
+    GrammarSpec,
+    Inbound,
+    SequenceSpec,
+)
+from ..model.inbound import Cancel as CancelSequence
+from ..model.inbound import Shutdown as StopGeneration
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
+from ..model.outbound import BatchFact, Ended, Exited, FactStream, Loaded
+from ..model.penalties import SamplingAdjust
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
 from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
-from ..model.thread import (
-    GenerationThread,
-    InsertSequence,
-    ModelStatistics,
-    RemoveSequence,
-    StopGeneration,
-    ThreadSettings,
-)
+from ..model.thread import GenerationThread, ModelStatistics, ThreadSettings
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 
@@ -101,8 +108,10 @@ class GenerationRequest:
     top_p: float
     top_logprobs: int | None = None
     seed: int | None = None
-    # Called on the generation thread to build this sequence's logits processors.
-    make_processors: Callable[[], list[Any]] | None = None
+    # The grammar its output must follow (compiled by ``ModelHandle.compile``).
+    grammar: Grammar | None = None
+    # Penalties and top_k (logits processors the generation thread builds).
+    adjust: SamplingAdjust = field(default_factory=SamplingAdjust)
     # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
     stop_texts: tuple[str, ...] = ()
     # The tenant (decision 12): scopes the prompt cache.
@@ -135,21 +144,14 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
-class SequenceEnded:
-    """Sender: the generation thread. A sequence received its finish: release its admission."""
+class FromThread:
+    """Sender: a worker's forwarding task. A fact of that worker's generation thread."""
 
-    seq_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadExited:
-    """Sender: the generation thread, last."""
-
-    thread: GenerationThread
-    error: BaseException | None
+    worker: _Worker
+    fact: BatchFact
 
 
-ModelMessage = Submit | Cancel | Shutdown | SequenceEnded | ThreadExited
+ModelMessage = Submit | Cancel | Shutdown | FromThread
 
 
 class GenerationSequence:
@@ -182,33 +184,42 @@ class GenerationSequence:
             await self._handle.cancel(self.seq_id)
 
 
-class _Board:
-    """The latest statistics snapshot: written by the generation thread and the actor (whole
-    immutable values, so a reader on any thread sees a consistent one without a lock)."""
+class _Engine:
+    """The Trio side of the thread's port: the current worker and what Trio tasks count for it
+    (touched only on the Trio thread; the thread hears of ``arriving`` by ``Arrivals``)."""
 
-    def __init__(self) -> None:
-        self.batch = ModelStatistics()
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
         self.admitted = 0
-        # Requests on their way to the model (``ModelHandle.arriving``): written on the Trio
-        # thread, read by the generation thread (an int, read whole).
+        # Requests on their way to the model (``ModelHandle.arriving``).
         self.arriving = 0
+
+    def send(self, message: Inbound) -> None:
+        self.worker.thread.send(message)
+
+    def arrive(self, change: int) -> None:
+        self.arriving += change
+        self.send(Arrivals(self.arriving))
+
+    def latest(self) -> ModelStatistics:
+        return self.worker.facts.latest()
 
 
 class Arrival:
-    """One request counted on the board as on its way to the model (``ModelHandle.arriving``)
-    until ``done``, which may be called more than once."""
+    """One request counted as on its way to the model (``ModelHandle.arriving``) until
+    ``done``, which may be called more than once."""
 
-    __slots__ = ("_board", "_counted")
+    __slots__ = ("_counted", "_engine")
 
-    def __init__(self, board: _Board) -> None:
-        self._board = board
+    def __init__(self, engine: _Engine) -> None:
+        self._engine = engine
         self._counted = True
-        board.arriving += 1
+        engine.arrive(+1)
 
     def done(self) -> None:
         if self._counted:
             self._counted = False
-            self._board.arriving -= 1
+            self._engine.arrive(-1)
 
 
 class ModelHandle:
@@ -219,7 +230,7 @@ class ModelHandle:
         settings: ModelSettings,
         loaded: LoadedModel,
         mailbox: trio.MemorySendChannel[ModelMessage],
-        board: _Board,
+        engine: _Engine,
     ):
         self.info = ModelInfo(
             settings.alias,
@@ -234,11 +245,11 @@ class ModelHandle:
         self._bound = measure_tokenizer(loaded.tokenizer)
         self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
         self._mailbox = mailbox
-        self._board = board
+        self._engine = engine
         self.restarts = 0
 
     def statistics(self) -> ModelStatistics:
-        return replace(self._board.batch, admitted=self._board.admitted)
+        return replace(self._engine.latest(), admitted=self._engine.admitted)
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[Arrival]:
@@ -246,7 +257,7 @@ class ModelHandle:
         prompt, up to its ``submit``), or until the block calls ``done`` on it: an idle batch
         that gets a sequence waits briefly for the requests counted here, so that a burst is
         prefilled together (``thread.gather_bound``)."""
-        arrival = Arrival(self._board)
+        arrival = Arrival(self._engine)
         try:
             yield arrival
         finally:
@@ -255,7 +266,7 @@ class ModelHandle:
     @property
     def decoding(self) -> int:
         """Sequences decoding at the latest step (cheap: read per output by every run)."""
-        return self._board.batch.decoding
+        return self._engine.latest().decoding
 
     async def render(
         self,
@@ -343,30 +354,16 @@ class ModelHandle:
     async def wait_idle(self) -> None:
         """Wait until the batch holds no sequence and nothing is admitted (tests, benchmarks)."""
         # Polled: the snapshot is published by the generation thread, not by a Trio task.
-        while self.statistics().active or self._board.admitted:  # noqa: ASYNC110
+        while self.statistics().active or self._engine.admitted:  # noqa: ASYNC110
             await trio.sleep(0.001)
 
 
 class _Worker:
-    """One generation thread; its reports come back to the actor as messages."""
+    """One generation thread and its fact stream."""
 
-    def __init__(
-        self,
-        settings: ModelSettings,
-        report: Callable[[ModelMessage], None],
-        board: _Board,
-    ) -> None:
-        self.loaded = trio.Event()
-        self.result: LoadedModel | BaseException | None = None
-        self._token = trio.lowlevel.current_trio_token()
-
-        def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
-            self.result = loaded if loaded is not None else error or RuntimeError("load failed")
-            self._token.run_sync_soon(self.loaded.set)
-
-        def on_statistics(stats: ModelStatistics) -> None:
-            board.batch = stats
-
+    def __init__(self, settings: ModelSettings) -> None:
+        self.facts = FactStream(trio.lowlevel.current_trio_token())
+        self.loaded = False  # it reported its model loaded
         self.thread: GenerationThread = settings.thread_factory(
             ThreadSettings(
                 settings.model_path,
@@ -377,19 +374,33 @@ class _Worker:
                 prompt_cache_entries=settings.prompt_cache_entries,
                 blas_threads=settings.blas_threads,
             ),
-            on_loaded=on_loaded,
-            on_ended=lambda seq_id: report(SequenceEnded(seq_id)),
-            on_statistics=on_statistics,
-            on_exit=lambda error: report(ThreadExited(self.thread, error)),
-            arriving=lambda: board.arriving,
+            self.facts,
         )
         self.thread.start()
 
     async def wait_loaded(self, path: str) -> LoadedModel:
-        await self.loaded.wait()
-        if not isinstance(self.result, LoadedModel):
-            raise RuntimeError(f"could not load model {path!r}: {self.result}") from self.result
-        return self.result
+        """The first worker's load, before the actor serves (its first fact)."""
+        fact = await self.facts.receive()
+        match fact:
+            case Loaded(loaded, error) if loaded is not None:
+                self.loaded = True
+                return loaded
+            case Loaded(_, error):
+                raise RuntimeError(f"could not load model {path!r}: {error}") from error
+            case _:
+                raise RuntimeError(f"could not load model {path!r}: {fact}")
+
+    async def forward(self, mailbox: trio.MemorySendChannel[ModelMessage]) -> None:
+        """This thread's facts into the actor's mailbox, in order, up to its exit."""
+        async with mailbox:
+            while True:
+                fact = await self.facts.receive()
+                try:
+                    await mailbox.send(FromThread(self, fact))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return  # the actor is gone
+                if isinstance(fact, Exited):
+                    return
 
 
 async def run_model_actor(
@@ -401,77 +412,57 @@ async def run_model_actor(
     send: trio.MemorySendChannel[ModelMessage]
     receive: trio.MemoryReceiveChannel[ModelMessage]
     send, receive = open_mailbox()
-    # The thread's reports: at most one per admitted sequence plus one exit, so this buffer is
-    # bounded by admission; the thread never waits on it.
-    report_send, report_receive = trio.open_memory_channel[ModelMessage](math.inf)
-    token = trio.lowlevel.current_trio_token()
-
-    def report(message: ModelMessage) -> None:  # on the generation thread
-        try:
-            token.run_sync_soon(_deliver, report_send, message)
-        except trio.RunFinishedError:
-            pass
-
-    board = _Board()
-    worker = _Worker(settings, report, board)
-    loaded = await worker.wait_loaded(settings.model_path)
-    handle = ModelHandle(settings, loaded, send, board)
-    log.info("model %s loaded from %s", settings.alias, loaded.path)
-    state = _ModelState(settings, worker, board)
+    worker = _Worker(settings)
     try:
-        async with trio.open_nursery() as nursery, receive, report_receive:
-            nursery.start_soon(_forward, report_receive, send.clone())
+        loaded = await worker.wait_loaded(settings.model_path)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                await trio.to_thread.run_sync(worker.thread.join, abandon_on_cancel=True)
+        raise
+    engine = _Engine(worker)
+    handle = ModelHandle(settings, loaded, send, engine)
+    log.info("model %s loaded from %s", settings.alias, loaded.path)
+    state = _ModelState(settings, engine)
+    try:
+        async with trio.open_nursery() as nursery, receive:
+            state.nursery = nursery
+            nursery.start_soon(worker.forward, send.clone())
             task_status.started(handle)
             async for message in receive:
-                if await state.apply(message, handle, report):
+                if await state.apply(message, handle, send):
                     break
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             if not state.stopped:
-                state.worker.thread.send(StopGeneration())
+                engine.send(StopGeneration())
                 with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                    await trio.to_thread.run_sync(state.worker.thread.join, abandon_on_cancel=True)
-
-
-def _deliver(
-    channel: trio.MemorySendChannel[ModelMessage], message: ModelMessage
-) -> None:  # on the Trio thread
-    try:
-        channel.send_nowait(message)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass  # the actor is gone
-
-
-async def _forward(
-    reports: trio.MemoryReceiveChannel[ModelMessage],
-    mailbox: trio.MemorySendChannel[ModelMessage],
-) -> None:
-    """The thread's reports into the actor's own mailbox, in order."""
-    async with mailbox:
-        async for message in reports:
-            await mailbox.send(message)
+                    await trio.to_thread.run_sync(engine.worker.thread.join, abandon_on_cancel=True)
 
 
 class _ModelState:
     """What the actor task owns (touched only by ``run_model_actor``'s loop)."""
 
-    def __init__(self, settings: ModelSettings, worker: _Worker, board: _Board) -> None:
+    def __init__(self, settings: ModelSettings, engine: _Engine) -> None:
         self.settings = settings
-        self.worker = worker
-        self.board = board
-        # Admitted and not yet reported ended: the command that inserted each.
-        self.admitted: dict[int, InsertSequence] = {}
+        self.engine = engine
+        self.nursery: trio.Nursery | None = None
+        # Admitted and not yet reported ended: the message that admitted each.
+        self.admitted: dict[int, Admit] = {}
         self.cancelled: set[int] = set()  # of those, the ones a cancel was sent for
         self.closing = False
         self.stopped = False
         self.ids = itertools.count(1)
 
     def _publish(self) -> None:
-        self.board.admitted = len(self.admitted)
+        self.engine.admitted = len(self.admitted)
 
     async def apply(
-        self, message: ModelMessage, handle: ModelHandle, report: Callable[[ModelMessage], None]
+        self,
+        message: ModelMessage,
+        handle: ModelHandle,
+        mailbox: trio.MemorySendChannel[ModelMessage],
     ) -> bool:
         """Apply one message; True when the actor is done."""
         match message:
@@ -490,70 +481,100 @@ class _ModelState:
             case Cancel(seq_id):
                 if seq_id in self.admitted:
                     self.cancelled.add(seq_id)
-                    self.worker.thread.send(RemoveSequence(seq_id))
+                    self.engine.send(CancelSequence(seq_id))
             case Shutdown():
                 if not self.closing:
                     self.closing = True
-                    self.worker.thread.send(StopGeneration())
-            case SequenceEnded(seq_id):
-                self.admitted.pop(seq_id, None)
-                self.cancelled.discard(seq_id)
-            case ThreadExited(thread, error):
-                if thread is not self.worker.thread:
+                    self.engine.send(StopGeneration())
+            case FromThread(worker, fact):
+                if worker is not self.engine.worker:
                     return False
+                return self._from_thread(fact, handle, mailbox)
+            case _:
+                assert_never(message)
+        self._publish()
+        return False
+
+    def _from_thread(
+        self,
+        fact: BatchFact,
+        handle: ModelHandle,
+        mailbox: trio.MemorySendChannel[ModelMessage],
+    ) -> bool:
+        worker = self.engine.worker
+        match fact:
+            case Loaded(loaded, error):
+                worker.loaded = loaded is not None
+                if loaded is None:
+                    log.error("the restarted generation thread could not load: %r", error)
+            case Ended(seq_ids):
+                for seq_id in seq_ids:
+                    self.admitted.pop(seq_id, None)
+                    self.cancelled.discard(seq_id)
+            case Exited(error):
                 if self.closing and error is None:
                     self.stopped = True
                     self._end_all("shutdown")
                     return True
-                if not isinstance(self.worker.result, LoadedModel):
-                    raise RuntimeError(f"could not load the model again: {self.worker.result}")
+                if not worker.loaded:
+                    raise RuntimeError(f"could not load the model again: {error}")
                 log.error("the generation thread died (%r); restarting it", error)
-                self.worker = _Worker(self.settings, report, self.board)
+                self.engine.worker = worker = _Worker(self.settings)
+                assert self.nursery is not None
+                self.nursery.start_soon(worker.forward, mailbox.clone())
                 handle.restarts += 1
+                if self.engine.arriving:
+                    self.engine.send(Arrivals(self.engine.arriving))
                 self._resend()
-                # Commands sent from now on queue in the new thread's inbox until it has
+                # Messages sent from now on queue in the new thread's inbox until it has
                 # loaded; the actor keeps answering meanwhile.
             case _:
-                assert_never(message)
+                assert_never(fact)
         self._publish()
         return False
 
     def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
         seq_id = next(self.ids)
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        command = InsertSequence(
+        grammar = request.grammar
+        message = Admit(
             seq_id,
-            request.prompt,
-            request.max_tokens,
-            request.temperature,
-            request.top_p,
+            SequenceSpec(
+                request.prompt,
+                request.max_tokens,
+                request.temperature,
+                request.top_p,
+                top_logprobs=request.top_logprobs,
+                seed=request.seed,
+                grammar=None if grammar is None else GrammarSpec(grammar.kind, grammar.source),
+                adjust=request.adjust,
+                stop_texts=request.stop_texts,
+                owner=request.owner,
+                cache_key=request.cache_key,
+            ),
             slot,
-            request.top_logprobs,
-            request.make_processors,
-            request.seed,
-            request.stop_texts,
-            request.owner,
-            request.cache_key,
         )
-        self.admitted[seq_id] = command
-        self.worker.thread.send(command)
+        self.admitted[seq_id] = message
+        self.engine.send(message)
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)
 
     def _resend(self) -> None:
         """Sequences a dead thread never took in (it reported every one it held as ended
         before it exited) go to the new thread, unless a cancel was sent for them meanwhile."""
-        for seq_id, command in list(self.admitted.items()):
+        for seq_id, message in list(self.admitted.items()):
             if seq_id in self.cancelled:
                 del self.admitted[seq_id]
                 self.cancelled.discard(seq_id)
-                command.slot.push(finish="cancelled")
+                if message.output is not None:
+                    message.output.push(finish="cancelled")
             else:
-                self.worker.thread.send(command)
+                self.engine.send(message)
 
     def _end_all(self, reason: FinishReason) -> None:
         """Sequences the stopped thread never reported ended end with ``reason``."""
-        for command in self.admitted.values():
-            command.slot.push(finish=reason)
+        for message in self.admitted.values():
+            if message.output is not None:
+                message.output.push(finish=reason)
         self.admitted.clear()
         self.cancelled.clear()
         self._publish()
