@@ -13,7 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.actors.model import Arrival, _Engine
+from mlx_responses.actors.model_port import Arrival, _Engine
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.inbound import Admit, Arrivals, Inbound, SequenceSpec, Shutdown
 from mlx_responses.model.loader import LoadedModel

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 import trio
@@ -36,89 +36,45 @@ from ..model.inbound import (
     Admit,
     Arrivals,
     GrammarSpec,
-    Inbound,
     SequenceSpec,
 )
 from ..model.inbound import Cancel as CancelSequence
 from ..model.inbound import Shutdown as StopGeneration
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
-from ..model.outbound import BatchFact, Ended, Exited, FactStream, Loaded
-from ..model.penalties import SamplingAdjust
+from ..model.outbound import BatchFact, Ended, Exited, Loaded
 from ..model.prompt_bounds import measure_tokenizer, render_within
-from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
-from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
-from ..model.thread import GenerationThread, ModelStatistics, ThreadSettings
+from ..model.stream_parse import reasoning_opens_in_prompt
+from ..model.thread import ModelStatistics
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
+from .model_port import Arrival, _Engine, _Worker
+from .model_types import (
+    GenerationRequest,
+    ModelInfo,
+    ModelOverloaded,
+    ModelSettings,
+    ModelUnavailable,
+    ThreadFactory,
+)
+
+__all__ = [
+    "Arrival",
+    "GenerationRequest",
+    "GenerationSequence",
+    "ModelHandle",
+    "ModelInfo",
+    "ModelOverloaded",
+    "ModelSettings",
+    "ModelUnavailable",
+    "ThreadFactory",
+    "run_model_actor",
+]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
-
-ThreadFactory = Callable[..., GenerationThread]
-
-
-class ModelUnavailable(RuntimeError):
-    """The model is shutting down or has stopped; no new sequence is admitted."""
-
-
-class ModelOverloaded(RuntimeError):
-    """Too many sequences are admitted already."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    model_path: str
-    alias: str
-    prefill_step_size: int = 512
-    completion_batch_size: int = 32
-    prefill_batch_size: int = 8
-    max_sequences: int = 256
-    # --ctx-size: the context window the server enforces and compaction plans with; None: the
-    # model's own (its config's max_position_embeddings or the like).
-    context_size: int | None = None
-    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
-    # --prompt-cache-entries.
-    prompt_cache_bytes: int | None = None
-    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
-    # --blas-threads (None: measured at load, model.blas_threads).
-    blas_threads: int | None = None
-    # The seam for fault injection: tests install a GenerationThread subclass here.
-    thread_factory: ThreadFactory = GenerationThread
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    alias: str
-    path: str
-    context_window: int
-    tool_format: ToolFormat = "none"
-    has_thinking: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """A rendered prompt and its sampling settings."""
-
-    prompt: tuple[int, ...]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_logprobs: int | None = None
-    seed: int | None = None
-    # The grammar its output must follow (compiled by ``ModelHandle.compile``).
-    grammar: Grammar | None = None
-    # Penalties and top_k (logits processors the generation thread builds).
-    adjust: SamplingAdjust = field(default_factory=SamplingAdjust)
-    # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
-    stop_texts: tuple[str, ...] = ()
-    # The tenant (decision 12): scopes the prompt cache.
-    owner: str = ""
-    # The request's prompt_cache_key: the prompt-cache partition its entries are kept in.
-    cache_key: str | None = None
-
 
 # -- messages ----------------------------------------------------------------------------------
 
@@ -182,44 +138,6 @@ class GenerationSequence:
         """Remove the sequence from the batch at the next step (no-op once it ended)."""
         if not self._slot.finished:
             await self._handle.cancel(self.seq_id)
-
-
-class _Engine:
-    """The Trio side of the thread's port: the current worker and what Trio tasks count for it
-    (touched only on the Trio thread; the thread hears of ``arriving`` by ``Arrivals``)."""
-
-    def __init__(self, worker: _Worker) -> None:
-        self.worker = worker
-        self.admitted = 0
-        # Requests on their way to the model (``ModelHandle.arriving``).
-        self.arriving = 0
-
-    def send(self, message: Inbound) -> None:
-        self.worker.thread.send(message)
-
-    def arrive(self, change: int) -> None:
-        self.arriving += change
-        self.send(Arrivals(self.arriving))
-
-    def latest(self) -> ModelStatistics:
-        return self.worker.facts.latest()
-
-
-class Arrival:
-    """One request counted as on its way to the model (``ModelHandle.arriving``) until
-    ``done``, which may be called more than once."""
-
-    __slots__ = ("_counted", "_engine")
-
-    def __init__(self, engine: _Engine) -> None:
-        self._engine = engine
-        self._counted = True
-        engine.arrive(+1)
-
-    def done(self) -> None:
-        if self._counted:
-            self._counted = False
-            self._engine.arrive(-1)
 
 
 class ModelHandle:
@@ -358,51 +276,6 @@ class ModelHandle:
             await trio.sleep(0.001)
 
 
-class _Worker:
-    """One generation thread and its fact stream."""
-
-    def __init__(self, settings: ModelSettings) -> None:
-        self.facts = FactStream(trio.lowlevel.current_trio_token())
-        self.loaded = False  # it reported its model loaded
-        self.thread: GenerationThread = settings.thread_factory(
-            ThreadSettings(
-                settings.model_path,
-                prefill_step_size=settings.prefill_step_size,
-                completion_batch_size=settings.completion_batch_size,
-                prefill_batch_size=settings.prefill_batch_size,
-                prompt_cache_bytes=settings.prompt_cache_bytes,
-                prompt_cache_entries=settings.prompt_cache_entries,
-                blas_threads=settings.blas_threads,
-            ),
-            self.facts,
-        )
-        self.thread.start()
-
-    async def wait_loaded(self, path: str) -> LoadedModel:
-        """The first worker's load, before the actor serves (its first fact)."""
-        fact = await self.facts.receive()
-        match fact:
-            case Loaded(loaded, error) if loaded is not None:
-                self.loaded = True
-                return loaded
-            case Loaded(_, error):
-                raise RuntimeError(f"could not load model {path!r}: {error}") from error
-            case _:
-                raise RuntimeError(f"could not load model {path!r}: {fact}")
-
-    async def forward(self, mailbox: trio.MemorySendChannel[ModelMessage]) -> None:
-        """This thread's facts into the actor's mailbox, in order, up to its exit."""
-        async with mailbox:
-            while True:
-                fact = await self.facts.receive()
-                try:
-                    await mailbox.send(FromThread(self, fact))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return  # the actor is gone
-                if isinstance(fact, Exited):
-                    return
-
-
 async def run_model_actor(
     settings: ModelSettings,
     *,
@@ -427,7 +300,7 @@ async def run_model_actor(
     try:
         async with trio.open_nursery() as nursery, receive:
             state.nursery = nursery
-            nursery.start_soon(worker.forward, send.clone())
+            nursery.start_soon(worker.forward, send.clone(), FromThread)
             task_status.started(handle)
             async for message in receive:
                 if await state.apply(message, handle, send):
@@ -521,7 +394,7 @@ class _ModelState:
                 log.error("the generation thread died (%r); restarting it", error)
                 self.engine.worker = worker = _Worker(self.settings)
                 assert self.nursery is not None
-                self.nursery.start_soon(worker.forward, mailbox.clone())
+                self.nursery.start_soon(worker.forward, mailbox.clone(), FromThread)
                 handle.restarts += 1
                 if self.engine.arriving:
                     self.engine.send(Arrivals(self.engine.arriving))
