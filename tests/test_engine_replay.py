@@ -1,8 +1,8 @@
 """The engine's one port (issue 25): a generation thread driven only through its inbound
 stream records what it applied (its journal: plain messages and the steps between them), and
 that journal replayed on a second thread, in lockstep, gives the same outputs token for token:
-greedy and seeded sampling, a grammar named by its text, a cancel in the middle of a sequence,
-prompt-cache hits and a cleared cache included. The real thread on the bundled model."""
+greedy and seeded sampling, a grammar named by its text, a cancel and a consumer's stop in the
+middle of a sequence, prompt-cache hits and a cleared cache included. The real thread on the bundled model."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ from dataclasses import dataclass, replace
 
 import trio
 
+from mlx_responses.actors.model import (
+    GenerationRequest,
+    GenerationSequence,
+    ModelHandle,
+    ModelSettings,
+    run_model_actor,
+)
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.inbound import (
     Admit,
@@ -24,6 +31,7 @@ from mlx_responses.model.inbound import (
     SequenceSpec,
     Shutdown,
     Step,
+    StopMatched,
 )
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.outbound import Ended, Exited, FactStream, Loaded
@@ -105,7 +113,7 @@ async def read(slot: SequenceSlot, until_tokens: int | None = None) -> Transcrip
     return Transcript(text, tokens, finish, slot.cached_tokens, tuple(logprobs))
 
 
-async def drive(model: Engine) -> dict[int, Transcript]:
+async def drive(model: Engine) -> tuple[dict[int, Transcript], int]:
     """A day's work for the free-running thread, through its inbound stream only."""
     loaded = model.loaded
     assert loaded is not None
@@ -152,7 +160,18 @@ async def drive(model: Engine) -> dict[int, Transcript]:
     model.send(ClearPromptCache())
     model.send(Admit(7, SequenceSpec(follow, 16, 0.0, 1.0)))
     transcripts[7] = await read(model.slots[7])
-    return transcripts
+    # A consumer that found its end: the sequence stops, and its work serves the next turn.
+    model.send(Admit(8, SequenceSpec(story, 400, 0.0, 1.0)))
+    partial = await read(model.slots[8], until_tokens=4)
+    model.send(StopMatched(8))
+    rest = await read(model.slots[8])
+    transcripts[8] = replace(
+        rest, text=partial.text + rest.text, tokens=partial.tokens + rest.tokens
+    )
+    turn = (*story, *tokenizer.encode(transcripts[8].text), *prompt("Go on."))
+    model.send(Admit(9, SequenceSpec(turn, 8, 0.0, 1.0)))
+    transcripts[9] = await read(model.slots[9])
+    return transcripts, len(story)
 
 
 async def ended_all(model: Engine, seq_ids: set[int]) -> None:
@@ -167,7 +186,7 @@ async def ended_all(model: Engine, seq_ids: set[int]) -> None:
 async def test_a_recorded_stream_replays_to_identical_outputs() -> None:
     async with engine(lockstep=False) as free:
         with trio.fail_after(DEADLINE):
-            first = await drive(free)
+            first, story_tokens = await drive(free)
             await ended_all(free, set(first))
         journal = free.recorded()
     # What the thread was told is plain data: it survives a trip through bytes.
@@ -179,6 +198,9 @@ async def test_a_recorded_stream_replays_to_identical_outputs() -> None:
     assert 3 <= first[5].tokens < 400
     assert first[6].cached_tokens > 0
     assert first[7].cached_tokens == 0
+    assert first[8].finish == "stop"
+    assert 4 <= first[8].tokens < 400
+    assert first[9].cached_tokens > story_tokens  # the prompt and some of the reply
     assert first[1].logprobs
     assert first[4].text.lstrip().startswith("{")
 
@@ -189,3 +211,45 @@ async def test_a_recorded_stream_replays_to_identical_outputs() -> None:
             again = {seq_id: await read(slot) for seq_id, slot in replay.slots.items()}
         assert replay.recorded() == journal  # it applied the same messages, step for step
     assert again == first
+
+
+async def test_a_sequence_its_consumer_stops_ends_stop_and_serves_the_next_turn() -> None:
+    """Through the model actor: ``GenerationSequence.stop`` ends the sequence with ``stop`` (not
+    ``cancelled``), and the next turn's prompt is served from what it computed."""
+    settings = ModelSettings(model_path=str(BUNDLED_MODEL_PATH), alias="bundled")
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(DEADLINE):
+            model: ModelHandle = await nursery.start(run_model_actor, settings)
+            chat = [{"role": "user", "content": "Tell me a story about a fox."}]
+            prompt = tuple(await model.render(chat))
+            sequence = await model.submit(GenerationRequest(prompt, 400, 0.0, 1.0))
+            partial = await read_sequence(sequence, until_tokens=4)
+            await sequence.stop()
+            rest = await read_sequence(sequence)
+            assert rest.finish == "stop"
+            assert 4 <= partial.tokens + rest.tokens < 400
+            reply = partial.text + rest.text
+            turn = [
+                *chat,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": "Go on."},
+            ]
+            following = tuple(await model.render(turn))
+            assert following[: len(prompt)] == prompt
+            nxt = await model.submit(GenerationRequest(following, 4, 0.0, 1.0))
+            await read_sequence(nxt)
+            assert nxt.cached_tokens > len(prompt)  # its reply too, not only its prompt
+            await model.shutdown()
+
+
+async def read_sequence(
+    sequence: GenerationSequence, until_tokens: int | None = None
+) -> Transcript:
+    text, tokens, finish = "", 0, None
+    while until_tokens is None or tokens < until_tokens:
+        try:
+            out = await sequence.receive()
+        except trio.EndOfChannel:
+            break
+        text, tokens, finish = text + out.text, tokens + out.new_tokens, out.finish or finish
+    return Transcript(text, tokens, finish, sequence.cached_tokens, ())

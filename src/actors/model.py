@@ -37,6 +37,7 @@ from ..model.inbound import (
     Arrivals,
     GrammarSpec,
     SequenceSpec,
+    StopMatched,
 )
 from ..model.inbound import Cancel as CancelSequence
 from ..model.inbound import Shutdown as StopGeneration
@@ -95,6 +96,14 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """Sender: a response task that found its sequence's end in the output. End it with
+    ``stop`` at the next step, keeping what it computed in the prompt cache."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Sender: the root at shutdown. Refuse new sequences; finish running ones; stop."""
 
@@ -107,7 +116,7 @@ class FromThread:
     fact: BatchFact
 
 
-ModelMessage = Submit | Cancel | Shutdown | FromThread
+ModelMessage = Submit | Cancel | Stop | Shutdown | FromThread
 
 
 class GenerationSequence:
@@ -138,6 +147,12 @@ class GenerationSequence:
         """Remove the sequence from the batch at the next step (no-op once it ended)."""
         if not self._slot.finished:
             await self._handle.cancel(self.seq_id)
+
+    async def stop(self) -> None:
+        """End the sequence with ``stop`` at the next step, its work kept for the next turn
+        (no-op once it ended)."""
+        if not self._slot.finished:
+            await self._handle.stop(self.seq_id)
 
 
 class ModelHandle:
@@ -262,6 +277,12 @@ class ModelHandle:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the actor is gone and so is its batch
 
+    async def stop(self, seq_id: int) -> None:
+        try:
+            await self._mailbox.send(Stop(seq_id))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the actor is gone and so is its batch
+
     async def shutdown(self) -> None:
         """Refuse new sequences; finish running ones with ``shutdown``; stop the thread."""
         try:
@@ -355,6 +376,9 @@ class _ModelState:
                 if seq_id in self.admitted:
                     self.cancelled.add(seq_id)
                     self.engine.send(CancelSequence(seq_id))
+            case Stop(seq_id):
+                if seq_id in self.admitted:
+                    self.engine.send(StopMatched(seq_id))
             case Shutdown():
                 if not self.closing:
                     self.closing = True

@@ -224,6 +224,23 @@ class Batch:
             self._generator.remove([removed.uid])
             self._end(removed, "cancelled")
 
+    def stop(self, seq_id: int) -> None:
+        """End a sequence with ``stop`` at its consumer's word, keeping what it computed."""
+        entry = self._live.get(seq_id)
+        if entry is None:
+            return
+        if entry.phase == "decoding":  # a whole prompt and some reply: worth a next turn
+            self._prompt_cache.checkpoint(
+                entry.owner,
+                self._generator,
+                entry.uid,
+                entry.cache_parent,
+                entry.cache_key,
+                entry.prompt_length,
+            )
+        self._generator.remove([entry.uid])
+        self._end(entry, "stop")
+
     def clear_cache(self) -> None:
         self._prompt_cache.clear()  # its MLX arrays are freed on this thread
 

@@ -75,6 +75,16 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class StopMatched:
+    """Sender: the model actor, for a consumer that found its sequence's end in the output (it
+    has all it needs). The sequence ends with ``stop`` and what it computed stays in the prompt
+    cache for the next turn, as when one of its stop texts matches. No-op for a sequence the
+    thread does not hold."""
+
+    seq_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClearPromptCache:
     """Drop every prompt-cache entry (of every tenant)."""
 
@@ -99,7 +109,7 @@ class Shutdown:
     """Sender: the model actor at shutdown. Finish every sequence with ``shutdown`` and exit."""
 
 
-Inbound = Admit | Cancel | ClearPromptCache | Arrivals | Step | Shutdown
+Inbound = Admit | Cancel | StopMatched | ClearPromptCache | Arrivals | Step | Shutdown
 
 
 def plain(message: Inbound) -> Inbound:

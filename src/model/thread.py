@@ -40,6 +40,7 @@ from .inbound import (
     Inbound,
     Shutdown,
     Step,
+    StopMatched,
     plain,
 )
 from .loader import LoadedModel, load_model
@@ -221,6 +222,8 @@ class GenerationThread:
                     batch.admit(message)
                 case Cancel(seq_id):
                     batch.cancel(seq_id)
+                case StopMatched(seq_id):
+                    batch.stop(seq_id)
                 case ClearPromptCache():
                     batch.clear_cache()
                 case Arrivals(count):
