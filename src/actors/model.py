@@ -9,7 +9,7 @@ Invariants:
   reports that it ended, however it ended, never by its consumer. ``submit`` refuses with
   ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
 - The thread's port (``model/thread.py``): this actor is the only sender of its inbound stream
-  (``Admit``, ``Cancel``, ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the
+  (``Admit``, ``Cancel``, ``StopMatched``, ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the
   Trio thread too) and the only reader of its ``FactStream``, whose facts a forwarding task
   puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
@@ -278,6 +278,7 @@ class ModelHandle:
             pass  # the actor is gone and so is its batch
 
     async def stop(self, seq_id: int) -> None:
+        """End a sequence with ``stop`` at the next step (``GenerationSequence.stop``)."""
         try:
             await self._mailbox.send(Stop(seq_id))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -309,7 +310,8 @@ async def run_model_actor(
     worker = _Worker(settings)
     try:
         loaded = await worker.wait_loaded(settings.model_path)
-    except BaseException:
+    except BaseException:  # not loaded, or cancelled while loading: it must not serve on
+        worker.thread.send(StopGeneration())
         with trio.CancelScope(shield=True):
             with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
                 await trio.to_thread.run_sync(worker.thread.join, abandon_on_cancel=True)
