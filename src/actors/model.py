@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 import trio
@@ -44,20 +44,19 @@ from ..model.inbound import Shutdown as StopGeneration
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
 from ..model.outbound import BatchFact, Ended, Exited, Loaded
+from ..model.penalties import SamplingAdjust
 from ..model.prompt_bounds import measure_tokenizer, render_within
-from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
-from ..model.stream_parse import reasoning_opens_in_prompt
-from ..model.thread import ModelStatistics
+from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
+from ..model.slot import FinishReason, SequenceSlot
+from ..model.stream_parse import ToolFormat, reasoning_opens_in_prompt
+from ..model.thread import GenerationThread, ModelStatistics
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
 from .model_types import (
-    GenerationRequest,
-    ModelInfo,
+    GenerationSequence,
     ModelOverloaded,
-    ModelSettings,
     ModelUnavailable,
-    ThreadFactory,
 )
 
 __all__ = [
@@ -76,6 +75,61 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+
+ThreadFactory = Callable[..., GenerationThread]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    model_path: str
+    alias: str
+    prefill_step_size: int = 512
+    completion_batch_size: int = 32
+    prefill_batch_size: int = 8
+    max_sequences: int = 256
+    # --ctx-size: the context window the server enforces and compaction plans with; None: the
+    # model's own (its config's max_position_embeddings or the like).
+    context_size: int | None = None
+    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
+    # --prompt-cache-entries.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
+    # --blas-threads (None: measured at load, model.blas_threads).
+    blas_threads: int | None = None
+    # The seam for fault injection: tests install a GenerationThread subclass here.
+    thread_factory: ThreadFactory = GenerationThread
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    alias: str
+    path: str
+    context_window: int
+    tool_format: ToolFormat = "none"
+    has_thinking: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A rendered prompt and its sampling settings."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_logprobs: int | None = None
+    seed: int | None = None
+    # The grammar its output must follow (compiled by ``ModelHandle.compile``).
+    grammar: Grammar | None = None
+    # Penalties and top_k (logits processors the generation thread builds).
+    adjust: SamplingAdjust = field(default_factory=SamplingAdjust)
+    # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
+    stop_texts: tuple[str, ...] = ()
+    # The tenant (decision 12): scopes the prompt cache.
+    owner: str = ""
+    # The request's prompt_cache_key: the prompt-cache partition its entries are kept in.
+    cache_key: str | None = None
+
 
 # -- messages ----------------------------------------------------------------------------------
 
@@ -117,42 +171,6 @@ class FromThread:
 
 
 ModelMessage = Submit | Cancel | Stop | Shutdown | FromThread
-
-
-class GenerationSequence:
-    """A response task's view of its sequence in the batch (its output slot)."""
-
-    def __init__(self, handle: ModelHandle, seq_id: int, prompt_tokens: int, slot: SequenceSlot):
-        self.seq_id = seq_id
-        self.prompt_tokens = prompt_tokens
-        self._handle = handle
-        self._slot = slot
-
-    @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens the prompt cache served (known once the first output arrived)."""
-        return self._slot.cached_tokens
-
-    @property
-    def ended(self) -> bool:
-        """The thread reported the sequence's finish (it holds nothing of it any more)."""
-        return self._slot.finished
-
-    async def receive(self, linger: float = 0.0) -> SequenceOutput:
-        """The next coalesced output; ``trio.EndOfChannel`` after the finish was received.
-        ``linger``: let output pile up for that long first (a finish ends it at once)."""
-        return await self._slot.receive(linger)
-
-    async def cancel(self) -> None:
-        """Remove the sequence from the batch at the next step (no-op once it ended)."""
-        if not self._slot.finished:
-            await self._handle.cancel(self.seq_id)
-
-    async def stop(self) -> None:
-        """End the sequence with ``stop`` at the next step, its work kept for the next turn
-        (no-op once it ended)."""
-        if not self._slot.finished:
-            await self._handle.stop(self.seq_id)
 
 
 class ModelHandle:

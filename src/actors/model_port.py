@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -18,7 +18,9 @@ from ..model.inbound import Arrivals, Inbound
 from ..model.loader import LoadedModel
 from ..model.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
 from ..model.thread import GenerationThread, ThreadSettings
-from .model_types import ModelSettings
+
+if TYPE_CHECKING:
+    from .model import ModelSettings
 
 M = TypeVar("M")
 
