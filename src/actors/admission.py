@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.constrain import Grammar, InvalidSchema
+from ..model.inbound import GrammarSpec
 from ..model.penalties import sampling_adjust
 from ..model.stream_parse import StreamParser
 from ..protocol.errors import ApiError, invalid_request
@@ -121,7 +122,7 @@ async def admit(
                 top_logprobs=request.logprobs,
                 seed=request.seed,
                 # Built into logits processors on the generation thread, from this data.
-                grammar=grammar if model.constraints is not None else None,
+                grammar=None if grammar is None else GrammarSpec(grammar.kind, grammar.source),
                 adjust=sampling_adjust(request),
                 stop_texts=request.stop_sequences,
                 owner=request.owner,

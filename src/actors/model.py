@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 import trio
@@ -35,7 +35,6 @@ from ..model.constrain import Constraints, Grammar
 from ..model.inbound import (
     Admit,
     Arrivals,
-    GrammarSpec,
     SequenceSpec,
     StopMatched,
 )
@@ -44,7 +43,6 @@ from ..model.inbound import Shutdown as StopGeneration
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
 from ..model.outbound import BatchFact, Ended, Exited, Loaded
-from ..model.penalties import SamplingAdjust
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import FinishReason, SequenceSlot
@@ -109,26 +107,9 @@ class ModelInfo:
     has_thinking: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """A rendered prompt and its sampling settings."""
-
-    prompt: tuple[int, ...]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_logprobs: int | None = None
-    seed: int | None = None
-    # The grammar its output must follow (compiled by ``ModelHandle.compile``).
-    grammar: Grammar | None = None
-    # Penalties and top_k (logits processors the generation thread builds).
-    adjust: SamplingAdjust = field(default_factory=SamplingAdjust)
-    # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
-    stop_texts: tuple[str, ...] = ()
-    # The tenant (decision 12): scopes the prompt cache.
-    owner: str = ""
-    # The request's prompt_cache_key: the prompt-cache partition its entries are kept in.
-    cache_key: str | None = None
+# A rendered prompt and its sampling settings: what a response task submits is exactly what
+# the generation thread is told (``model/inbound.py``), its grammar named by its text.
+GenerationRequest = SequenceSpec
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -453,24 +434,7 @@ class _ModelState:
     def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
         seq_id = next(self.ids)
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        grammar = request.grammar
-        message = Admit(
-            seq_id,
-            SequenceSpec(
-                request.prompt,
-                request.max_tokens,
-                request.temperature,
-                request.top_p,
-                top_logprobs=request.top_logprobs,
-                seed=request.seed,
-                grammar=None if grammar is None else GrammarSpec(grammar.kind, grammar.source),
-                adjust=request.adjust,
-                stop_texts=request.stop_texts,
-                owner=request.owner,
-                cache_key=request.cache_key,
-            ),
-            slot,
-        )
+        message = Admit(seq_id, request, slot)
         self.admitted[seq_id] = message
         self.engine.send(message)
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)

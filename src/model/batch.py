@@ -230,15 +230,9 @@ class Batch:
         if entry is None:
             return
         if entry.phase == "decoding":  # a whole prompt and some reply: worth a next turn
-            self._prompt_cache.checkpoint(
-                entry.owner,
-                self._generator,
-                entry.uid,
-                entry.cache_parent,
-                entry.cache_key,
-                entry.prompt_length,
-            )
-        self._generator.remove([entry.uid])
+            self._stop_early(entry)
+        else:
+            self._generator.remove([entry.uid])
         self._end(entry, "stop")
 
     def clear_cache(self) -> None:
@@ -352,22 +346,26 @@ class Batch:
         entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
         if matched is not None:
             if finish is None:
-                # Keep what it computed for the next turn, then take it out of the batch.
-                self._prompt_cache.checkpoint(
-                    entry.owner,
-                    self._generator,
-                    entry.uid,
-                    entry.cache_parent,
-                    entry.cache_key,
-                    entry.prompt_length,
-                )
-                self._generator.remove([entry.uid])
+                self._stop_early(entry)
             else:
                 self._store_finished(entry, response)
             self._end(entry, "stop")
         elif finish is not None:
             self._store_finished(entry, response)
             self._end(entry, "length" if finish == "length" else "stop")
+
+    def _stop_early(self, entry: _Live) -> None:
+        """Keep what a sequence mlx-lm has not finished computed for the next turn, then take
+        it out of the batch."""
+        self._prompt_cache.checkpoint(
+            entry.owner,
+            self._generator,
+            entry.uid,
+            entry.cache_parent,
+            entry.cache_key,
+            entry.prompt_length,
+        )
+        self._generator.remove([entry.uid])
 
     def _store_finished(self, entry: _Live, response: Any) -> None:
         """Keep a finished sequence's cache (prompt and reply) for the next turn."""
