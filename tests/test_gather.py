@@ -5,6 +5,7 @@ drops does not stall the batch. The real thread on the bundled model."""
 
 from __future__ import annotations
 
+import queue
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from mlx_responses.actors.model_port import Arrival, _Engine
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.inbound import Admit, Arrivals, Inbound, SequenceSpec, Shutdown
+from mlx_responses.model.inbound import Admit, Arrivals, Inbound, SequenceSpec, Shutdown, Step
 from mlx_responses.model.loader import LoadedModel
 from mlx_responses.model.outbound import FactStream, Loaded
 from mlx_responses.model.slot import SequenceSlot
@@ -32,8 +33,12 @@ class Thread:
     def __init__(self) -> None:
         self.facts = FactStream(trio.lowlevel.current_trio_token())
         self.loaded: LoadedModel | None = None
+        # What the thread applied, in order, and its steps between.
+        self.journal: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.thread = GenerationThread(
-            ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0), self.facts
+            ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0),
+            self.facts,
+            journal=self.journal,
         )
 
     def insert(self, seq_id: int) -> SequenceSlot:
@@ -45,6 +50,12 @@ class Thread:
 
     def arriving(self, count: int) -> None:
         self.thread.send(Arrivals(count))
+
+    def applied(self) -> list[Inbound]:
+        out: list[Inbound] = []
+        while not self.journal.empty():
+            out.append(self.journal.get_nowait())
+        return out
 
     def worked(self) -> bool:
         """Whether any step so far prefilled or decoded something."""
@@ -104,6 +115,11 @@ async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
             ends = [await finish(slot) for slot in slots]
     assert ends == [("length", 4)] * 3
     assert model.worked()
+    # One prefill for the burst: the thread took all three in before its first step.
+    applied = model.applied()
+    first_step = next(i for i, m in enumerate(applied) if isinstance(m, Step))
+    admitted = [m.seq_id for m in applied[:first_step] if isinstance(m, Admit)]
+    assert admitted == [1, 2, 3]
 
 
 async def test_a_lone_request_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
