@@ -6,7 +6,6 @@ on the bundled model, and the real command line."""
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +25,10 @@ from mlx_responses.model.blas_threads import (
     open_blas,
 )
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.model.inbound import Shutdown
 from mlx_responses.model.loader import LoadedModel
-from mlx_responses.model.thread import GenerationThread, StopGeneration, ThreadSettings
+from mlx_responses.model.outbound import FactStream, Loaded
+from mlx_responses.model.thread import GenerationThread, ThreadSettings
 from mlx_responses.server import ServerHandle
 
 from .test_cli_operations import cli
@@ -85,30 +86,20 @@ def test_a_clearly_faster_default_is_kept_and_a_slightly_faster_one_is_not() -> 
 
 def load_on_a_generation_thread(blas_threads: int | None) -> LoadedModel:
     """Start the real thread on the bundled model, wait for it to load, stop it."""
-    ready = threading.Event()
-    result: list[LoadedModel | BaseException | None] = []
-
-    def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
-        result.append(loaded if loaded is not None else error)
-        ready.set()
-
+    facts = FactStream()
     thread = GenerationThread(
         ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0, blas_threads=blas_threads),
-        on_loaded=on_loaded,
-        on_ended=lambda _seq_id: None,
-        on_statistics=lambda _stats: None,
-        on_exit=lambda _error: None,
-        arriving=lambda: 0,
+        facts,
     )
     thread.start()
     try:
-        assert ready.wait(DEADLINE), "the model did not load in time"
+        fact = facts.get(DEADLINE)
     finally:
-        thread.send(StopGeneration())
+        thread.send(Shutdown())
         thread.join(DEADLINE)
-    (loaded,) = result
-    assert isinstance(loaded, LoadedModel), loaded
-    return loaded
+    assert isinstance(fact, Loaded), fact
+    assert isinstance(fact.loaded, LoadedModel), fact
+    return fact.loaded
 
 
 @pytest.fixture
@@ -236,10 +227,10 @@ async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
         return BlasThreads(1, default_restored, None, "test", default_restored)
 
     monkeypatch.setattr(thread_module, "set_blas_threads", decode_on_one)
-    async with running(lambda: 0) as model:
+    async with running() as model:
         with trio.fail_after(DEADLINE):
             assert await finish(model.insert(1)) == ("length", 4)
-            steps = model.thread._threads
+            steps = model.thread._batch._threads if model.thread._batch else None
             assert steps is not None
             assert steps.changes >= 1  # prefill on the default, then decoding on one
             assert handle.threads() == 1  # the last step decoded

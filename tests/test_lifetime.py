@@ -196,24 +196,18 @@ async def test_an_exception_inside_a_stream_ends_it_once_with_failed(
     await assert_nothing_left(server)
 
 
-async def test_a_sequence_whose_logits_processor_raises_fails_alone(server: ServerHandle) -> None:
+async def test_a_sequence_whose_logits_processor_raises_fails_alone(
+    server: ServerHandle, faults: ThreadFaults
+) -> None:
     """A fault in one sequence's own code on the generation thread ends that sequence alone;
     the others in the batch and the thread go on."""
     model = server.model
     prompt = tuple(await model.render([{"role": "user", "content": "Count from 1 to 110."}]))
-    calls = {"n": 0}
-
-    def processor(_tokens: Any, logits: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] > 3:
-            raise ValueError("a broken logits processor")
-        return logits
+    faults.break_processors("broken", after=3)
 
     with trio.fail_after(DEADLINE):
         healthy = [await model.submit(GenerationRequest(prompt, 40, 0.0, 1.0)) for _ in range(3)]
-        broken = await model.submit(
-            GenerationRequest(prompt, 40, 0.0, 1.0, make_processors=lambda: [processor])
-        )
+        broken = await model.submit(GenerationRequest(prompt, 40, 0.0, 1.0, owner="broken"))
         ends = {}
         for sequence in [*healthy, broken]:
             while (out := await sequence.receive()).finish is None:

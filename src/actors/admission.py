@@ -11,12 +11,11 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
 
 from .. import formats
-from ..model.constrain import Constraints, Grammar, InvalidSchema, make_logits_processor
-from ..model.penalties import sampling_adjust, with_adjustments
+from ..model.constrain import Grammar, InvalidSchema
+from ..model.inbound import GrammarSpec
+from ..model.penalties import sampling_adjust
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.machine import Compacted
 from ..protocol.request import CreateRequest
@@ -43,10 +42,6 @@ class Admission:
     sequence: GenerationSequence
     shaper: OutputShaper
     compaction: Compacted | None = None  # the history was compacted first
-
-
-def _processors(constraints: Constraints, grammar: Grammar) -> list[Any]:
-    return [make_logits_processor(constraints, grammar)]
 
 
 async def constrain(request: CreateRequest, model: ModelHandle) -> Grammar | None:
@@ -127,13 +122,6 @@ async def admit(
     window = model.info.context_window
     if window - len(prepared.prompt) < 1:
         raise context_exceeded(prepared.prompt, window)
-    constraints = model.constraints
-    make_processors = None
-    if grammar is not None and constraints is not None:
-        # Bound now, called on the generation thread: the processor holds MLX state.
-        make_processors = partial(_processors, constraints, grammar)
-    # Penalties and top_k, as logits processors built on the generation thread.
-    make_processors = with_adjustments(sampling_adjust(request), make_processors)
     config = request.config
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
     shaper = output_shaper(request, model, prepared.prompt)
@@ -146,7 +134,9 @@ async def admit(
                 top_p=1.0 if config.top_p is None else config.top_p,
                 top_logprobs=request.logprobs,
                 seed=request.seed,
-                make_processors=make_processors,
+                # Built into logits processors on the generation thread, from this data.
+                grammar=None if grammar is None else GrammarSpec(grammar.kind, grammar.source),
+                adjust=sampling_adjust(request),
                 stop_texts=request.stop_sequences,
                 owner=request.owner,
                 cache_key=config.prompt_cache_key,

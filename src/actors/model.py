@@ -8,12 +8,16 @@ Invariants:
 - Admission: at most ``max_sequences`` sequences are admitted; one is released when the thread
   reports that it ended, however it ended, never by its consumer. ``submit`` refuses with
   ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
-- A cancel puts a ``RemoveSequence`` on the thread's inbox: the sequence leaves the batch at
-  the thread's next step (one decode step or one prefill chunk).
+- The thread's port (``model/thread.py``): this actor is the only sender of its inbound stream
+  (``Admit``, ``Cancel``, ``StopMatched``, ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the
+  Trio thread too) and the only reader of its ``FactStream``, whose facts a forwarding task
+  puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
   it had not taken in yet go to a new thread, which loads the model again: the server keeps
   serving.
 - ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
+- What Trio tasks count for the thread (``_Engine``: admitted, arriving, the current worker) is
+  touched only on the Trio thread; the generation thread learns of it by message.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
@@ -31,35 +34,48 @@ import trio
 from .. import formats
 from ..formats import reasoning_opens_in_prompt
 from ..model.constrain import Constraints, Grammar
+from ..model.inbound import (
+    Admit,
+    Arrivals,
+    SequenceSpec,
+    StopMatched,
+)
+from ..model.inbound import Cancel as CancelSequence
+from ..model.inbound import Shutdown as StopGeneration
 from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
+from ..model.outbound import BatchFact, Ended, Exited, Loaded
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
-from ..model.slot import FinishReason, SequenceOutput, SequenceSlot
-from ..model.thread import (
-    GenerationThread,
-    InsertSequence,
-    ModelStatistics,
-    RemoveSequence,
-    StopGeneration,
-    ThreadSettings,
-)
+from ..model.slot import FinishReason, SequenceSlot
+from ..model.thread import GenerationThread, ModelStatistics
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
+from .model_port import Arrival, _Engine, _Worker
+from .model_types import (
+    GenerationSequence,
+    ModelOverloaded,
+    ModelUnavailable,
+)
+
+__all__ = [
+    "Arrival",
+    "GenerationRequest",
+    "GenerationSequence",
+    "ModelHandle",
+    "ModelInfo",
+    "ModelOverloaded",
+    "ModelSettings",
+    "ModelUnavailable",
+    "ThreadFactory",
+    "run_model_actor",
+]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
 
 ThreadFactory = Callable[..., GenerationThread]
-
-
-class ModelUnavailable(RuntimeError):
-    """The model is shutting down or has stopped; no new sequence is admitted."""
-
-
-class ModelOverloaded(RuntimeError):
-    """Too many sequences are admitted already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,24 +110,9 @@ class ModelInfo:
     has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """A rendered prompt and its sampling settings."""
-
-    prompt: tuple[int, ...]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_logprobs: int | None = None
-    seed: int | None = None
-    # Called on the generation thread to build this sequence's logits processors.
-    make_processors: Callable[[], list[Any]] | None = None
-    # Text that ends the sequence with ``stop`` when generated (the matched text is not output).
-    stop_texts: tuple[str, ...] = ()
-    # The tenant (decision 12): scopes the prompt cache.
-    owner: str = ""
-    # The request's prompt_cache_key: the prompt-cache partition its entries are kept in.
-    cache_key: str | None = None
+# A rendered prompt and its sampling settings: what a response task submits is exactly what
+# the generation thread is told (``model/inbound.py``), its grammar named by its text.
+GenerationRequest = SequenceSpec
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -133,85 +134,27 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
-class Shutdown:
-    """Sender: the root at shutdown. Refuse new sequences; finish running ones; stop."""
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceEnded:
-    """Sender: the generation thread. A sequence received its finish: release its admission."""
+class Stop:
+    """Sender: a response task that found its sequence's end in the output. End it with
+    ``stop`` at the next step, keeping what it computed in the prompt cache."""
 
     seq_id: int
 
 
 @dataclass(frozen=True, slots=True)
-class ThreadExited:
-    """Sender: the generation thread, last."""
-
-    thread: GenerationThread
-    error: BaseException | None
+class Shutdown:
+    """Sender: the root at shutdown. Refuse new sequences; finish running ones; stop."""
 
 
-ModelMessage = Submit | Cancel | Shutdown | SequenceEnded | ThreadExited
+@dataclass(frozen=True, slots=True)
+class FromThread:
+    """Sender: a worker's forwarding task. A fact of that worker's generation thread."""
+
+    worker: _Worker
+    fact: BatchFact
 
 
-class GenerationSequence:
-    """A response task's view of its sequence in the batch (its output slot)."""
-
-    def __init__(self, handle: ModelHandle, seq_id: int, prompt_tokens: int, slot: SequenceSlot):
-        self.seq_id = seq_id
-        self.prompt_tokens = prompt_tokens
-        self._handle = handle
-        self._slot = slot
-
-    @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens the prompt cache served (known once the first output arrived)."""
-        return self._slot.cached_tokens
-
-    @property
-    def ended(self) -> bool:
-        """The thread reported the sequence's finish (it holds nothing of it any more)."""
-        return self._slot.finished
-
-    async def receive(self, linger: float = 0.0) -> SequenceOutput:
-        """The next coalesced output; ``trio.EndOfChannel`` after the finish was received.
-        ``linger``: let output pile up for that long first (a finish ends it at once)."""
-        return await self._slot.receive(linger)
-
-    async def cancel(self) -> None:
-        """Remove the sequence from the batch at the next step (no-op once it ended)."""
-        if not self._slot.finished:
-            await self._handle.cancel(self.seq_id)
-
-
-class _Board:
-    """The latest statistics snapshot: written by the generation thread and the actor (whole
-    immutable values, so a reader on any thread sees a consistent one without a lock)."""
-
-    def __init__(self) -> None:
-        self.batch = ModelStatistics()
-        self.admitted = 0
-        # Requests on their way to the model (``ModelHandle.arriving``): written on the Trio
-        # thread, read by the generation thread (an int, read whole).
-        self.arriving = 0
-
-
-class Arrival:
-    """One request counted on the board as on its way to the model (``ModelHandle.arriving``)
-    until ``done``, which may be called more than once."""
-
-    __slots__ = ("_board", "_counted")
-
-    def __init__(self, board: _Board) -> None:
-        self._board = board
-        self._counted = True
-        board.arriving += 1
-
-    def done(self) -> None:
-        if self._counted:
-            self._counted = False
-            self._board.arriving -= 1
+ModelMessage = Submit | Cancel | Stop | Shutdown | FromThread
 
 
 class ModelHandle:
@@ -222,7 +165,7 @@ class ModelHandle:
         settings: ModelSettings,
         loaded: LoadedModel,
         mailbox: trio.MemorySendChannel[ModelMessage],
-        board: _Board,
+        engine: _Engine,
     ):
         fmt = formats.get(settings.tool_format or loaded.tool_format)
         self.info = ModelInfo(
@@ -239,11 +182,11 @@ class ModelHandle:
         self._bound = measure_tokenizer(loaded.tokenizer)
         self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
         self._mailbox = mailbox
-        self._board = board
+        self._engine = engine
         self.restarts = 0
 
     def statistics(self) -> ModelStatistics:
-        return replace(self._board.batch, admitted=self._board.admitted)
+        return replace(self._engine.latest(), admitted=self._engine.admitted)
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[Arrival]:
@@ -251,7 +194,7 @@ class ModelHandle:
         prompt, up to its ``submit``), or until the block calls ``done`` on it: an idle batch
         that gets a sequence waits briefly for the requests counted here, so that a burst is
         prefilled together (``thread.gather_bound``)."""
-        arrival = Arrival(self._board)
+        arrival = Arrival(self._engine)
         try:
             yield arrival
         finally:
@@ -260,7 +203,7 @@ class ModelHandle:
     @property
     def decoding(self) -> int:
         """Sequences decoding at the latest step (cheap: read per output by every run)."""
-        return self._board.batch.decoding
+        return self._engine.latest().decoding
 
     async def render(
         self,
@@ -338,6 +281,13 @@ class ModelHandle:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the actor is gone and so is its batch
 
+    async def stop(self, seq_id: int) -> None:
+        """End a sequence with ``stop`` at the next step (``GenerationSequence.stop``)."""
+        try:
+            await self._mailbox.send(Stop(seq_id))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the actor is gone and so is its batch
+
     async def shutdown(self) -> None:
         """Refuse new sequences; finish running ones with ``shutdown``; stop the thread."""
         try:
@@ -348,53 +298,8 @@ class ModelHandle:
     async def wait_idle(self) -> None:
         """Wait until the batch holds no sequence and nothing is admitted (tests, benchmarks)."""
         # Polled: the snapshot is published by the generation thread, not by a Trio task.
-        while self.statistics().active or self._board.admitted:  # noqa: ASYNC110
+        while self.statistics().active or self._engine.admitted:  # noqa: ASYNC110
             await trio.sleep(0.001)
-
-
-class _Worker:
-    """One generation thread; its reports come back to the actor as messages."""
-
-    def __init__(
-        self,
-        settings: ModelSettings,
-        report: Callable[[ModelMessage], None],
-        board: _Board,
-    ) -> None:
-        self.loaded = trio.Event()
-        self.result: LoadedModel | BaseException | None = None
-        self._token = trio.lowlevel.current_trio_token()
-
-        def on_loaded(loaded: LoadedModel | None, error: BaseException | None) -> None:
-            self.result = loaded if loaded is not None else error or RuntimeError("load failed")
-            self._token.run_sync_soon(self.loaded.set)
-
-        def on_statistics(stats: ModelStatistics) -> None:
-            board.batch = stats
-
-        self.thread: GenerationThread = settings.thread_factory(
-            ThreadSettings(
-                settings.model_path,
-                prefill_step_size=settings.prefill_step_size,
-                completion_batch_size=settings.completion_batch_size,
-                prefill_batch_size=settings.prefill_batch_size,
-                prompt_cache_bytes=settings.prompt_cache_bytes,
-                prompt_cache_entries=settings.prompt_cache_entries,
-                blas_threads=settings.blas_threads,
-            ),
-            on_loaded=on_loaded,
-            on_ended=lambda seq_id: report(SequenceEnded(seq_id)),
-            on_statistics=on_statistics,
-            on_exit=lambda error: report(ThreadExited(self.thread, error)),
-            arriving=lambda: board.arriving,
-        )
-        self.thread.start()
-
-    async def wait_loaded(self, path: str) -> LoadedModel:
-        await self.loaded.wait()
-        if not isinstance(self.result, LoadedModel):
-            raise RuntimeError(f"could not load model {path!r}: {self.result}") from self.result
-        return self.result
 
 
 async def run_model_actor(
@@ -406,77 +311,58 @@ async def run_model_actor(
     send: trio.MemorySendChannel[ModelMessage]
     receive: trio.MemoryReceiveChannel[ModelMessage]
     send, receive = open_mailbox()
-    # The thread's reports: at most one per admitted sequence plus one exit, so this buffer is
-    # bounded by admission; the thread never waits on it.
-    report_send, report_receive = trio.open_memory_channel[ModelMessage](math.inf)
-    token = trio.lowlevel.current_trio_token()
-
-    def report(message: ModelMessage) -> None:  # on the generation thread
-        try:
-            token.run_sync_soon(_deliver, report_send, message)
-        except trio.RunFinishedError:
-            pass
-
-    board = _Board()
-    worker = _Worker(settings, report, board)
-    loaded = await worker.wait_loaded(settings.model_path)
-    handle = ModelHandle(settings, loaded, send, board)
-    log.info("model %s loaded from %s", settings.alias, loaded.path)
-    state = _ModelState(settings, worker, board)
+    worker = _Worker(settings)
     try:
-        async with trio.open_nursery() as nursery, receive, report_receive:
-            nursery.start_soon(_forward, report_receive, send.clone())
+        loaded = await worker.wait_loaded(settings.model_path)
+    except BaseException:  # not loaded, or cancelled while loading: it must not serve on
+        worker.thread.send(StopGeneration())
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                await trio.to_thread.run_sync(worker.thread.join, abandon_on_cancel=True)
+        raise
+    engine = _Engine(worker)
+    handle = ModelHandle(settings, loaded, send, engine)
+    log.info("model %s loaded from %s", settings.alias, loaded.path)
+    state = _ModelState(settings, engine)
+    try:
+        async with trio.open_nursery() as nursery, receive:
+            state.nursery = nursery
+            nursery.start_soon(worker.forward, send.clone(), FromThread)
             task_status.started(handle)
             async for message in receive:
-                if await state.apply(message, handle, report):
+                if await state.apply(message, handle, send):
                     break
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             if not state.stopped:
-                state.worker.thread.send(StopGeneration())
+                engine.send(StopGeneration())
                 with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                    await trio.to_thread.run_sync(state.worker.thread.join, abandon_on_cancel=True)
-
-
-def _deliver(
-    channel: trio.MemorySendChannel[ModelMessage], message: ModelMessage
-) -> None:  # on the Trio thread
-    try:
-        channel.send_nowait(message)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass  # the actor is gone
-
-
-async def _forward(
-    reports: trio.MemoryReceiveChannel[ModelMessage],
-    mailbox: trio.MemorySendChannel[ModelMessage],
-) -> None:
-    """The thread's reports into the actor's own mailbox, in order."""
-    async with mailbox:
-        async for message in reports:
-            await mailbox.send(message)
+                    await trio.to_thread.run_sync(engine.worker.thread.join, abandon_on_cancel=True)
 
 
 class _ModelState:
     """What the actor task owns (touched only by ``run_model_actor``'s loop)."""
 
-    def __init__(self, settings: ModelSettings, worker: _Worker, board: _Board) -> None:
+    def __init__(self, settings: ModelSettings, engine: _Engine) -> None:
         self.settings = settings
-        self.worker = worker
-        self.board = board
-        # Admitted and not yet reported ended: the command that inserted each.
-        self.admitted: dict[int, InsertSequence] = {}
+        self.engine = engine
+        self.nursery: trio.Nursery | None = None
+        # Admitted and not yet reported ended: the message that admitted each.
+        self.admitted: dict[int, Admit] = {}
         self.cancelled: set[int] = set()  # of those, the ones a cancel was sent for
         self.closing = False
         self.stopped = False
         self.ids = itertools.count(1)
 
     def _publish(self) -> None:
-        self.board.admitted = len(self.admitted)
+        self.engine.admitted = len(self.admitted)
 
     async def apply(
-        self, message: ModelMessage, handle: ModelHandle, report: Callable[[ModelMessage], None]
+        self,
+        message: ModelMessage,
+        handle: ModelHandle,
+        mailbox: trio.MemorySendChannel[ModelMessage],
     ) -> bool:
         """Apply one message; True when the actor is done."""
         match message:
@@ -495,70 +381,86 @@ class _ModelState:
             case Cancel(seq_id):
                 if seq_id in self.admitted:
                     self.cancelled.add(seq_id)
-                    self.worker.thread.send(RemoveSequence(seq_id))
+                    self.engine.send(CancelSequence(seq_id))
+            case Stop(seq_id):
+                if seq_id in self.admitted:
+                    self.engine.send(StopMatched(seq_id))
             case Shutdown():
                 if not self.closing:
                     self.closing = True
-                    self.worker.thread.send(StopGeneration())
-            case SequenceEnded(seq_id):
-                self.admitted.pop(seq_id, None)
-                self.cancelled.discard(seq_id)
-            case ThreadExited(thread, error):
-                if thread is not self.worker.thread:
+                    self.engine.send(StopGeneration())
+            case FromThread(worker, fact):
+                if worker is not self.engine.worker:
                     return False
+                return self._from_thread(fact, handle, mailbox)
+            case _:
+                assert_never(message)
+        self._publish()
+        return False
+
+    def _from_thread(
+        self,
+        fact: BatchFact,
+        handle: ModelHandle,
+        mailbox: trio.MemorySendChannel[ModelMessage],
+    ) -> bool:
+        worker = self.engine.worker
+        match fact:
+            case Loaded(loaded, error):
+                worker.loaded = loaded is not None
+                if loaded is None:
+                    log.error("the restarted generation thread could not load: %r", error)
+            case Ended(seq_ids):
+                for seq_id in seq_ids:
+                    self.admitted.pop(seq_id, None)
+                    self.cancelled.discard(seq_id)
+            case Exited(error):
                 if self.closing and error is None:
                     self.stopped = True
                     self._end_all("shutdown")
                     return True
-                if not isinstance(self.worker.result, LoadedModel):
-                    raise RuntimeError(f"could not load the model again: {self.worker.result}")
+                if not worker.loaded:
+                    raise RuntimeError(f"could not load the model again: {error}")
                 log.error("the generation thread died (%r); restarting it", error)
-                self.worker = _Worker(self.settings, report, self.board)
+                self.engine.worker = worker = _Worker(self.settings)
+                assert self.nursery is not None
+                self.nursery.start_soon(worker.forward, mailbox.clone(), FromThread)
                 handle.restarts += 1
+                if self.engine.arriving:
+                    self.engine.send(Arrivals(self.engine.arriving))
                 self._resend()
-                # Commands sent from now on queue in the new thread's inbox until it has
+                # Messages sent from now on queue in the new thread's inbox until it has
                 # loaded; the actor keeps answering meanwhile.
             case _:
-                assert_never(message)
+                assert_never(fact)
         self._publish()
         return False
 
     def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
         seq_id = next(self.ids)
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        command = InsertSequence(
-            seq_id,
-            request.prompt,
-            request.max_tokens,
-            request.temperature,
-            request.top_p,
-            slot,
-            request.top_logprobs,
-            request.make_processors,
-            request.seed,
-            request.stop_texts,
-            request.owner,
-            request.cache_key,
-        )
-        self.admitted[seq_id] = command
-        self.worker.thread.send(command)
+        message = Admit(seq_id, request, slot)
+        self.admitted[seq_id] = message
+        self.engine.send(message)
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)
 
     def _resend(self) -> None:
         """Sequences a dead thread never took in (it reported every one it held as ended
         before it exited) go to the new thread, unless a cancel was sent for them meanwhile."""
-        for seq_id, command in list(self.admitted.items()):
+        for seq_id, message in list(self.admitted.items()):
             if seq_id in self.cancelled:
                 del self.admitted[seq_id]
                 self.cancelled.discard(seq_id)
-                command.slot.push(finish="cancelled")
+                if message.output is not None:
+                    message.output.push(finish="cancelled")
             else:
-                self.worker.thread.send(command)
+                self.engine.send(message)
 
     def _end_all(self, reason: FinishReason) -> None:
         """Sequences the stopped thread never reported ended end with ``reason``."""
-        for command in self.admitted.values():
-            command.slot.push(finish=reason)
+        for message in self.admitted.values():
+            if message.output is not None:
+                message.output.push(finish=reason)
         self.admitted.clear()
         self.cancelled.clear()
         self._publish()

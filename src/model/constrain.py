@@ -161,6 +161,11 @@ class Constraints:
 
         return self._cached(key, build)
 
+    def from_source(self, kind: str, source: str) -> Grammar:
+        """The grammar compiled from its llguidance text: how the generation thread gets the
+        grammar a sequence names (a cache hit for one compiled here by its schema or tools)."""
+        return self._cached(("source", source), lambda: self._compile(kind, source))
+
     # -- internals -----------------------------------------------------------------------------
 
     def _cached(self, key: tuple[str, ...], build: Callable[[], Grammar]) -> Grammar:
@@ -173,6 +178,7 @@ class Constraints:
         with self._lock:
             self._cache[key] = grammar
             self._cache.move_to_end(key)
+            self._cache[("source", grammar.source)] = grammar  # what ``from_source`` finds
             while len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return grammar

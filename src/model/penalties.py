@@ -64,18 +64,6 @@ def _top_k_processor(k: int) -> Any:
     return top_k
 
 
-def with_adjustments(adjust: SamplingAdjust, make: Any) -> Any:
-    """``make`` (a processor factory or None) followed by ``adjust``'s processors; None when
-    there is nothing to build. Penalties run before a grammar mask, so the mask has the last word."""
-    if adjust.is_default:
-        return make
-
-    def build() -> list[Any]:
-        return [*adjust.processors(), *(make() if make is not None else [])]
-
-    return build
-
-
 def sampling_adjust(request: CreateRequest) -> SamplingAdjust:
     """A request's penalties (echoed on its Response) and ``top_k`` (Anthropic's)."""
     return SamplingAdjust(

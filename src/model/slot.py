@@ -15,6 +15,7 @@ Invariants:
   linger's length after it began: consumers lingering with the same interval wake together, in
   one pass of the event loop, so N streams cost one wake-up of the loop (and of a client that
   reads them all) per tick instead of N spread over it.
+- The cache report (``report_cache``) is written and read under the same lock as the output.
 - A finish is sticky: after the producer reports one, the slot accepts nothing more, and the
   consumer receives it exactly once, after all text produced before it.
 """
@@ -73,8 +74,8 @@ class SequenceSlot:
         # What the consumer waits for (under the lock): "any" output, only a "finish" (while it
         # lingers), or nothing (None: it is busy, or about to take what is there).
         self._waiting: Literal["any", "finish"] | None = None
-        # Prompt tokens served from the prompt cache: set by the producer before its first push.
-        self.cached_tokens = 0
+        # Prompt tokens served from the prompt cache (``report_cache``, before the first push).
+        self._cached_tokens = 0
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
         self._event = trio.Event()
 
@@ -113,10 +114,20 @@ class SequenceSlot:
         except trio.RunFinishedError:
             pass  # nobody is left to wake
 
+    def report_cache(self, tokens: int) -> None:
+        """The prompt tokens the prompt cache served (wakes nobody: it is not output)."""
+        with self._lock:
+            self._cached_tokens = tokens
+
     @property
     def finished(self) -> bool:
         with self._lock:
             return self._finish is not None
+
+    @property
+    def cached_tokens(self) -> int:
+        with self._lock:
+            return self._cached_tokens
 
     # -- consumer side (Trio thread) --------------------------------------------------------
 

@@ -1,0 +1,110 @@
+"""The Trio side of the engine's port (``model/thread.py``): one generation thread with its
+fact stream (``_Worker``), and what Trio tasks count for it (``_Engine``).
+
+Invariants:
+- Touched only on the Trio thread. The generation thread hears of anything here by message
+  (``Arrivals``) and reports by its ``FactStream``, which ``_Worker.forward`` moves into the
+  model actor's mailbox in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
+
+from ..model.inbound import Arrivals, Inbound
+from ..model.loader import LoadedModel
+from ..model.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
+from ..model.thread import GenerationThread, ThreadSettings
+
+if TYPE_CHECKING:
+    from .model import ModelSettings
+
+M = TypeVar("M")
+
+
+class _Engine:
+    """The Trio side of the thread's port: the current worker and what Trio tasks count for it
+    (touched only on the Trio thread; the thread hears of ``arriving`` by ``Arrivals``)."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.admitted = 0
+        # Requests on their way to the model (``ModelHandle.arriving``).
+        self.arriving = 0
+
+    def send(self, message: Inbound) -> None:
+        self.worker.thread.send(message)
+
+    def arrive(self, change: int) -> None:
+        self.arriving += change
+        self.send(Arrivals(self.arriving))
+
+    def latest(self) -> ModelStatistics:
+        return self.worker.facts.latest()
+
+
+class Arrival:
+    """One request counted as on its way to the model (``ModelHandle.arriving``) until
+    ``done``, which may be called more than once."""
+
+    __slots__ = ("_counted", "_engine")
+
+    def __init__(self, engine: _Engine) -> None:
+        self._engine = engine
+        self._counted = True
+        engine.arrive(+1)
+
+    def done(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._engine.arrive(-1)
+
+
+class _Worker:
+    """One generation thread and its fact stream."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.facts = FactStream(trio.lowlevel.current_trio_token())
+        self.loaded = False  # it reported its model loaded
+        self.thread: GenerationThread = settings.thread_factory(
+            ThreadSettings(
+                settings.model_path,
+                prefill_step_size=settings.prefill_step_size,
+                completion_batch_size=settings.completion_batch_size,
+                prefill_batch_size=settings.prefill_batch_size,
+                prompt_cache_bytes=settings.prompt_cache_bytes,
+                prompt_cache_entries=settings.prompt_cache_entries,
+                blas_threads=settings.blas_threads,
+            ),
+            self.facts,
+        )
+        self.thread.start()
+
+    async def wait_loaded(self, path: str) -> LoadedModel:
+        """The first worker's load, before the actor serves (its first fact)."""
+        fact = await self.facts.receive()
+        match fact:
+            case Loaded(loaded, error) if loaded is not None:
+                self.loaded = True
+                return loaded
+            case Loaded(_, error):
+                raise RuntimeError(f"could not load model {path!r}: {error}") from error
+            case _:
+                raise RuntimeError(f"could not load model {path!r}: {fact}")
+
+    async def forward(
+        self, mailbox: trio.MemorySendChannel[M], wrap: Callable[[_Worker, BatchFact], M]
+    ) -> None:
+        """This thread's facts into the actor's mailbox, in order, up to its exit."""
+        async with mailbox:
+            while True:
+                fact = await self.facts.receive()
+                try:
+                    await mailbox.send(wrap(self, fact))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return  # the actor is gone
+                if isinstance(fact, Exited):
+                    return

@@ -1,0 +1,448 @@
+"""The batch on the generation thread: one ``BatchGenerator``, the sequences in it, the
+prompt cache. ``GenerationThread`` applies its inbound messages here and steps it.
+
+Invariants:
+- Called only on the generation thread (every MLX call happens there).
+- Every admitted sequence receives exactly one finish on its slot (stop, length, cancelled,
+  shutdown or error) and is listed once in ``take_ended`` after it: that is what releases its
+  admission in the model actor.
+- A fault stays with its sequence: whatever one sequence's setup, logits processors, sampler
+  or detokenizer raises ends that sequence alone with ``error``; the batch goes on. Only an
+  error of the batch itself (the model's forward pass) propagates.
+- Stop sequences (``stop_texts``) belong to the sequence: the first one completed ends it with
+  ``stop`` (the matched text is not output), as the model's own end token does.
+- The books are ours, not mlx-lm's: each sequence's phase (queued, prefilling, decoding) follows
+  the responses ``next()`` returns, and the token counts and prefill time come from
+  ``BatchGenerator.stats()`` around each step; mlx-lm is used through its public API only.
+- Segment checkpoints (issue 12): on a model whose cache cannot be trimmed
+  (``prompt_cache.needs_checkpoints``), a sequence's prompt is inserted as segments cut at the
+  boundaries that survive re-rendering (``segments.boundaries``), and the cache is stored at
+  each cut as its prefill passes it. On other models a prompt is one segment.
+- Identical messages and steps give identical output: nothing here reads the clock or any
+  state but the messages' own (seeded samplers draw from their own keys).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, assert_never
+
+from ..protocol.stops import StopMatcher
+from .blas_threads import StepThreads, open_blas
+from .constrain import make_logits_processor
+from .inbound import Admit, SequenceSpec
+from .loader import LoadedModel
+from .outbound import ModelStatistics
+from .prompt_cache import PromptCache, needs_checkpoints
+from .sampling import make_seeded_sampler, make_shared_sampler
+from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
+from .slot import FinishReason, SequenceSlot
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["queued", "prefilling", "decoding"]
+
+
+class _Fault:
+    """The first exception one sequence's own code raised on this thread, if any."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
+def _guard(function: Callable[..., Any], fault: _Fault, fallback: Callable[..., Any]) -> Any:
+    """``function`` for one sequence, recording its exception instead of raising it into the
+    batch step (``fallback`` gives a harmless value; the sequence is removed after the step)."""
+
+    def guarded(*args: Any) -> Any:
+        if fault.error is None:
+            try:
+                return function(*args)
+            except Exception as exc:
+                fault.error = exc
+        return fallback(*args)
+
+    return guarded
+
+
+def _keep_logits(_context: Any, logits: Any) -> Any:
+    return logits
+
+
+def _greedy(logprobs: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.argmax(logprobs, axis=-1)
+
+
+class _Discard:
+    """The output of a sequence nobody reads (``Admit.output`` None)."""
+
+    def push(self, *_args: Any, **_kwargs: Any) -> None:
+        pass
+
+    def report_cache(self, _tokens: int) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Live:
+    seq_id: int
+    uid: int
+    slot: SequenceSlot | _Discard
+    detokenizer: Any
+    fault: _Fault
+    stops: StopMatcher | None = None
+    top_logprobs: int | None = None
+    phase: Phase = "queued"
+    owner: str = ""
+    cache_parent: tuple[int, ...] | None = None  # the prompt-cache entry it was served from
+    cache_key: str | None = None
+    prompt_length: int = 0
+    reused: int = 0  # prompt tokens the prompt cache served
+    checkpoints: frozenset[int] = frozenset()  # prompt lengths to checkpoint at (segments)
+
+
+@dataclass(slots=True)
+class _Totals:
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated: int = 0
+
+
+class Batch:
+    """The sequences the thread holds and the generator they run in (see the module header)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        prompt_cache: PromptCache,
+        *,
+        prefill_step_size: int,
+        completion_batch_size: int,
+        prefill_batch_size: int,
+    ) -> None:
+        import mlx.core as mx
+        from mlx_lm.generate import BatchGenerator, make_stop_sequences
+
+        self._loaded = loaded
+        self._stream = mx.new_stream(mx.default_device())
+        self._generator = BatchGenerator(
+            loaded.model,
+            completion_batch_size=completion_batch_size,
+            prefill_batch_size=prefill_batch_size,
+            prefill_step_size=prefill_step_size,
+            stream=self._stream,
+        )
+        self._stop_tokens = make_stop_sequences(loaded.tokenizer)
+        self._tokenizer = loaded.tokenizer
+        self._prompt_cache = prompt_cache
+        self._samplers: dict[tuple[float, float], Any] = {}
+        self._live: dict[int, _Live] = {}
+        self._by_uid: dict[int, _Live] = {}
+        self._ended: list[int] = []
+        self.totals = _Totals()
+        # OpenBLAS's count per step (decode or prefill).
+        self._threads: StepThreads | None = None
+        blas = open_blas()
+        if blas is not None and loaded.blas is not None:
+            stream = self._stream
+            self._threads = StepThreads(
+                blas.set_threads, loaded.blas, lambda: mx.synchronize(stream), blas.threads()
+            )
+        # The chat template's message marks, when the model's cache needs segment checkpoints.
+        self._marks: ChatMarks | None = None
+        if prompt_cache.enabled and needs_checkpoints(loaded.model):
+            self._marks = chat_marks(render_without_generation_prompt(loaded.tokenizer))
+
+    @property
+    def live(self) -> bool:
+        return bool(self._live)
+
+    def take_ended(self) -> tuple[int, ...]:
+        """The sequences that received their finish since the last call."""
+        ended, self._ended = tuple(self._ended), []
+        return ended
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def admit(self, message: Admit) -> None:
+        spec = message.spec
+        slot: SequenceSlot | _Discard = message.output or _Discard()
+        fault = _Fault()
+        try:
+            sampler = self._sampler(spec, fault)
+            processors = self._processors(spec)
+            # Only the part of the prompt the prompt cache does not hold is prefilled.
+            reuse = self._prompt_cache.fetch(spec.owner, spec.prompt)
+            slot.report_cache(reuse.tokens)
+            cuts = boundaries(spec.prompt, self._marks, reuse.tokens) if self._marks else ()
+            (uid,) = self._generator.insert_segments(
+                [split(spec.prompt, reuse.tokens, cuts)],
+                max_tokens=[spec.max_tokens],
+                caches=[reuse.cache],
+                all_tokens=[list(spec.prompt[: reuse.tokens])],
+                samplers=[sampler],
+                logits_processors=[[_guard(p, fault, _keep_logits) for p in processors]],
+                stop_sequences=[self._stop_tokens],
+            )
+        except Exception as exc:
+            log.exception("sequence %d could not start", message.seq_id)
+            self.totals.failed += 1
+            slot.push(finish="error", error=repr(exc))
+            self._ended.append(message.seq_id)
+            return
+        entry = _Live(
+            message.seq_id,
+            uid,
+            slot,
+            # A fresh streaming detokenizer per sequence (the property copies one).
+            self._tokenizer.detokenizer,
+            fault,
+            StopMatcher(spec.stop_texts) if spec.stop_texts else None,
+            spec.top_logprobs,
+            owner=spec.owner,
+            cache_parent=reuse.parent,
+            cache_key=spec.cache_key,
+            prompt_length=len(spec.prompt),
+            reused=reuse.tokens,
+            checkpoints=frozenset(cuts),
+        )
+        self._live[message.seq_id] = entry
+        self._by_uid[uid] = entry
+
+    def cancel(self, seq_id: int) -> None:
+        removed = self._live.get(seq_id)
+        if removed is not None:
+            self._generator.remove([removed.uid])
+            self._end(removed, "cancelled")
+
+    def stop(self, seq_id: int) -> None:
+        """End a sequence with ``stop`` at its consumer's word, keeping what it computed."""
+        entry = self._live.get(seq_id)
+        if entry is None:
+            return
+        if entry.phase == "decoding":  # a whole prompt and some reply: worth a next turn
+            self._stop_early(entry)
+        else:
+            self._generator.remove([entry.uid])
+        self._end(entry, "stop")
+
+    def clear_cache(self) -> None:
+        self._prompt_cache.clear()  # its MLX arrays are freed on this thread
+
+    def _sampler(self, spec: SequenceSpec, fault: _Fault) -> Any:
+        if spec.seed is not None and spec.temperature != 0:
+            seeded = make_seeded_sampler(spec.temperature, spec.top_p, spec.seed)
+            return _guard(seeded, fault, _greedy)
+        # Shared per setting, unguarded: mlx-lm samples a batch in one call only when its rows
+        # share one sampler object, and these are ours and cannot fail per row.
+        key = (spec.temperature, spec.top_p)
+        shared = self._samplers.get(key)
+        if shared is None:
+            shared = self._samplers[key] = make_shared_sampler(*key)
+        return shared
+
+    def _processors(self, spec: SequenceSpec) -> list[Any]:
+        """The sequence's logits processors, built from its data: penalties and ``top_k`` first,
+        then the grammar's mask, so the mask has the last word."""
+        processors = spec.adjust.processors()
+        if spec.grammar is not None:
+            constraints = self._loaded.constraints
+            if constraints is None:
+                raise RuntimeError("this model's tokenizer does not support constraints")
+            grammar = constraints.from_source(spec.grammar.kind, spec.grammar.source)
+            processors.append(make_logits_processor(constraints, grammar))
+        return processors
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def prefills(self) -> bool:
+        """Whether the next step prefills: a sequence waits for its prompt or is in it."""
+        return any(entry.phase != "decoding" for entry in self._live.values())
+
+    def step(self) -> None:
+        generator = self._generator
+        if self._threads is not None:
+            self._threads.before_step(self.prefills())
+        with generator.stats() as stats:
+            prompt_responses, generation_responses = generator.next()
+        totals = self.totals
+        totals.prompt_tokens += stats.prompt_tokens
+        totals.prompt_seconds += stats.prompt_time
+        totals.generated += stats.generation_tokens
+        for progress in prompt_responses:
+            entry = self._by_uid.get(progress.uid)
+            if entry is None:
+                continue
+            if entry.phase == "queued":
+                entry.phase = "prefilling"
+            if (
+                progress.end_of_segment
+                and not progress.end_of_prompt
+                and entry.reused + progress.progress[0] in entry.checkpoints
+            ):
+                # A segment boundary: what the prefill holds now serves later prompts that
+                # share this prefix (an exact prefix: the model's cache cannot be trimmed).
+                self._prompt_cache.checkpoint(
+                    entry.owner,
+                    generator,
+                    entry.uid,
+                    partition=entry.cache_key,
+                    at=entry.checkpoints,
+                )
+            if progress.end_of_prompt and entry.phase != "decoding":
+                entry.phase = "decoding"
+                entry.slot.push(prefill_done=True)
+                self._prompt_cache.checkpoint(
+                    entry.owner, generator, entry.uid, entry.cache_parent, entry.cache_key
+                )
+        for response in generation_responses:
+            entry = self._by_uid.get(response.uid)
+            if entry is None or entry.fault.error is not None:
+                continue
+            try:
+                self._deliver(entry, response)
+            except Exception as exc:
+                entry.fault.error = exc
+        for entry in [e for e in self._live.values() if e.fault.error is not None]:
+            log.error("sequence %d failed: %r", entry.seq_id, entry.fault.error)
+            if entry.uid in self._by_uid:
+                generator.remove([entry.uid])
+            self._end(entry, "error", repr(entry.fault.error))
+
+    def _deliver(self, entry: _Live, response: Any) -> None:
+        """One generated token of ``entry``: its text to the slot, and its end if it ended."""
+        detokenizer = entry.detokenizer
+        finish = response.finish_reason
+        entry.phase = "decoding"
+        if finish == "stop":
+            # The token that completes a stop sequence is not part of the output.
+            detokenizer.finalize()
+            tokens = 0
+        else:
+            detokenizer.add_token(response.token)
+            if finish == "length":
+                detokenizer.finalize()
+            tokens = 1
+        text = detokenizer.last_segment
+        matched: str | None = None
+        if entry.stops is not None:
+            text, matched = entry.stops.feed(text)
+            if matched is None and finish is not None:
+                text += entry.stops.flush()
+        logprobs = (
+            ()
+            if entry.top_logprobs is None or not tokens
+            else (self._logprob_entry(response, entry.top_logprobs),)
+        )
+        entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
+        if matched is not None:
+            if finish is None:
+                self._stop_early(entry)
+            else:
+                self._store_finished(entry, response)
+            self._end(entry, "stop")
+        elif finish is not None:
+            self._store_finished(entry, response)
+            self._end(entry, "length" if finish == "length" else "stop")
+
+    def _stop_early(self, entry: _Live) -> None:
+        """Keep what a sequence mlx-lm has not finished computed for the next turn, then take
+        it out of the batch."""
+        self._prompt_cache.checkpoint(
+            entry.owner,
+            self._generator,
+            entry.uid,
+            entry.cache_parent,
+            entry.cache_key,
+            entry.prompt_length,
+        )
+        self._generator.remove([entry.uid])
+
+    def _store_finished(self, entry: _Live, response: Any) -> None:
+        """Keep a finished sequence's cache (prompt and reply) for the next turn."""
+        self._prompt_cache.store(
+            entry.owner,
+            response.all_tokens,
+            response.prompt_cache,
+            partition=entry.cache_key,
+            prompt_tokens=entry.prompt_length,
+        )
+
+    def _end(self, entry: _Live, reason: FinishReason, error: str | None = None) -> None:
+        """Take ``entry`` out of the books and give its slot its finish."""
+        self._live.pop(entry.seq_id, None)
+        self._by_uid.pop(entry.uid, None)
+        match reason:
+            case "cancelled":
+                self.totals.cancelled += 1
+            case "error":
+                self.totals.failed += 1
+            case "stop" | "length" | "shutdown":
+                self.totals.finished += 1
+            case _:
+                assert_never(reason)
+        entry.slot.push(finish=reason, error=error)
+        self._ended.append(entry.seq_id)
+
+    def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
+        """The SDK's ``Logprob`` for one generated token, with ``top`` alternatives."""
+        import mlx.core as mx
+
+        logprobs = response.logprobs
+        alternatives: list[dict[str, Any]] = []
+        if top > 0:
+            ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+            values = logprobs[ids]
+            pairs: list[tuple[int, float]] = [
+                (int(i), float(v))  # type: ignore[arg-type]
+                for i, v in zip(ids.tolist(), values.tolist(), strict=True)  # type: ignore[arg-type]
+            ]
+            pairs.sort(key=lambda pair: -pair[1])
+            alternatives = [self._token_logprob(i, v) for i, v in pairs]
+        entry = self._token_logprob(response.token, float(logprobs[response.token].item()))
+        entry["top_logprobs"] = alternatives
+        return entry
+
+    def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self._tokenizer.decode([int(token)])
+        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
+
+    # -- books -----------------------------------------------------------------------------------
+
+    def statistics(self, previous: ModelStatistics) -> ModelStatistics:
+        phases = {"queued": 0, "prefilling": 0, "decoding": 0}
+        for entry in self._live.values():
+            phases[entry.phase] += 1
+        decoding = phases["decoding"]
+        totals = self.totals
+        return ModelStatistics(
+            active=len(self._live),
+            queued=phases["queued"],
+            prefilling=phases["prefilling"],
+            decoding=decoding,
+            active_ids=frozenset(self._live),
+            tokens_generated=totals.generated,
+            prompt_tokens_processed=totals.prompt_tokens,
+            sequences_finished=totals.finished,
+            sequences_cancelled=totals.cancelled,
+            sequences_failed=totals.failed,
+            steps=previous.steps + 1,
+            peak_decoding=max(previous.peak_decoding, decoding),
+            prompt_cache=self._prompt_cache.stats,
+        )
+
+    def close(self, reason: FinishReason, error: str | None) -> None:
+        """End every sequence with ``reason``; free the cache and the generator."""
+        for entry in list(self._live.values()):
+            self._end(entry, reason, error)
+        self._prompt_cache.clear()  # its MLX arrays are freed on this thread
+        self._generator.close()
