@@ -22,7 +22,7 @@ from ..protocol.request import CreateRequest
 from ..protocol.tool_search import discoverable
 from ..protocol.tools import FunctionTool, offered_tools
 from .model import ModelHandle
-from .prompt_limit import too_long_to_tokenize
+from .prompt_limit import prompt_limit, too_long_to_tokenize
 from .runtime import Actors, RunningResponses
 
 
@@ -188,6 +188,31 @@ async def prepare_prompt(
         request, actors, history + new_items, max_tokens, request.prompt_memo
     )
     return PreparedPrompt(history, new_items, prompt, tools)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyPrompt:
+    """A create request prepared for its response: refused now if it ever will be."""
+
+    request: CreateRequest  # with the tools its history loaded
+    prepared: PreparedPrompt
+    compacting: bool  # the history is compacted before generating (``context_management``)
+
+
+async def prepare_response(
+    request: CreateRequest, actors: Actors, running: RunningResponses | None
+) -> ReadyPrompt:
+    """Everything a create asks of the prompt, in one pass: the early length refusal, history,
+    render, the tools a search in the history loaded (issue 13), and the context-window check
+    (before any grammar is compiled) unless the history is to be compacted."""
+    window = actors.model.info.context_window
+    prepared = await prepare_prompt(request, actors, running, prompt_limit(request, actors.model))
+    if prepared.tools is not None:
+        request = dataclasses.replace(request, tools=prepared.tools)
+    compacting = needs_compaction(request, len(prepared.prompt), window)
+    if not compacting and len(prepared.prompt) >= window:
+        raise context_exceeded(prepared.prompt, window)
+    return ReadyPrompt(request, prepared, compacting)
 
 
 def history_tools(

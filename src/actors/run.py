@@ -12,6 +12,9 @@ Invariants:
   finish within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
   ``server_error`` instead, and that terminal event is the one published.
 - ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
+- The run's ``phase`` (``protocol/phase.py``) is the one record of where the response is:
+  waiting for admission, prefilling, decoding (``in_progress`` told), finishing (the terminal
+  input is in the machine, the records are being written), ended. It moves only by the table.
 - A server-executed tool search (issue 13) does not end the response: once its
   ``tool_search_output`` is out, the run renders its input and output so far with the loaded
   tools and admits a second sequence, which goes on in the same machine (``_continue``). The
@@ -34,6 +37,7 @@ from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
 from ..protocol.objects import JsonObject, Usage
+from ..protocol.phase import Phase, Step, advance, announced
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import after_server_search
 from ..storage.interface import StoredResponse
@@ -75,7 +79,14 @@ def delta_interval(decoding: int) -> float:
 class ResponseRun:
     """The state of one response; driven by its owner task with ``generate`` and the ends."""
 
-    def __init__(self, request: CreateRequest, prepared: PreparedPrompt, actors: Actors) -> None:
+    def __init__(
+        self,
+        request: CreateRequest,
+        prepared: PreparedPrompt,
+        actors: Actors,
+        grammar: Grammar | None = None,
+    ) -> None:
+        self.phase = advance(Phase.PREPARING, Step.PREPARED)
         self.request = request
         self.prepared = prepared
         self._actors = actors
@@ -87,10 +98,9 @@ class ResponseRun:
         self.log.prompt_tokens = len(prepared.prompt)
         self._admission: Admission | None = None
         self._output_tokens = 0
-        self._started = False
         self._stop_sequence: str | None = None
         # The grammar a deferred admission (a background job's compaction) will use.
-        self.grammar: Grammar | None = None
+        self.grammar = grammar
         self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
         # Earlier sequences of this response (a server tool search's continuation, issue 13).
         self._prior = Usage(0, 0)
@@ -131,7 +141,7 @@ class ResponseRun:
 
     def attach(self, admission: Admission) -> None:
         """The run's sequence is admitted: generation may start."""
-        assert self._admission is None
+        self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = admission
         self.log.prompt_tokens = admission.sequence.prompt_tokens
 
@@ -158,7 +168,7 @@ class ResponseRun:
         """Run the admitted sequence to the terminal event (cancellable at every await)."""
         admission = self._admission
         assert admission is not None
-        if not self._started and not self.request.config.background:
+        if not announced(self.phase) and not self.request.config.background:
             # A foreground response is in progress from the start (OpenAI sends created and
             # in_progress at once); a background one stays queued until the model reports work.
             self._start()
@@ -171,7 +181,7 @@ class ResponseRun:
             linger = delta_interval(model.decoding)
 
     def _start(self) -> None:
-        self._started = True
+        self.phase = advance(self.phase, Step.STARTED)
         self.log.status = "in_progress"  # issue 16: the status page
         compaction = self._admission.compaction if self._admission is not None else None
         self._publish(self._machine.feed(Start(compaction)))
@@ -185,7 +195,7 @@ class ResponseRun:
         admission = self._admission
         assert admission is not None
         working = output.prefill_done or output.text or output.finish in ("stop", "length")
-        if not self._started and working:
+        if not announced(self.phase) and working:
             self._start()
         events: list[JsonObject] = []
         for step in admission.shaper.feed(output.text, output.logprobs):
@@ -251,6 +261,7 @@ class ResponseRun:
             cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
         )
         self._prior_reasoning += admission.shaper.reasoning_text
+        self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = following
         self.log.prompt_tokens = self._prior.input_tokens + following.sequence.prompt_tokens
         return True
@@ -271,7 +282,7 @@ class ResponseRun:
     async def end_steered(self) -> None:
         """Steering input arrived for a continuation: stop here, ``incomplete`` / ``steered``."""
         await self._release()
-        if not self._started:
+        if not announced(self.phase):
             self._start()
         await self.end(Finish("steered", self.usage(), int(time.time())))
 
@@ -291,6 +302,12 @@ class ResponseRun:
             usage = None
         await self.end(Fail("server_error", message, usage))
 
+    async def refused(self) -> None:
+        """The response was refused before it existed (registration cancelled at shutdown,
+        a job's bytes over budget): nothing is published; an admitted sequence leaves."""
+        self.phase = advance(self.phase, Step.REFUSED)
+        await self._release()
+
     async def _release(self) -> None:
         admission = self._admission
         if admission is not None:
@@ -301,6 +318,7 @@ class ResponseRun:
         """Publish the terminal event after the records are written (once)."""
         if self._machine.terminal:
             return
+        self.phase = advance(self.phase, Step.TERMINAL)
         # The machine as it was, in case the records cannot be written.
         before = self._machine.fork() if record else None
         held, self._held = self._held, []
@@ -322,6 +340,7 @@ class ResponseRun:
                     Fail("server_error", "The response could not be stored.", usage)
                 )
         self._publish(closing)
+        self.phase = advance(self.phase, Step.CLOSED)
         self.log.close(self._machine.snapshot(), self._stop_sequence)
 
     async def _finish_records(self, closing: list[JsonObject]) -> None:

@@ -19,7 +19,6 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from ..actors.compaction import compact_history
 from ..actors.prompt import persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import list_envelope, page, parse_list_query
@@ -27,6 +26,7 @@ from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
+from .lifetime import presence
 from .pipeline import final_object, follow, open_response, read_create_body
 from .schemas import parse_compact_request, parse_create_request
 from .server_defaults import default_temperature
@@ -141,8 +141,9 @@ async def count_input_tokens() -> Response:
 
 async def compact_response() -> Response:
     compact = parse_compact_request(await read_create_body(), owner=tenant())
-    rt = runtime()
-    return json_response(await compact_history(compact, rt.actors, rt.responses))
+    # A task under the supervisor like every generation: its summary is a running response
+    # (listed, cancellable by id, awaited at shutdown) that ends if this request does.
+    return json_response(await runtime().responses.compact(compact, presence()))
 
 
 async def get_response(response_id: str) -> Response:
