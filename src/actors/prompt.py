@@ -17,7 +17,7 @@ from ..model.prompt_bounds import PromptTooLong
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.history import input_items, items_from_json
 from ..protocol.objects import JsonObject
-from ..protocol.prompt_memo import PromptMemo
+from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import discoverable
 from ..protocol.tools import FunctionTool, offered_tools
@@ -36,6 +36,8 @@ class PreparedPrompt:
     # The tools offered once the history's tool searches loaded theirs (``history_tools``);
     # None: the request's own ``tools``.
     tools: tuple[FunctionTool, ...] | None = None
+    # This render, kept for the next turn when the request asked (``keep_render``).
+    rendered: RenderedPrompt | None = None
 
     @property
     def all_items(self) -> tuple[JsonObject, ...]:
@@ -139,25 +141,31 @@ async def render_items(
     actors: Actors,
     items: tuple[JsonObject, ...],
     max_tokens: int | None = None,
-    memo: PromptMemo | None = None,
 ) -> tuple[int, ...]:
     """The token ids of ``items`` rendered as ``request`` renders (instructions, tools); with
-    ``max_tokens``, a prompt provably longer is refused before it is tokenized. With ``memo``
-    (issue 14), the text the memo's previous render shares is not tokenized again (the same
-    ids), and this render is written to the memo."""
+    ``max_tokens``, a prompt provably longer is refused before it is tokenized."""
+    return (await _render(request, actors, items, max_tokens))[0]
+
+
+async def _render(
+    request: CreateRequest,
+    actors: Actors,
+    items: tuple[JsonObject, ...],
+    max_tokens: int | None = None,
+) -> tuple[tuple[int, ...], RenderedPrompt | None]:
+    """``render_items``; with ``keep_render`` (issue 14), the text the request's previous render
+    shares is not tokenized again (the same ids), and this render comes back too."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     tools = [tool.for_template() for tool in offered] or None
     try:
         chat = await render_messages(request, actors, items)
-        rendered = None
-        if memo is not None:
+        if request.keep_render:
             rendered = await actors.model.render_continuing(
-                chat, tools, request.template_kwargs, max_tokens, memo.previous
+                chat, tools, request.template_kwargs, max_tokens, request.previous_render
             )
-            memo.rendered = rendered
-        if rendered is not None:
-            return rendered.ids
+            if rendered is not None:
+                return rendered.ids, rendered
         prompt = await actors.model.render(chat, tools, request.template_kwargs, max_tokens)
     except PromptTooLong as exc:  # refused untokenized
         raise too_long_to_tokenize(exc, actors.model.info.context_window) from None
@@ -167,7 +175,7 @@ async def render_items(
             "input",
             code="invalid_prompt",
         ) from exc
-    return tuple(prompt)
+    return tuple(prompt), None
 
 
 async def prepare_prompt(
@@ -184,10 +192,8 @@ async def prepare_prompt(
     tools = history_tools(request, history)
     if tools is not None:
         request = dataclasses.replace(request, tools=tools)
-    prompt = await render_items(
-        request, actors, history + new_items, max_tokens, request.prompt_memo
-    )
-    return PreparedPrompt(history, new_items, prompt, tools)
+    prompt, rendered = await _render(request, actors, history + new_items, max_tokens)
+    return PreparedPrompt(history, new_items, prompt, tools, rendered)
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,7 @@ class ResponseRun:
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
         self.log.input_items = prepared.all_items
         self.log.prompt_tokens = len(prepared.prompt)
+        self.log.rendered = prepared.rendered  # issue 14: the transport keeps it
         self._admission: Admission | None = None
         self._output_tokens = 0
         self._stop_sequence: str | None = None
@@ -144,6 +145,8 @@ class ResponseRun:
         self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = admission
         self.log.prompt_tokens = admission.sequence.prompt_tokens
+        sequence = admission.sequence
+        self.log.watch_cache(lambda: sequence.cached_tokens)  # issue 12: message_start
 
     @property
     def admission(self) -> Admission | None:
