@@ -8,9 +8,13 @@ Invariants:
   ``store``), the turn is appended to the conversation (when there is output), then the
   terminal event is published and the log closes. A subscriber that reads the terminal event
   and then GETs the response finds it.
-- Storing can fail without breaking the stream: if writing the records fails (or does not
-  finish within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
-  ``server_error`` instead, and that terminal event is the one published.
+- Storing can fail without breaking the stream: if writing the records fails (or the store
+  does not answer within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
+  ``server_error`` instead, and that terminal event is the one published. A busy store is not a
+  failed one: the deadline is for a store that does not answer at all, and a write that timed
+  out (it may still land, queued in the store) is followed by the failed record, so the store
+  ends agreeing with what the followers saw (issue 25: a job once told its live followers
+  ``failed`` while its record landed ``completed``).
 - ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
 - The run's ``phase`` (``protocol/phase.py``) is the one record of where the response is:
   waiting for admission, prefilling, decoding (``in_progress`` told), finishing (the terminal
@@ -50,7 +54,11 @@ from .timings import RunTimings
 
 log = logging.getLogger(__name__)
 
-STORE_DEADLINE_SECONDS = 5
+# How long a run waits for the store's answer to its records. Long: a durable store under
+# load (a commit behind other requests, a slow disk) is slow, not failed.
+STORE_DEADLINE_SECONDS = 60
+# How long a run waits to hand its sequence's cancel to the model actor.
+RELEASE_DEADLINE_SECONDS = 5
 # The store bytes a background job is assumed to need per token of its output budget.
 BYTES_PER_TOKEN = 16
 
@@ -314,7 +322,7 @@ class ResponseRun:
     async def _release(self) -> None:
         admission = self._admission
         if admission is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_DEADLINE_SECONDS):
                 await admission.sequence.cancel()
 
     async def end(self, terminal: MachineInput, *, record: bool = True) -> None:
@@ -330,7 +338,7 @@ class ResponseRun:
             # Shielded: a hang-up at this instant must not leave the store or the
             # conversation half-told.
             written = False
-            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS) as wait:
                 try:
                     await self._finish_records(closing)
                     written = True
@@ -342,6 +350,9 @@ class ResponseRun:
                 closing = held + self._machine.feed(
                     Fail("server_error", "The response could not be stored.", usage)
                 )
+                if wait.cancelled_caught:  # the records may still land: this one goes after
+                    log.error("the store did not answer for response %s", self.response_id)
+                    await self._store_failed(closing)
         self._publish(closing)
         self.phase = advance(self.phase, Step.CLOSED)
         self.log.close(self._machine.snapshot(), self._stop_sequence)
@@ -367,6 +378,23 @@ class ResponseRun:
             await actors.conversations.append(
                 config.conversation_id, self.prepared.new_items + tuple(output), self.request.owner
             )
+
+    async def _store_failed(self, closing: list[JsonObject]) -> None:
+        """After a write that timed out: the failed record, queued behind it in the store."""
+        config, store = self.request.config, self._actors.store
+        if not (config.store and store.enabled):
+            return
+        record = StoredResponse(
+            self._machine.snapshot(),
+            self.prepared.all_items,
+            self.log.events + tuple(closing),
+            self.request.owner,
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            try:
+                await store.put(record)
+            except Exception:
+                log.exception("could not store failed response %s", self.response_id)
 
     def _too_large(self, final: JsonObject, owner: str) -> StoredResponse:
         failed = {
