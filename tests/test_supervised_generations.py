@@ -182,3 +182,54 @@ async def test_a_websocket_warm_up_is_a_running_response_cancellable_by_id(
     assert events[-1]["type"] == "response.cancelled"
     assert events[-1]["response"]["id"] == warm_id
     assert server.responses.statistics().tasks == 0
+
+
+async def test_a_steering_successor_is_a_running_response_cancellable_by_id(
+    gated: ServerHandle, gate: Gate
+) -> None:
+    server = gated
+    url = server.base_url.replace("http://", "ws://") + "/v1/responses"
+    count = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0}
+    events: list[dict[str, Any]] = []
+    target: list[str] = []
+
+    def steer_then_follow() -> None:
+        with ws_client.connect(url) as socket:
+            socket.send(json.dumps({"type": "response.create", **count}))
+            while True:
+                event = json.loads(socket.recv(timeout=DEADLINE))
+                events.append(event)
+                if event["type"] == "response.created" and not target:
+                    target.append(event["response"]["id"])
+                if event["type"] == "response.output_text.delta" and gate.open.is_set():
+                    gate.open.clear()  # the successor will wait, admitted, for its first step
+                    steer = {"previous_response_id": target[0], "input": "Reply with: hello"}
+                    socket.send(json.dumps({"type": "response.steer", **steer}))
+                response = event.get("response") or {}
+                if event["type"] == "response.cancelled" and response.get("id") != target[0]:
+                    return
+
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, steer_then_follow)
+                await wait_until(lambda: bool(target), poll=0.01)
+
+                await wait_until(
+                    lambda: (
+                        any(e["type"] == "response.incomplete" for e in events)
+                        and server.responses.statistics().running == 1
+                    ),
+                    poll=0.01,
+                )
+                (listed,) = await server.responses.running("")
+                successor = listed.response_id
+                assert successor != target[0]
+                assert successor in await running_ids(http)  # on /status
+                cancelled = await http.post(f"/v1/responses/{successor}/cancel")
+                gate.open.set()
+    assert cancelled.status_code == 200, cancelled.text
+    steered = next(e for e in events if e["type"] == "response.incomplete")
+    assert steered["response"]["incomplete_details"] == {"reason": "steered"}
+    assert events[-1]["response"]["id"] == successor
+    assert server.responses.statistics().tasks == 0
