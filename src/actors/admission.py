@@ -146,6 +146,4 @@ async def admit(
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    if request.cache_report is not None:  # issue 12: message_start's cache read
-        request.cache_report.attach(lambda: sequence.cached_tokens)
     return Admission(prepared, sequence, shaper, compaction)

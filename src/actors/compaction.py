@@ -4,7 +4,9 @@ Invariants:
 - Nothing here stores or changes anything. ``compact`` counts, splits the history
   (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
   response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
-  (``admit`` then a ``ResponseRun``), in the caller's task, and returns the compacted context.
+  (``admit`` then a ``ResponseRun``), in the caller's task (a response task: the supervisor's),
+  and returns the compacted context. ``on_summary`` hears of the summary's log as soon as it
+  exists: the compaction route's task registers it, so it is listed, cancellable and awaited.
 - Refusals are 400 ``context_length_exceeded`` with ``param: "input"``, one message per case:
   the history is longer than one context window; the summary request does not fit in it; the
   compacted context is not shorter than the history (nothing older than the kept turns to
@@ -21,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -41,6 +44,7 @@ from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import admit
+from .event_log import EventLog
 from .prompt import PreparedPrompt, prepare_prompt, render_items
 from .run import ResponseRun
 from .runtime import Actors, RunningResponses
@@ -50,6 +54,9 @@ SUMMARY_INSTRUCTIONS = (
     "and an assistant. Write a summary that can replace it: keep the facts, names, numbers, "
     "decisions, tool results and open tasks; leave out pleasantries. Answer with the summary only."
 )
+# Told the summary's log once it exists (``None``: nobody listens).
+OnSummary = Callable[[EventLog], Awaitable[None]] | None
+
 # Role markers and separators an item adds to its text when rendered (an estimate: the split
 # only needs costs that grow with the item).
 ITEM_OVERHEAD_TOKENS = 4
@@ -80,6 +87,7 @@ async def compact(
     *,
     keep_tokens: int,
     summary_tokens: int,
+    on_summary: OnSummary = None,
 ) -> CompactionResult:
     """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``."""
     model = actors.model
@@ -103,7 +111,11 @@ async def compact(
             f"The summary could not shorten the context of {before} tokens: {exc}."
         ) from None
     summary, usage = await _summarize(
-        request, transcript(split.prior_summary, split.summarized), actors, summary_tokens
+        request,
+        transcript(split.prior_summary, split.summarized),
+        actors,
+        summary_tokens,
+        on_summary,
     )
     item = item_json(Compaction(summary, split.retained))
     prompt = await render_items(request, actors, (*prepared.all_items, item))
@@ -116,7 +128,7 @@ async def compact(
 
 
 async def _summarize(
-    request: CreateRequest, text: str, actors: Actors, max_tokens: int
+    request: CreateRequest, text: str, actors: Actors, max_tokens: int, on_summary: OnSummary
 ) -> tuple[str, Usage]:
     """One non-streaming generation of the summary of ``text`` (a transcript)."""
     config = ResponseConfig(
@@ -145,6 +157,8 @@ async def _summarize(
     run = ResponseRun(summary_request, prepared, actors)
     run.attach(admission)
     try:
+        if on_summary is not None:
+            await on_summary(run.log)
         await run.generate()
     finally:
         if not run.terminal:
@@ -188,7 +202,10 @@ async def compact_for_request(
 
 
 async def compact_history(
-    compact_request: CompactRequest, actors: Actors, running: RunningResponses | None = None
+    compact_request: CompactRequest,
+    actors: Actors,
+    running: RunningResponses | None = None,
+    on_summary: OnSummary = None,
 ) -> JsonObject:
     """``POST /v1/responses/compact``: the ``response.compaction`` object. Stores nothing."""
     create = compact_request.create
@@ -200,6 +217,7 @@ async def compact_history(
         actors,
         keep_tokens=compact_request.keep_tokens or default_keep_tokens(window),
         summary_tokens=compact_request.max_output_tokens,
+        on_summary=on_summary,
     )
     output = [item_json(item) for item in (*result.kept, *result.retained)]
     return {

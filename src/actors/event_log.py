@@ -8,6 +8,10 @@ Invariants:
 - Each event is encoded as SSE at most once (``encoded``), however many subscribers read it.
 - A stored response's record is in the response store before its log closes, so a
   subscriber that saw the terminal event and then GETs the response finds it.
+- Besides the events, the log carries the facts a transport needs back from its response
+  (issue 25: the request is a frozen value with no back-channel): the prompt-cache read of its
+  first sequence (``cached_tokens``, final once any output was seen) and the prompt as rendered
+  (``rendered``, when the request asked to keep it), both written by the owner only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import trio
 
+from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.sse import encode_sse
 from ..storage.interface import scoped
 
@@ -46,6 +51,21 @@ class EventLog:
         self.final: JsonObject | None = None  # the final object, once closed
         # The stop sequence that ended the generation, once closed (the Anthropic encoding).
         self.stop_sequence: str | None = None
+        # Issue 14: the prompt as rendered, kept for a WebSocket continuation (``keep_render``).
+        self.rendered: RenderedPrompt | None = None
+        # Issue 12: reads the first sequence's prompt-cache hit (the generation thread writes
+        # it when it consults the cache, before the sequence's first output).
+        self._cache_read: Callable[[], int] | None = None
+
+    def watch_cache(self, read: Callable[[], int]) -> None:
+        """Sender: the owner, as its first sequence is admitted (later ones are not kept)."""
+        if self._cache_read is None:
+            self._cache_read = read
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prompt cache served the first sequence (0 before admission)."""
+        return self._cache_read() if self._cache_read is not None else 0
 
     async def wait_closed(self) -> None:
         while not self._closed:

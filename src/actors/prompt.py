@@ -18,12 +18,12 @@ from ..model.prompt_bounds import PromptTooLong
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.history import input_items, items_from_json
 from ..protocol.objects import JsonObject
-from ..protocol.prompt_memo import PromptMemo
+from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import discoverable
 from ..protocol.tools import FunctionTool, offered_tools
 from .model import ModelHandle
-from .prompt_limit import too_long_to_tokenize
+from .prompt_limit import prompt_limit, too_long_to_tokenize
 from .runtime import Actors, RunningResponses
 
 
@@ -37,6 +37,8 @@ class PreparedPrompt:
     # The tools offered once the history's tool searches loaded theirs (``history_tools``);
     # None: the request's own ``tools``.
     tools: tuple[FunctionTool, ...] | None = None
+    # This render, kept for the next turn when the request asked (``keep_render``).
+    rendered: RenderedPrompt | None = None
 
     @property
     def all_items(self) -> tuple[JsonObject, ...]:
@@ -141,12 +143,20 @@ async def render_items(
     actors: Actors,
     items: tuple[JsonObject, ...],
     max_tokens: int | None = None,
-    memo: PromptMemo | None = None,
 ) -> tuple[int, ...]:
     """The token ids of ``items`` rendered as ``request`` renders (instructions, tools); with
-    ``max_tokens``, a prompt provably longer is refused before it is tokenized. With ``memo``
-    (issue 14), the text the memo's previous render shares is not tokenized again (the same
-    ids), and this render is written to the memo."""
+    ``max_tokens``, a prompt provably longer is refused before it is tokenized."""
+    return (await _render(request, actors, items, max_tokens))[0]
+
+
+async def _render(
+    request: CreateRequest,
+    actors: Actors,
+    items: tuple[JsonObject, ...],
+    max_tokens: int | None = None,
+) -> tuple[tuple[int, ...], RenderedPrompt | None]:
+    """``render_items``; with ``keep_render`` (issue 14), the text the request's previous render
+    shares is not tokenized again (the same ids), and this render comes back too."""
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     replay = formats.get(actors.model.info.tool_format).replay  # the template's wishes
@@ -156,14 +166,12 @@ async def render_items(
     kwargs = replay.template_kwargs(None, request.template_kwargs)
     try:
         chat = await render_messages(request, actors, items)
-        rendered = None
-        if memo is not None:
+        if request.keep_render:
             rendered = await actors.model.render_continuing(
-                chat, tools, kwargs, max_tokens, memo.previous
+                chat, tools, kwargs, max_tokens, request.previous_render
             )
-            memo.rendered = rendered
-        if rendered is not None:
-            return rendered.ids
+            if rendered is not None:
+                return rendered.ids, rendered
         prompt = await actors.model.render(chat, tools, kwargs, max_tokens)
     except PromptTooLong as exc:  # refused untokenized
         raise too_long_to_tokenize(exc, actors.model.info.context_window) from None
@@ -173,7 +181,7 @@ async def render_items(
             "input",
             code="invalid_prompt",
         ) from exc
-    return tuple(prompt)
+    return tuple(prompt), None
 
 
 async def prepare_prompt(
@@ -190,10 +198,33 @@ async def prepare_prompt(
     tools = history_tools(request, history)
     if tools is not None:
         request = dataclasses.replace(request, tools=tools)
-    prompt = await render_items(
-        request, actors, history + new_items, max_tokens, request.prompt_memo
-    )
-    return PreparedPrompt(history, new_items, prompt, tools)
+    prompt, rendered = await _render(request, actors, history + new_items, max_tokens)
+    return PreparedPrompt(history, new_items, prompt, tools, rendered)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyPrompt:
+    """A create request prepared for its response: refused now if it ever will be."""
+
+    request: CreateRequest  # with the tools its history loaded
+    prepared: PreparedPrompt
+    compacting: bool  # the history is compacted before generating (``context_management``)
+
+
+async def prepare_response(
+    request: CreateRequest, actors: Actors, running: RunningResponses | None
+) -> ReadyPrompt:
+    """Everything a create asks of the prompt, in one pass: the early length refusal, history,
+    render, the tools a search in the history loaded (issue 13), and the context-window check
+    (before any grammar is compiled) unless the history is to be compacted."""
+    window = actors.model.info.context_window
+    prepared = await prepare_prompt(request, actors, running, prompt_limit(request, actors.model))
+    if prepared.tools is not None:
+        request = dataclasses.replace(request, tools=prepared.tools)
+    compacting = needs_compaction(request, len(prepared.prompt), window)
+    if not compacting and len(prepared.prompt) >= window:
+        raise context_exceeded(prepared.prompt, window)
+    return ReadyPrompt(request, prepared, compacting)
 
 
 def history_tools(

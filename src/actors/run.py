@@ -8,10 +8,17 @@ Invariants:
   ``store``), the turn is appended to the conversation (when there is output), then the
   terminal event is published and the log closes. A subscriber that reads the terminal event
   and then GETs the response finds it.
-- Storing can fail without breaking the stream: if writing the records fails (or does not
-  finish within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
-  ``server_error`` instead, and that terminal event is the one published.
+- Storing can fail without breaking the stream: if writing the records fails (or the store
+  does not answer within ``STORE_DEADLINE_SECONDS``), the response ends ``failed`` with
+  ``server_error`` instead, and that terminal event is the one published. A busy store is not a
+  failed one: the deadline is for a store that does not answer at all, and a write that timed
+  out (it may still land, queued in the store) is followed by the failed record, so the store
+  ends agreeing with what the followers saw (issue 25: a job once told its live followers
+  ``failed`` while its record landed ``completed``).
 - ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
+- The run's ``phase`` (``protocol/phase.py``) is the one record of where the response is:
+  waiting for admission, prefilling, decoding (``in_progress`` told), finishing (the terminal
+  input is in the machine, the records are being written), ended. It moves only by the table.
 - A server-executed tool search (issue 13) does not end the response: once its
   ``tool_search_output`` is out, the run renders its input and output so far with the loaded
   tools and admits a second sequence, which goes on in the same machine (``_continue``). The
@@ -34,6 +41,7 @@ from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
 from ..protocol.objects import JsonObject, Usage
+from ..protocol.phase import Phase, Step, advance, announced
 from ..protocol.replay import FAILED_UNSTARTED
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import after_server_search
@@ -46,7 +54,11 @@ from .timings import RunTimings
 
 log = logging.getLogger(__name__)
 
-STORE_DEADLINE_SECONDS = 5
+# How long a run waits for the store's answer to its records. Long: a durable store under
+# load (a commit behind other requests, a slow disk) is slow, not failed.
+STORE_DEADLINE_SECONDS = 60
+# How long a run waits to hand its sequence's cancel to the model actor.
+RELEASE_DEADLINE_SECONDS = 5
 # The store bytes a background job is assumed to need per token of its output budget.
 BYTES_PER_TOKEN = 16
 
@@ -75,7 +87,14 @@ def delta_interval(decoding: int) -> float:
 class ResponseRun:
     """The state of one response; driven by its owner task with ``generate`` and the ends."""
 
-    def __init__(self, request: CreateRequest, prepared: PreparedPrompt, actors: Actors) -> None:
+    def __init__(
+        self,
+        request: CreateRequest,
+        prepared: PreparedPrompt,
+        actors: Actors,
+        grammar: Grammar | None = None,
+    ) -> None:
+        self.phase = advance(Phase.PREPARING, Step.PREPARED)
         self.request = request
         self.prepared = prepared
         self._actors = actors
@@ -85,12 +104,12 @@ class ResponseRun:
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
         self.log.input_items = prepared.all_items
         self.log.prompt_tokens = len(prepared.prompt)
+        self.log.rendered = prepared.rendered  # issue 14: the transport keeps it
         self._admission: Admission | None = None
         self._output_tokens = 0
-        self._started = False
         self._stop_sequence: str | None = None
         # The grammar a deferred admission (a background job's compaction) will use.
-        self.grammar: Grammar | None = None
+        self.grammar = grammar
         self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
         # Earlier sequences of this response (a server tool search's continuation, issue 13).
         self._prior = Usage(0, 0)
@@ -131,9 +150,11 @@ class ResponseRun:
 
     def attach(self, admission: Admission) -> None:
         """The run's sequence is admitted: generation may start."""
-        assert self._admission is None
+        self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = admission
         self.log.prompt_tokens = admission.sequence.prompt_tokens
+        sequence = admission.sequence
+        self.log.watch_cache(lambda: sequence.cached_tokens)  # issue 12: message_start
 
     @property
     def admission(self) -> Admission | None:
@@ -158,7 +179,7 @@ class ResponseRun:
         """Run the admitted sequence to the terminal event (cancellable at every await)."""
         admission = self._admission
         assert admission is not None
-        if not self._started and not self.request.config.background:
+        if not announced(self.phase) and not self.request.config.background:
             # A foreground response is in progress from the start (OpenAI sends created and
             # in_progress at once); a background one stays queued until the model reports work.
             self._start()
@@ -171,7 +192,7 @@ class ResponseRun:
             linger = delta_interval(model.decoding)
 
     def _start(self) -> None:
-        self._started = True
+        self.phase = advance(self.phase, Step.STARTED)
         self.log.status = "in_progress"  # issue 16: the status page
         compaction = self._admission.compaction if self._admission is not None else None
         self._publish(self._machine.feed(Start(compaction)))
@@ -185,7 +206,7 @@ class ResponseRun:
         admission = self._admission
         assert admission is not None
         working = output.prefill_done or output.text or output.finish in ("stop", "length")
-        if not self._started and working:
+        if not announced(self.phase) and working:
             self._start()
         events: list[JsonObject] = []
         for step in admission.shaper.feed(output.text, output.logprobs):
@@ -251,6 +272,7 @@ class ResponseRun:
             cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
         )
         self._prior_reasoning += admission.shaper.reasoning_text
+        self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = following
         self.log.prompt_tokens = self._prior.input_tokens + following.sequence.prompt_tokens
         return True
@@ -271,7 +293,7 @@ class ResponseRun:
     async def end_steered(self) -> None:
         """Steering input arrived for a continuation: stop here, ``incomplete`` / ``steered``."""
         await self._release()
-        if not self._started:
+        if not announced(self.phase):
             self._start()
         await self.end(Finish("steered", self.usage(), int(time.time())))
 
@@ -291,16 +313,23 @@ class ResponseRun:
             usage = None
         await self.end(Fail("server_error", message, usage))
 
+    async def refused(self) -> None:
+        """The response was refused before it existed (registration cancelled at shutdown,
+        a job's bytes over budget): nothing is published; an admitted sequence leaves."""
+        self.phase = advance(self.phase, Step.REFUSED)
+        await self._release()
+
     async def _release(self) -> None:
         admission = self._admission
         if admission is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_DEADLINE_SECONDS):
                 await admission.sequence.cancel()
 
     async def end(self, terminal: MachineInput, *, record: bool = True) -> None:
         """Publish the terminal event after the records are written (once)."""
         if self._machine.terminal:
             return
+        self.phase = advance(self.phase, Step.TERMINAL)
         # The machine as it was, in case the records cannot be written.
         before = self._machine.fork() if record else None
         held, self._held = self._held, []
@@ -309,7 +338,7 @@ class ResponseRun:
             # Shielded: a hang-up at this instant must not leave the store or the
             # conversation half-told.
             written = False
-            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS) as wait:
                 try:
                     await self._finish_records(closing)
                     written = True
@@ -321,7 +350,11 @@ class ResponseRun:
                 closing = held + self._machine.feed(
                     Fail("server_error", "The response could not be stored.", usage)
                 )
+                if wait.cancelled_caught:  # the records may still land: this one goes after
+                    log.error("the store did not answer for response %s", self.response_id)
+                    await self._store_failed(closing)
         self._publish(closing)
+        self.phase = advance(self.phase, Step.CLOSED)
         self.log.close(self._machine.snapshot(), self._stop_sequence)
 
     async def _finish_records(self, closing: list[JsonObject]) -> None:
@@ -345,6 +378,23 @@ class ResponseRun:
             await actors.conversations.append(
                 config.conversation_id, self.prepared.new_items + tuple(output), self.request.owner
             )
+
+    async def _store_failed(self, closing: list[JsonObject]) -> None:
+        """After a write that timed out: the failed record, queued behind it in the store."""
+        config, store = self.request.config, self._actors.store
+        if not (config.store and store.enabled):
+            return
+        record = StoredResponse(
+            self._machine.snapshot(),
+            self.prepared.all_items,
+            self.log.events + tuple(closing),
+            self.request.owner,
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+            try:
+                await store.put(record)
+            except Exception:
+                log.exception("could not store failed response %s", self.response_id)
 
     def _too_large(self, final: JsonObject, owner: str) -> StoredResponse:
         failed = {

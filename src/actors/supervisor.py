@@ -1,12 +1,11 @@
-"""The response supervisor: every response, foreground or background, is a task in its nursery.
+"""The response supervisor: a registry of response tasks. Every generation the server runs,
+foreground or background, a compaction's summary, a WebSocket warm-up or steering successor,
+is a task in its nursery (``response_task.py``: what one task does).
 
 Invariants:
-- A response task owns everything of its response: preparation, admission (its model
-  sequence), the parsers, the event machine, the event log, and the store write at the
-  terminal event. Nobody else touches them; subscribers only read the log.
-- Every way a response ends gives exactly one terminal event: finished, refused after it was
-  announced (a background job's compaction), cancelled (the cancel endpoint, the client leaving,
-  shutdown) or an exception inside it (``failed`` / ``server_error``, stored and pollable).
+- The supervisor starts tasks and answers lookups; it never touches a response's state. A task
+  tells it three things at most: its response exists (``Register``), a job's bytes
+  (``Reserve``), and that it ended (``Ended``).
 - Lifetimes: a foreground response lives as long as its opener's presence channel is open
   (the HTTP request; when the request ends unfinished the task cancels itself with the reason
   "client disconnected" and stores nothing); a background one ignores its subscribers and ends
@@ -20,31 +19,28 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-from dataclasses import dataclass, field
-from typing import Literal, assert_never
+from dataclasses import dataclass
+from typing import assert_never
 
 import trio
 
-from ..protocol.errors import ApiError
-from ..protocol.machine import Compacted, Fail
-from ..protocol.objects import ResponseErrorCode
-from ..protocol.request import CreateRequest
+from ..protocol.machine import Compacted
+from ..protocol.objects import JsonObject
+from ..protocol.request import CompactRequest, CreateRequest
 from ..storage.interface import scoped
-from .admission import Admission, admit, constrain, output_budget
-from .compaction import compact_for_request
 from .event_log import EventLog
 from .kit import Reply, ask, open_mailbox
-from .prompt import PreparedPrompt, context_exceeded, needs_compaction, prepare_prompt
-from .prompt_limit import prompt_limit
-from .run import ResponseRun
+from .prompt import PreparedPrompt
+from .response_task import (
+    CancelReason,
+    Ended,
+    Register,
+    Reserve,
+    TaskEntry,
+    compact,
+    respond,
+)
 from .runtime import Actors
-from .timings import report_cancel
-
-log = logging.getLogger(__name__)
-
-CancelReason = Literal["cancel requested", "client disconnected", "shutdown", "steered"]
 
 
 class TooManyJobs(RuntimeError):
@@ -66,28 +62,13 @@ class Open:
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
-    """Sender: a response task, once its response exists. It becomes findable."""
+class OpenCompaction:
+    """Sender: the compaction route. Run the compaction as a task; the reply is its
+    ``response.compaction`` object (or its refusal). ``presence`` ends when the opener leaves."""
 
-    entry: _Entry
-    log: EventLog
-    reply: Reply[None]
-
-
-@dataclass(frozen=True, slots=True)
-class Reserve:
-    """Sender: a background response task. Hold ``size`` bytes of the job budget."""
-
-    entry: _Entry
-    size: int
-    reply: Reply[None]
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """Sender: a response task, last (after its terminal event, or after a refusal)."""
-
-    entry: _Entry
+    request: CompactRequest
+    presence: trio.MemoryReceiveChannel[None] | None
+    reply: Reply[JsonObject]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +135,7 @@ class RunningResponse:
 
 SupervisorMessage = (
     Open
+    | OpenCompaction
     | Register
     | Reserve
     | Ended
@@ -164,26 +146,6 @@ SupervisorMessage = (
     | CloseSocket
     | ListRunning
 )
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    """One response task's record in the supervisor (mutated only by the supervisor, except
-    ``reason`` and ``scope``, which the task's own presence watcher may set and cancel)."""
-
-    background: bool
-    ephemeral: bool  # a store: false background job: its final object is kept for a while
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    reason: CancelReason | None = None
-    log: EventLog | None = None
-    size: int = 0
-    retain_until: float | None = None
-    opened_at: float = field(default_factory=trio.current_time)  # issue 16: its age
-
-    def cancel(self, reason: CancelReason) -> None:
-        if self.reason is None:
-            self.reason = reason
-        self.scope.cancel()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +185,13 @@ class ResponseSupervisorHandle:
         """Start a response; its log once it exists. Raises ``ApiError`` (refused, nothing
         left) or ``TooManyJobs``."""
         return await ask(self._mailbox, lambda reply: Open(request, presence, reply))
+
+    async def compact(
+        self, request: CompactRequest, presence: trio.MemoryReceiveChannel[None] | None
+    ) -> JsonObject:
+        """Run a compaction as a task (its summary is a running response meanwhile); the
+        ``response.compaction`` object. Raises ``ApiError``."""
+        return await ask(self._mailbox, lambda reply: OpenCompaction(request, presence, reply))
 
     async def cancel(self, response_id: str, owner: str = "") -> EventLog | None:
         """Cancel ``owner``'s running response; its log (None: not running)."""
@@ -282,8 +251,20 @@ async def run_response_supervisor(
                     entry = state.admit(request, reply)
                     if entry is not None:
                         nursery.start_soon(
-                            _respond, entry, request, presence, reply, actors, handle, send.clone()
+                            respond, entry, request, presence, reply, actors, handle, send.clone()
                         )
+                case OpenCompaction(compaction, presence, answer):
+                    state.tasks += 1
+                    nursery.start_soon(
+                        compact,
+                        TaskEntry(background=False, ephemeral=False),
+                        compaction,
+                        presence,
+                        answer,
+                        actors,
+                        handle,
+                        send.clone(),
+                    )
                 case Register(entry, log_, reply):
                     entry.log = log_
                     state.jobs_started += entry.background
@@ -341,7 +322,7 @@ class _State:
 
     def __init__(self, settings: SupervisorSettings) -> None:
         self.settings = settings
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, TaskEntry] = {}
         self.tasks = 0
         self.jobs_active = 0
         self.jobs_started = 0
@@ -349,7 +330,7 @@ class _State:
         self.job_bytes = 0
         self.sockets: dict[str, int] = {}  # tenant -> open WebSocket connections
 
-    def admit(self, request: CreateRequest, reply: Reply[EventLog]) -> _Entry | None:
+    def admit(self, request: CreateRequest, reply: Reply[EventLog]) -> TaskEntry | None:
         background = request.config.background
         if background:
             if self.jobs_active >= self.settings.max_jobs:
@@ -359,9 +340,9 @@ class _State:
                 return None
             self.jobs_active += 1  # held while it opens; a refusal gives it back
         self.tasks += 1
-        return _Entry(background, background and not request.config.store)
+        return TaskEntry(background, background and not request.config.store)
 
-    def ended(self, entry: _Entry, now: float) -> None:
+    def ended(self, entry: TaskEntry, now: float) -> None:
         self.tasks -= 1
         if entry.background:
             self.jobs_active -= 1
@@ -409,175 +390,6 @@ class _State:
             jobs_finished=self.jobs_finished,
             sockets=sum(self.sockets.values()),
         )
-
-
-# -- one response task -------------------------------------------------------------------------
-
-
-async def _respond(
-    entry: _Entry,
-    request: CreateRequest,
-    presence: trio.MemoryReceiveChannel[None] | None,
-    opened: Reply[EventLog],
-    actors: Actors,
-    supervisor: ResponseSupervisorHandle,
-    mailbox: trio.MemorySendChannel[SupervisorMessage],
-) -> None:
-    async with mailbox:
-        try:
-            run = await _open(entry, request, opened, actors, supervisor, mailbox)
-            if run is not None:  # run.request: with the tools its history loaded
-                await _drive_published(entry, run, run.request, presence, actors)
-        finally:
-            if presence is not None:
-                presence.close()
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await mailbox.send(Ended(entry))
-
-
-async def _open(
-    entry: _Entry,
-    request: CreateRequest,
-    opened: Reply[EventLog],
-    actors: Actors,
-    supervisor: ResponseSupervisorHandle,
-    mailbox: trio.MemorySendChannel[SupervisorMessage],
-) -> ResponseRun | None:
-    """Everything that can refuse the request; the run once its response exists (announced to
-    the opener), or None after a refusal (told to the opener; nothing is left)."""
-    admission: Admission | None = None
-    model = actors.model
-    try:
-        # On its way to the model until admitted or refused: an idle batch that gets another
-        # request's sequence meanwhile waits for this one (a burst is prefilled together).
-        with model.arriving() as arrival:
-            limit = prompt_limit(request, model)
-            prepared = await prepare_prompt(request, actors, supervisor, limit)
-            if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
-                request = dataclasses.replace(request, tools=prepared.tools)
-            window = model.info.context_window
-            compacting = needs_compaction(request, len(prepared.prompt), window)
-            if not compacting and len(prepared.prompt) >= window:
-                raise context_exceeded(prepared.prompt, window)  # before compiling any grammar
-            grammar = await constrain(request, model)
-            run = ResponseRun(request, prepared, actors)
-            if entry.background:
-                budget = output_budget(request, len(prepared.prompt), window)
-                size = run.estimated_bytes(max(budget, 0))
-                await ask(mailbox, lambda reply: Reserve(entry, size, reply))
-            if not request.generate:
-                # A warm-up: prefill the prompt (the prompt cache keeps it for the
-                # continuation), output nothing.
-                one_token = dataclasses.replace(
-                    request, config=dataclasses.replace(request.config, max_output_tokens=1)
-                )
-                admission = await admit(one_token, prepared, model, None)
-            elif compacting and entry.background:
-                pass  # compacted and admitted inside the job (a refusal ends it failed)
-            elif compacting:
-                # The summary generates first, a whole response: not an arrival to wait for.
-                arrival.done()
-                compacted, step = await compact_for_request(request, prepared, actors)
-                admission = await admit(request, compacted, model, grammar, step)
-            else:
-                admission = await admit(request, prepared, model, grammar)
-        if admission is not None:
-            run.attach(admission)
-        await ask(mailbox, lambda reply: Register(entry, run.log, reply))
-        if entry.background:
-            await run.persist_job()  # issue 15: a durable job row before the create answers
-    except BaseException as exc:
-        if admission is not None:
-            with trio.CancelScope(shield=True):
-                await admission.sequence.cancel()
-        if isinstance(exc, Exception):
-            opened.fail(exc)
-            return None
-        # Cancelled (the server is stopping): the opener still gets an answer.
-        opened.fail(
-            ApiError(
-                503, "server_error", "The server is shutting down.", code="server_shutting_down"
-            )
-        )
-        raise
-    opened.send(run.log)
-    if run.admission is None:
-        run.grammar = grammar  # for the deferred admission
-    return run
-
-
-async def _drive(
-    entry: _Entry,
-    run: ResponseRun,
-    request: CreateRequest,
-    presence: trio.MemoryReceiveChannel[None] | None,
-    actors: Actors,
-) -> None:
-    """Run the response to its one terminal event, whatever happens."""
-    with entry.scope:
-        try:
-            async with trio.open_nursery() as nursery:
-                if presence is not None:
-                    nursery.start_soon(_watch_presence, presence, entry)
-                if not request.generate:
-                    await run.warm_up()
-                    nursery.cancel_scope.cancel()
-                    return
-                if run.admission is None and not await _admit_later(run, request, actors):
-                    nursery.cancel_scope.cancel()
-                    return
-                await run.generate()
-                nursery.cancel_scope.cancel()
-        except Exception:
-            log.exception("response %s failed", run.response_id)
-            await run.end_failed("The server had an internal error while generating this response.")
-    if run.terminal:
-        return
-    report_cancel(actors.timings, entry.reason)  # issue 16: cancellations by reason
-    if entry.reason == "steered":
-        await run.end_steered()
-    else:  # cancelled
-        await run.end_cancelled(record=entry.reason != "client disconnected")
-
-
-async def _drive_published(
-    entry: _Entry,
-    run: ResponseRun,
-    request: CreateRequest,
-    presence: trio.MemoryReceiveChannel[None] | None,
-    actors: Actors,
-) -> None:
-    """``_drive``; with replicas (issue 15), a stored background job's events are published
-    to the shared store while it runs, so any replica can follow it."""
-    replica = actors.replica
-    if replica is None or not entry.background or entry.ephemeral:
-        await _drive(entry, run, request, presence, actors)
-        return
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(replica.publish, run.log)
-        await _drive(entry, run, request, presence, actors)
-        nursery.cancel_scope.cancel()  # its record is stored: followers read that
-
-
-async def _admit_later(run: ResponseRun, request: CreateRequest, actors: Actors) -> bool:
-    """A background job's automatic compaction and admission; False when it was refused (the
-    run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
-    try:
-        compacted, step = await compact_for_request(request, run.prepared, actors)
-        run.attach(await admit(request, compacted, actors.model, run.grammar, step))
-    except ApiError as error:
-        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
-        await run.end(Fail(code, error.message, None))
-        return False
-    return True
-
-
-async def _watch_presence(presence: trio.MemoryReceiveChannel[None], entry: _Entry) -> None:
-    """The opener's presence ends when its request does: a foreground response unfinished by
-    then has lost its client."""
-    async for _ in presence:
-        pass
-    entry.cancel("client disconnected")
 
 
 __all__ = [

@@ -16,7 +16,7 @@ Invariants:
   elsewhere (a long prefill), a ``ping`` goes out every ``PING_INTERVAL_SECONDS``.
 - ``message_start`` reports the prompt-cache read (issue 12): it goes out with the response's
   first output (or its end), once the generation thread has consulted the cache for the
-  sequence (``protocol/cache_report.py``), so its usage split is the final one; if nothing
+  sequence (``EventLog.cached_tokens``), so its usage split is the final one; if nothing
   comes for ``PING_INTERVAL_SECONDS``, it goes out then, with the split known by then.
 - ``x-api-key`` authenticates like a bearer token (the app's hook maps it to the same tenant);
   ``anthropic-version`` and ``anthropic-beta`` are accepted and not interpreted.
@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
@@ -42,7 +41,6 @@ from ..protocol.anthropic import (
     parse_messages_request,
 )
 from ..protocol.anthropic_stream import PING, MessageEncoder, error_body, error_for_status
-from ..protocol.cache_report import CacheReport
 from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
@@ -138,8 +136,7 @@ async def create_message() -> Response:
     request_ = with_default_temperature(request_)  # --default-temperature
     if request_.max_tokens == 0:
         return await _empty_message(request_)
-    report = CacheReport()
-    log = await open_response(dataclasses.replace(request_.create, cache_report=report))
+    log = await open_response(request_.create)
     encoder = _encoder_for(request_, log.prompt_tokens)
     if not request_.create.stream:
         await log.wait_closed()
@@ -147,7 +144,7 @@ async def create_message() -> Response:
         if encoder.error is not None:
             return anthropic_error(500, encoder.error[1])
         return json_response(encoder.message())
-    return sse_response(_message_stream(encoder, log, report))
+    return sse_response(_message_stream(encoder, log))
 
 
 async def _empty_message(request_: MessagesRequest) -> Response:
@@ -180,9 +177,7 @@ PING_SSE = encode_sse(PING)
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
-async def _message_stream(
-    encoder: MessageEncoder, log: EventLog, report: CacheReport
-) -> AsyncIterator[bytes]:
+async def _message_stream(encoder: MessageEncoder, log: EventLog) -> AsyncIterator[bytes]:
     """The response's events in Anthropic's encoding, with a ping while none is ready;
     ``message_start`` once the prompt-cache read is known (the first output, or the end)."""
     position = 0
@@ -192,7 +187,7 @@ async def _message_stream(
             events = await log.wait_after(position)
         if waited.cancelled_caught:
             # message_start comes with its own first ping.
-            yield _encode(encoder.start(report.cached_tokens)) if not encoder.started else PING_SSE
+            yield _encode(encoder.start(log.cached_tokens)) if not encoder.started else PING_SSE
             continue
         if not events:
             break
@@ -200,7 +195,7 @@ async def _message_stream(
         if not encoder.started:
             if not log.closed and all(event["type"] in _OPENING for event in events):
                 continue  # they add nothing to Anthropic's stream but message_start
-            yield _encode(encoder.start(report.cached_tokens))
+            yield _encode(encoder.start(log.cached_tokens))
         if out := _translate(encoder, log, events):
             yield _encode(out)
 

@@ -19,7 +19,6 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from ..actors.compaction import compact_history
 from ..actors.prompt import persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import list_envelope, page, parse_list_query
@@ -27,7 +26,8 @@ from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
-from .pipeline import final_object, follow, open_response, read_create_body, too_many_jobs
+from .lifetime import presence
+from .pipeline import final_object, follow, open_response, read_create_body
 from .schemas import parse_compact_request, parse_create_request
 from .server_defaults import default_temperature
 
@@ -96,9 +96,7 @@ async def _create_background(create: CreateRequest) -> Response:
             "budget or --responses-background-max-jobs is 0).",
             "background",
         )
-    jobs = rt.responses
-    if jobs.statistics().jobs_active >= jobs.max_jobs:
-        raise too_many_jobs(f"{jobs.max_jobs} background jobs are already active")
+    # The supervisor's answer is the only job-limit check (a second one here could race it).
     log = await open_response(create)
     return json_response(log.snapshot())
 
@@ -143,8 +141,9 @@ async def count_input_tokens() -> Response:
 
 async def compact_response() -> Response:
     compact = parse_compact_request(await read_create_body(), owner=tenant())
-    rt = runtime()
-    return json_response(await compact_history(compact, rt.actors, rt.responses))
+    # A task under the supervisor like every generation: its summary is a running response
+    # (listed, cancellable by id, awaited at shutdown) that ends if this request does.
+    return json_response(await runtime().responses.compact(compact, presence()))
 
 
 async def get_response(response_id: str) -> Response:
@@ -153,38 +152,36 @@ async def get_response(response_id: str) -> Response:
         raise persistence_disabled("Retrieving a response")
     stream = _query_bool("stream")
     starting_after = _query_int("starting_after", None, 0)
-    record = await rt.store.get(response_id, tenant())
-    log = None if record is not None else await rt.responses.find(response_id, tenant())
-    if log is not None and not log.closed and log.snapshot()["status"] in TERMINAL_STATUSES:
+    start = 0 if starting_after is None else starting_after + 1
+    # The live registry first: a running response is answered from its log without a store
+    # read (issue 25: every follower's and poller's read used to queue in the store ahead of
+    # the job's own final write). A response leaves the registry only after its record is
+    # stored, so one that is not there is in the store, or nowhere.
+    log = await rt.responses.find(response_id, tenant())
+    if log is not None and not log.closed and log.snapshot()["status"] not in TERMINAL_STATUSES:
+        return sse_response(follow(log, start)) if stream else json_response(log.snapshot())
+    if log is not None and not log.closed:
         # Between its terminal event and the store's answer a response is finishing: wait
         # for the stored record, which is the one answer (it may differ, e.g. too large).
         with trio.move_on_after(CANCEL_WAIT_SECONDS):
             await log.wait_closed()
-        record = await rt.store.get(response_id, tenant())
-    elif record is None and log is not None and log.closed:
-        # It finished between the two lookups: its record (if stored) is the answer.
-        record = await rt.store.get(response_id, tenant())
-    # A closed log answers for a store: false background job kept for its ephemeral TTL.
+    record = await rt.store.get(response_id, tenant())
+    # A closed log without a record answers for a store: false background job kept for its
+    # ephemeral TTL.
     replica = rt.actors.replica  # issue 15: a job running on another replica
     if record is None and log is None and replica is not None:
         snapshot = await replica.job(response_id, tenant())
         if snapshot is not None and not stream:
             return json_response(snapshot)
         if snapshot is not None:
-            return sse_response(
-                replica.follow(
-                    response_id, tenant(), 0 if starting_after is None else starting_after + 1
-                )
-            )
+            return sse_response(replica.follow(response_id, tenant(), start))
         record = await rt.store.get(response_id, tenant())  # it may have just finished
-    if record is None and log is None:
-        raise _missing(response_id)
-    start = 0 if starting_after is None else starting_after + 1
     if record is not None:
         if not stream:
             return json_response(record.response)
         return sse_response(_replay(record.events, start))
-    assert log is not None
+    if log is None:
+        raise _missing(response_id)
     if not stream:
         return json_response(log.snapshot())
     return sse_response(follow(log, start))

@@ -15,9 +15,10 @@ Invariants:
   and so does a refused continuation of it (Open Responses' failed-continuation rule); a
   continuation's tool output must answer a call of the kept history (or of its own input).
 - Incremental prompts: the kept response carries its prompt as rendered and tokenized
-  (``PromptMemo``); a continuation hands it to the response task, which tokenizes only the text
-  after what both renders share (``model/incremental_render.py``: the same ids as a full
-  render), and writes its own render back for the next turn.
+  (``RenderedPrompt``, read from the response's log); a continuation hands it to the response
+  task in its (frozen) request, which tokenizes only the text after what both renders share
+  (``model/incremental_render.py``: the same ids as a full render) and keeps its own render on
+  its log for the next turn.
 - Lifetime: every response opened on the socket subscribes to the socket's lifetime, so closing
   the socket cancels them all (their sequences leave the batch at the next step). A connection
   lives at most ``--websocket-max-seconds``, then closes with 1001 (the SDK reconnects). At
@@ -48,7 +49,7 @@ from ..protocol.errors import ApiError, invalid_request
 from ..protocol.ids import new_id
 from ..protocol.items import FunctionCall, FunctionCallOutput, InputMessage
 from ..protocol.objects import JsonObject
-from ..protocol.prompt_memo import PromptMemo, RenderedPrompt
+from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
@@ -86,7 +87,6 @@ class _Kept:
 class _Running:
     log: EventLog
     order: _Order
-    memo: PromptMemo
     steers: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)  # (id, raw input)
 
 
@@ -255,7 +255,7 @@ class _Connection:
 
     # -- one response ----------------------------------------------------------------------
 
-    def _request(self, order: _Order, memo: PromptMemo) -> CreateRequest:
+    def _request(self, order: _Order) -> CreateRequest:
         rt = self._runtime
         create = parse_create_request(
             {**order.body, "stream": True},
@@ -266,28 +266,27 @@ class _Connection:
         )
         previous = create.config.previous_response_id
         if previous is None:
-            return dataclasses.replace(create, generate=order.generate, prompt_memo=memo)
+            return dataclasses.replace(create, generate=order.generate, keep_render=True)
         queued = self._pending_steers.pop(previous, [])
         steering = tuple(item for _, raw in queued for item in parse_input(list(raw)))
         kept = self._kept if self._kept and self._kept.response_id == previous else None
         if kept is not None:
-            memo.previous = kept.rendered
             _check_call_outputs(kept.history, create.input)
         return dataclasses.replace(
             create,
             input=steering + create.input,
             replay=kept.history if kept is not None else None,
             generate=order.generate,
-            prompt_memo=memo,
+            keep_render=True,
+            previous_render=kept.rendered if kept is not None else None,
         )
 
     async def _respond(self, order: _Order) -> None:
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
             assert isinstance(inlined, dict)
-            memo = PromptMemo()
             response_log = await open_response(
-                self._request(dataclasses.replace(order, body=inlined), memo)
+                self._request(dataclasses.replace(order, body=inlined))
             )
         except ApiError as error:
             previous = order.body.get("previous_response_id")
@@ -297,7 +296,7 @@ class _Connection:
                 self._kept = None  # a refused continuation evicts what it continued
             await self._error(error, order.stream_id)
             return
-        running = _Running(response_log, order, memo)
+        running = _Running(response_log, order)
         self._running[response_log.response_id] = running
         self._idle = trio.Event()
         try:
@@ -317,7 +316,7 @@ class _Connection:
         response_id = running.log.response_id
         if final.get("status") in ("completed", "incomplete"):
             history = running.log.input_items + tuple(final.get("output") or ())
-            self._kept = _Kept(response_id, history, running.memo.rendered)
+            self._kept = _Kept(response_id, history, running.log.rendered)
         else:
             self._kept = None  # a failed or cancelled turn is no continuation point
         if not running.steers:

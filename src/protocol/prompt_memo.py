@@ -1,4 +1,4 @@
-"""A transport's memo of a rendered prompt, so a continuation tokenizes only what is new.
+"""A rendered prompt a transport keeps, so a continuation tokenizes only what is new.
 
 Invariants:
 - ``RenderedPrompt`` is a rendered chat-template text with exactly the token ids a full render
@@ -7,16 +7,16 @@ Invariants:
   the part both texts share up to a common split is reused (``model/incremental_render.py``).
 - ``splits`` are the added-token matches of ``text`` as the tokenizer splits it, in order:
   ``(start, end, count)`` with ``count`` the number of ids up to and including that token.
-- ``PromptMemo`` is written once by the response task (when it renders the prompt, before
-  admission) and read by the transport only after the response's log has closed; both are
-  tasks on the one Trio thread, so the write happens before the read.
+- A response renders with its request's ``previous_render`` as the hint and, when asked
+  (``keep_render``), keeps its own render on its log (``EventLog.rendered``, written before
+  the response exists), where the transport reads it after the log closed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PromptMemo", "RenderedPrompt"]
+__all__ = ["RenderedPrompt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +24,3 @@ class RenderedPrompt:
     text: str
     ids: tuple[int, ...]
     splits: tuple[tuple[int, int, int], ...]  # (start, end, ids up to and including it)
-
-
-@dataclass(slots=True)
-class PromptMemo:
-    """What the previous turn rendered (a hint), and what this turn rendered (its result)."""
-
-    previous: RenderedPrompt | None = None
-    rendered: RenderedPrompt | None = None

@@ -1,7 +1,9 @@
 """The internal create-request and the pure parsing of ``input`` into items.
 
 Invariants:
-- ``CreateRequest`` is what the HTTP edge hands to the response actor: fully validated, frozen.
+- ``CreateRequest`` is what the HTTP edge hands to the response actor: fully validated, frozen,
+  a value with no back-channel (what a transport needs back, the cache report and the rendered
+  prompt, it reads from the response's ``EventLog``).
 - ``parse_input`` accepts a string or an array of input items (see ``items.parse_item``) and
   refuses everything else with an ``ApiError`` whose ``param`` is the JSON path of the
   offending value, so a client can find its mistake.
@@ -13,11 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache_report import CacheReport
 from .errors import invalid_request
 from .items import InputItem, InputMessage, json_type, parse_item
 from .objects import JsonObject, ResponseConfig
-from .prompt_memo import PromptMemo
+from .prompt_memo import RenderedPrompt
 from .text_format import TEXT, TextFormat
 from .tools import FunctionTool, ToolChoice
 
@@ -69,16 +70,15 @@ class CreateRequest:
     top_k: int = 0
     # include "reasoning.encrypted_content" (decision 23): seals a reasoning item's text.
     seal: Callable[[str], str] | None = None
-    # Issue 14: the transport's memo of the rendered prompt (a WebSocket connection's previous
-    # turn in, this turn's render out), so a continuation tokenizes only what is new.
-    prompt_memo: PromptMemo | None = None
+    # Issue 14: a WebSocket connection's previous render (a hint: a continuation tokenizes
+    # only what is new). With ``keep_render``, this turn's render is kept on the response's
+    # log (``EventLog.rendered``) for the next turn.
+    previous_render: RenderedPrompt | None = field(default=None, compare=False)
+    keep_render: bool = False
     # Tool discovery (issue 13): the tools as declared, deferred ones included, when any is
     # deferred; a ``tool_search_output`` in the history (``previous_response_id``,
     # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
     declared_tools: tuple[FunctionTool, ...] = ()
-    # Issue 12: the prompt-cache reuse of the first sequence, for a transport that reports it
-    # before the end (the Anthropic stream's message_start); None: nobody asks.
-    cache_report: CacheReport | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,299 @@
+"""One response task: every generation the server runs is one, under the response supervisor.
+
+Invariants:
+- A response task owns everything of its response: preparation, admission (its model
+  sequence), the parsers, the event machine, the event log, and the store write at the
+  terminal event. Nobody else touches them; subscribers only read the log.
+- Its life is one pass through the phases of ``protocol/phase.py``: preparing (nothing exists;
+  a refusal is the opener's error), waiting for admission, prefilling, decoding, finishing
+  (the records are written), ended (the terminal event is out, the log closed). The
+  ``ResponseRun`` holds the phase and moves it only by the table.
+- Every way a response ends gives exactly one terminal event: finished, refused after it was
+  announced (a background job's compaction), cancelled (the cancel endpoint, the client leaving,
+  shutdown, a steer) or an exception inside it (``failed`` / ``server_error``).
+- The task talks to its supervisor three times at most: ``Register`` once its response exists
+  (it becomes findable, cancellable and counted), ``Reserve`` (a background job's bytes), and
+  ``Ended``, last, always.
+- A compaction (``POST /v1/responses/compact``) is a task of the same kind: its summary is a
+  response registered like any other (listed on ``/status``, cancellable by its id, awaited at
+  shutdown); the compaction object is the task's answer to its opener.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+import trio
+
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.machine import Fail
+from ..protocol.objects import JsonObject, ResponseErrorCode
+from ..protocol.phase import Phase
+from ..protocol.request import CompactRequest, CreateRequest
+from .admission import admit, constrain, output_budget
+from .compaction import compact_for_request, compact_history
+from .event_log import EventLog
+from .kit import Reply, ask
+from .prompt import prepare_response
+from .run import ResponseRun
+from .runtime import Actors, RunningResponses
+from .timings import report_cancel
+
+log = logging.getLogger(__name__)
+
+CancelReason = Literal["cancel requested", "client disconnected", "shutdown", "steered"]
+
+
+@dataclass(slots=True, eq=False)
+class TaskEntry:
+    """One response task's record in the supervisor (mutated only by the supervisor, except
+    ``reason`` and ``scope``, which the task's own presence watcher may set and cancel)."""
+
+    background: bool
+    ephemeral: bool  # a store: false background job: its final object is kept for a while
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reason: CancelReason | None = None
+    log: EventLog | None = None
+    size: int = 0
+    retain_until: float | None = None
+    opened_at: float = field(default_factory=trio.current_time)  # issue 16: its age
+
+    def cancel(self, reason: CancelReason) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.scope.cancel()
+
+
+# -- what a task tells its supervisor ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """Sender: a response task, once its response exists. It becomes findable."""
+
+    entry: TaskEntry
+    log: EventLog
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Sender: a background response task. Hold ``size`` bytes of the job budget."""
+
+    entry: TaskEntry
+    size: int
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Sender: a response task, last (after its terminal event, or after a refusal)."""
+
+    entry: TaskEntry
+
+
+TaskMessage = Register | Reserve | Ended
+Mailbox = trio.MemorySendChannel[TaskMessage]
+
+
+# -- a response --------------------------------------------------------------------------------
+
+
+async def respond(
+    entry: TaskEntry,
+    request: CreateRequest,
+    presence: trio.MemoryReceiveChannel[None] | None,
+    opened: Reply[EventLog],
+    actors: Actors,
+    running: RunningResponses,
+    mailbox: Mailbox,
+) -> None:
+    async with mailbox:
+        try:
+            run = await _open(entry, request, opened, actors, running, mailbox)
+            if run is not None:
+                await _drive_published(entry, run, presence, actors)
+        finally:
+            if presence is not None:
+                presence.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await mailbox.send(Ended(entry))
+
+
+async def _open(
+    entry: TaskEntry,
+    request: CreateRequest,
+    opened: Reply[EventLog],
+    actors: Actors,
+    running: RunningResponses,
+    mailbox: Mailbox,
+) -> ResponseRun | None:
+    """Preparing and waiting for admission: everything that can refuse the request. The run
+    once its response exists (announced to the opener), or None after a refusal (told to the
+    opener; nothing is left)."""
+    run: ResponseRun | None = None
+    model = actors.model
+    try:
+        # On its way to the model until admitted or refused: an idle batch that gets another
+        # request's sequence meanwhile waits for this one (a burst is prefilled together).
+        with model.arriving() as arrival:
+            ready = await prepare_response(request, actors, running)
+            request, prepared = ready.request, ready.prepared
+            grammar = await constrain(request, model)
+            run = ResponseRun(request, prepared, actors, grammar)
+            if entry.background:
+                window = model.info.context_window
+                budget = output_budget(request, len(prepared.prompt), window)
+                size = run.estimated_bytes(max(budget, 0))
+                await ask(mailbox, lambda reply: Reserve(entry, size, reply))
+            if not request.generate:
+                # A warm-up: prefill the prompt (the prompt cache keeps it for the
+                # continuation), output nothing.
+                one_token = dataclasses.replace(
+                    request, config=dataclasses.replace(request.config, max_output_tokens=1)
+                )
+                run.attach(await admit(one_token, prepared, model, None))
+            elif ready.compacting and entry.background:
+                pass  # compacted and admitted inside the job (a refusal ends it failed)
+            elif ready.compacting:
+                # The summary generates first, a whole response: not an arrival to wait for.
+                arrival.done()
+                compacted, step = await compact_for_request(request, prepared, actors)
+                run.attach(await admit(request, compacted, model, grammar, step))
+            else:
+                run.attach(await admit(request, prepared, model, grammar))
+        await ask(mailbox, lambda reply: Register(entry, run.log, reply))
+        if entry.background:
+            await run.persist_job()  # issue 15: a durable job row before the create answers
+    except BaseException as exc:
+        if run is not None:
+            await run.refused()  # its sequence, if one was admitted, leaves the batch
+        if isinstance(exc, Exception):
+            opened.fail(exc)
+            return None
+        # Cancelled (the server is stopping): the opener still gets an answer.
+        opened.fail(
+            ApiError(
+                503, "server_error", "The server is shutting down.", code="server_shutting_down"
+            )
+        )
+        raise
+    opened.send(run.log)
+    return run
+
+
+async def _drive(
+    entry: TaskEntry,
+    run: ResponseRun,
+    presence: trio.MemoryReceiveChannel[None] | None,
+    actors: Actors,
+) -> None:
+    """From waiting (or prefilling) to ended, whatever happens: one terminal event."""
+    with entry.scope:
+        try:
+            async with trio.open_nursery() as nursery:
+                if presence is not None:
+                    nursery.start_soon(_watch_presence, presence, entry)
+                if not run.request.generate:
+                    await run.warm_up()
+                elif run.phase is not Phase.WAITING or await _admit_later(run, actors):
+                    await run.generate()
+                nursery.cancel_scope.cancel()
+        except Exception:
+            log.exception("response %s failed", run.response_id)
+            await run.end_failed("The server had an internal error while generating this response.")
+    if run.terminal:
+        return
+    report_cancel(actors.timings, entry.reason)  # issue 16: cancellations by reason
+    if entry.reason == "steered":
+        await run.end_steered()
+    else:  # cancelled
+        await run.end_cancelled(record=entry.reason != "client disconnected")
+
+
+async def _drive_published(
+    entry: TaskEntry,
+    run: ResponseRun,
+    presence: trio.MemoryReceiveChannel[None] | None,
+    actors: Actors,
+) -> None:
+    """``_drive``; with replicas (issue 15), a stored background job's events are published
+    to the shared store while it runs, so any replica can follow it."""
+    replica = actors.replica
+    if replica is None or not entry.background or entry.ephemeral:
+        await _drive(entry, run, presence, actors)
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(replica.publish, run.log)
+        await _drive(entry, run, presence, actors)
+        nursery.cancel_scope.cancel()  # its record is stored: followers read that
+
+
+async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
+    """A background job's automatic compaction and admission; False when it was refused (the
+    run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
+    request = run.request
+    try:
+        compacted, step = await compact_for_request(request, run.prepared, actors)
+        run.attach(await admit(request, compacted, actors.model, run.grammar, step))
+    except ApiError as error:
+        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
+        await run.end(Fail(code, error.message, None))
+        return False
+    return True
+
+
+async def _watch_presence(presence: trio.MemoryReceiveChannel[None], entry: TaskEntry) -> None:
+    """The opener's presence ends when its request does: a foreground response unfinished by
+    then has lost its client."""
+    async for _ in presence:
+        pass
+    entry.cancel("client disconnected")
+
+
+# -- a compaction ------------------------------------------------------------------------------
+
+
+async def compact(
+    entry: TaskEntry,
+    request: CompactRequest,
+    presence: trio.MemoryReceiveChannel[None] | None,
+    answer: Reply[JsonObject],
+    actors: Actors,
+    running: RunningResponses,
+    mailbox: Mailbox,
+) -> None:
+    """``POST /v1/responses/compact`` as a task: its summary response is registered while it
+    generates; the answer is the compaction object, or the error that ended it."""
+
+    async def register(summary: EventLog) -> None:
+        await ask(mailbox, lambda reply: Register(entry, summary, reply))
+
+    async with mailbox:
+        try:
+            with entry.scope:
+                async with trio.open_nursery() as nursery:
+                    if presence is not None:
+                        nursery.start_soon(_watch_presence, presence, entry)
+                    result = await compact_history(request, actors, running, register)
+                    nursery.cancel_scope.cancel()
+                answer.send(result)
+        except Exception as exc:
+            answer.fail(exc)
+        finally:
+            answer.fail(_compaction_cancelled(entry.reason))  # unless answered already
+            if presence is not None:
+                presence.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await mailbox.send(Ended(entry))
+
+
+def _compaction_cancelled(reason: CancelReason | None) -> ApiError:
+    if reason == "shutdown" or reason is None:
+        return ApiError(
+            503, "server_error", "The server is shutting down.", code="server_shutting_down"
+        )
+    return invalid_request(f"The compaction was cancelled ({reason}).", None, code="cancelled")
