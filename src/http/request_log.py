@@ -62,3 +62,13 @@ def install_request_log(app: QuartTrio) -> None:
             }
             log.info("request %s", json.dumps(line, separators=(",", ":")))
         return response
+
+
+def log_socket(event: str, **fields: object) -> None:
+    """One line for WebSocket traffic on the same logger (issue 28): ``open`` and ``close`` of a
+    connection, and each ``response.create`` when it ends (its response id, the HTTP-like
+    ``status``: 200 for a response that ran, whatever it ended as, else the refusal's status,
+    and the response's own terminal ``response_status``)."""
+    if log.isEnabledFor(logging.INFO):
+        line = {"method": "WS", "path": "/v1/responses", "event": event, **fields}
+        log.info("request %s", json.dumps(line, separators=(",", ":")))

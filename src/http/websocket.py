@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,7 @@ from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
 from .pipeline import open_response
+from .request_log import log_socket
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
 
@@ -122,17 +124,26 @@ async def responses_socket() -> Response | None:
                 code="websocket_connection_limit_reached",
             )
         )
+    connection = new_id("ws")
+    started = time.perf_counter()
+    log_socket("open", connection=connection, tenant=str(owner))
     try:
         await websocket.accept()
-        await _Connection(owner).serve()
+        await _Connection(owner, connection).serve()
     finally:
         await rt.responses.close_socket(owner)
+        log_socket("close", connection=connection, tenant=str(owner), duration_ms=_ms(started))
     return None
 
 
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
 class _Connection:
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, connection: str) -> None:
         self._owner = owner
+        self._connection = connection  # the request log's name for it
         self._runtime = runtime()
         self._sealer = sealer()
         self._temperature = default_temperature()
@@ -230,13 +241,21 @@ class _Connection:
         generate = body.pop("generate", True)
         if not isinstance(generate, bool):
             raise invalid_request("Invalid type for 'generate': expected a boolean.", "generate")
-        for key in ("stream", "background"):
-            if key in body:
-                raise invalid_request(
-                    f"Unknown parameter: '{key}'. On the WebSocket every response streams, "
-                    "and background mode is not available.",
-                    key,
-                )
+        # Every response on the socket streams: `stream: true` (Codex sends it) says so
+        # again; `false` asks for what the socket cannot do (docs/websocket.md).
+        stream = body.pop("stream", True)
+        if stream is not True:
+            raise invalid_request(
+                f"Invalid value for 'stream': {stream!r}. On the WebSocket every response "
+                "streams; 'stream' may be omitted or true.",
+                "stream",
+            )
+        if "background" in body:
+            raise invalid_request(
+                "Unknown parameter: 'background'. Background mode is not available on the "
+                "WebSocket; use POST /v1/responses.",
+                "background",
+            )
         await self._lane(stream_id).send(_Order(body, stream_id, generate))
 
     def _lane(self, stream_id: str | None) -> trio.MemorySendChannel[_Order]:
@@ -282,6 +301,7 @@ class _Connection:
         )
 
     async def _respond(self, order: _Order) -> None:
+        started = time.perf_counter()
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
             assert isinstance(inlined, dict)
@@ -295,6 +315,7 @@ class _Connection:
                 self._kept is not None and previous == self._kept.response_id
             ):
                 self._kept = None  # a refused continuation evicts what it continued
+            self._log_create(order, started, error.status, None, error.code or error.type)
             await self._error(error, order.stream_id)
             return
         running = _Running(response_log, order, memo)
@@ -310,7 +331,28 @@ class _Connection:
             del self._running[response_log.response_id]
             if not self._running:
                 self._idle.set()
+            final = response_log.final or {}
+            self._log_create(order, started, 200, response_log.response_id, final.get("status"))
         await self._finished(running)
+
+    def _log_create(
+        self,
+        order: _Order,
+        started: float,
+        status: int,
+        response_id: str | None,
+        outcome: object,
+    ) -> None:
+        log_socket(
+            "response.create",
+            connection=self._connection,
+            status=status,
+            duration_ms=_ms(started),
+            response_id=response_id,
+            response_status=outcome,  # the response's terminal status, or the refusal's code
+            generate=order.generate,
+            tenant=str(self._owner),
+        )
 
     async def _finished(self, running: _Running) -> None:
         final = running.log.final or {}

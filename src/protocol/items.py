@@ -87,7 +87,12 @@ class Compaction:
 InputItem = TurnItem | Compaction
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
-_MESSAGE_KEYS: Final = frozenset({"type", "role", "content", "id", "status", "phase"})
+# Codex CLI (0.171.0, built-in provider) sends its own metadata on every message; OpenAI
+# accepts it (decision 3). It never reaches the model and is not echoed.
+CLIENT_PASSTHROUGH_KEY: Final = "internal_chat_message_metadata_passthrough"
+_MESSAGE_KEYS: Final = frozenset(
+    {"type", "role", "content", "id", "status", "phase", CLIENT_PASSTHROUGH_KEY}
+)
 
 
 def json_type(value: object) -> str:
