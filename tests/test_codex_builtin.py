@@ -47,7 +47,8 @@ async def test_codex_builtin_provider_mcp_round_trip_over_the_socket(
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlx_responses.requests")
     warmup, turn, result = frame("mcp-warmup"), frame("mcp-turn"), frame("mcp-tool-result")
-    assert warmup["stream"] is True and warmup["generate"] is False
+    assert warmup["stream"] is True
+    assert warmup["generate"] is False
     assert "internal_chat_message_metadata_passthrough" in turn["input"][0]
 
     def run() -> tuple[list[Event], list[Event], list[Event]]:
