@@ -219,6 +219,7 @@ def parse_create_request(
     owner: str = "",
     sealer: Sealer | None = None,
     default_temperature: float | None = None,
+    background_key: bool = False,
 ) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
     ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
@@ -259,6 +260,7 @@ def parse_create_request(
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
+        background_key=background_key,
         tools=tuple(echoed_tools),
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,

@@ -282,6 +282,7 @@ class _Connection:
             owner=self._owner,
             sealer=self._sealer,
             default_temperature=self._temperature,
+            background_key=self._runtime.settings.background_key,
         )
         previous = create.config.previous_response_id
         if previous is None:
