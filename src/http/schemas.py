@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
@@ -28,6 +28,29 @@ from ..protocol.tool_search import discoverable
 from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: accepted, no effect (there is no obfuscation padding here)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include_obfuscation: StrictBool | None = None
+
+
+class PromptCacheOptions(BaseModel):
+    """``prompt_cache_options`` (issue 28): checked as OpenAI types it, no effect here: the
+    prefix cache is always implicit, lives in memory, and warms through WebSocket warm-ups."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comparison_response_id: StrictStr | None = None
+    mode: Literal["implicit", "explicit"] | None = None
+    prewarm: StrictBool | None = None
+    ttl: Literal["30m", "12h"] | None = None
+
+
+PromptCacheRetention = Literal["in_memory", "24h"]
 
 
 class CreateResponseBody(BaseModel):
@@ -72,9 +95,9 @@ class CreateResponseBody(BaseModel):
     # mlx's random key takes a 64-bit signed seed; outside that the sampler cannot start.
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     prompt: Any = None
-    stream_options: Any = None
-    prompt_cache_options: Any = None
-    prompt_cache_retention: Any = None
+    stream_options: StreamOptions | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     access_programs: Any = None
     background_options: Any = None
     image: Any = None
@@ -348,8 +371,8 @@ class CompactBody(BaseModel):
     instructions: StrictStr | None = None
     previous_response_id: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
-    prompt_cache_options: Any = None
-    prompt_cache_retention: Any = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     service_tier: StrictStr | None = None
     image: Any = None
     # Extensions (docs/compaction.md).
