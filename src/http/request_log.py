@@ -5,6 +5,9 @@ Invariants:
   ``duration_ms`` (to the response headers; a stream's body may run on), ``response_id``
   (the Response or Message the request created or read, else null), ``tenant`` (the tenant's
   label, never its key), ``stream``.
+- WebSocket traffic (issue 28) logs on the same logger with ``method: "WS"``: a line when a
+  connection opens and when it closes, and one per ``response.create`` when its response ends
+  (``log_socket``).
 - Never a key, a header value, a body or any generated text: the response id is read from the
   first bytes of a JSON body (``{"id":"resp_...``) or set by a route in ``g.response_id``.
 """

@@ -333,7 +333,10 @@ class _Connection:
             if not self._running:
                 self._idle.set()
             final = response_log.final or {}
-            self._log_create(order, started, 200, response_log.response_id, final.get("status"))
+            outputs = tuple(str(item.get("type")) for item in final.get("output") or ())
+            self._log_create(
+                order, started, 200, response_log.response_id, final.get("status"), outputs
+            )
         await self._finished(running)
 
     def _log_create(
@@ -343,6 +346,7 @@ class _Connection:
         status: int,
         response_id: str | None,
         outcome: object,
+        outputs: tuple[str, ...] = (),
     ) -> None:
         log_socket(
             "response.create",
@@ -352,6 +356,7 @@ class _Connection:
             response_id=response_id,
             response_status=outcome,  # the response's terminal status, or the refusal's code
             generate=order.generate,
+            output=list(outputs),  # the output items' types, e.g. ["compaction"]
             tenant=str(self._owner),
         )
 
