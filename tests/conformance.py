@@ -448,7 +448,9 @@ def _check_compaction_events(
     added, done = events[at + 2][1], events[at + 3][1]
     assert started["response_id"] == completed["response_id"] == final["id"]
     assert started["input_tokens"] == completed["input_tokens_before"]
-    assert completed["input_tokens_after"] < completed["input_tokens_before"]
+    if len(final["output"]) > 1:  # automatic compaction; a compaction_trigger's one item
+        # need not shorten a short history (issue 28, docs/compaction.md)
+        assert completed["input_tokens_after"] < completed["input_tokens_before"]
     assert added["output_index"] == done["output_index"] == 0
     assert added["item"]["type"] == "compaction"
     assert added["item"] == done["item"] == final["output"][0]

@@ -96,7 +96,8 @@ ITEM_TYPES: dict[str, tuple[list[dict[str, Any]], Honoured | str]] = {
     "tool_search_output": ([USER, SEARCH_CALL, SEARCH_OUTPUT], "honoured"),
     "reasoning": ([USER, REASONING, {**USER, "role": "assistant", "content": "hi"}], "honoured"),
     "compaction": ([COMPACTION, USER], "honoured"),
-    "compaction_trigger": ([USER, {"type": "compaction_trigger"}, USER], "input[1].type"),
+    # Honoured as the final item (tests/test_compaction_trigger.py); elsewhere a 400.
+    "compaction_trigger": ([USER, {"type": "compaction_trigger"}, USER], "input[1]"),
 }
 # Hosted tools' calls and outputs, programs, item references: this server runs none of them.
 REFUSED_ITEM_TYPES = frozenset(

@@ -33,7 +33,7 @@ from ..protocol.objects import ResponseErrorCode
 from ..protocol.request import CreateRequest
 from ..storage.interface import scoped
 from .admission import Admission, admit, constrain, output_budget
-from .compaction import compact_for_request
+from .compaction import compact_for_request, compact_now, plan
 from .event_log import EventLog
 from .kit import Reply, ask, open_mailbox
 from .prompt import PreparedPrompt, context_exceeded, needs_compaction, prepare_prompt
@@ -456,10 +456,15 @@ async def _open(
             if prepared.tools is not None:  # a search in the history loaded tools (issue 13)
                 request = dataclasses.replace(request, tools=prepared.tools)
             window = model.info.context_window
-            compacting = needs_compaction(request, len(prepared.prompt), window)
+            if request.compact_now:  # issue 28: refused now when it cannot be done at all
+                arrival.done()
+                await plan(prepared, actors, None)
+            compacting = request.compact_now or needs_compaction(
+                request, len(prepared.prompt), window
+            )
             if not compacting and len(prepared.prompt) >= window:
                 raise context_exceeded(prepared.prompt, window)  # before compiling any grammar
-            grammar = await constrain(request, model)
+            grammar = None if request.compact_now else await constrain(request, model)
             run = ResponseRun(request, prepared, actors)
             if entry.background:
                 budget = output_budget(request, len(prepared.prompt), window)
@@ -472,6 +477,8 @@ async def _open(
                     request, config=dataclasses.replace(request.config, max_output_tokens=1)
                 )
                 admission = await admit(one_token, prepared, model, None)
+            elif request.compact_now:
+                pass  # the summary generates in the response's task (cancellable, supervised)
             elif compacting and entry.background:
                 pass  # compacted and admitted inside the job (a refusal ends it failed)
             elif compacting:
@@ -523,6 +530,10 @@ async def _drive(
                     await run.warm_up()
                     nursery.cancel_scope.cancel()
                     return
+                if request.compact_now:
+                    await _compact_now(run, request, actors)
+                    nursery.cancel_scope.cancel()
+                    return
                 if run.admission is None and not await _admit_later(run, request, actors):
                     nursery.cancel_scope.cancel()
                     return
@@ -570,6 +581,19 @@ async def _admit_later(run: ResponseRun, request: CreateRequest, actors: Actors)
         await run.end(Fail(code, error.message, None))
         return False
     return True
+
+
+async def _compact_now(run: ResponseRun, request: CreateRequest, actors: Actors) -> None:
+    """A ``compaction_trigger`` (issue 28): the summary generates, then the response ends with
+    the compaction item as its only output; a summary that does not shorten the history ends it
+    ``failed`` (``invalid_prompt``), as an automatic compaction in a background job does."""
+    try:
+        step, usage = await compact_now(request, run.prepared, actors)
+    except ApiError as error:
+        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
+        await run.end(Fail(code, error.message, None))
+        return
+    await run.finish_compacted(step, usage)
 
 
 async def _watch_presence(presence: trio.MemoryReceiveChannel[None], entry: _Entry) -> None:

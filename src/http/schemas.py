@@ -251,13 +251,14 @@ def parse_create_request(
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
     compact_threshold = _compact_threshold(body.context_management)
+    raw_input, compact_now = _compaction_trigger(body.input)
     conversation_id = _conversation_id(body.conversation)
     if body.previous_response_id is not None and conversation_id is not None:
         raise invalid_request(
             "Parameters 'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    messages = open_sealed(parse_input(body.input), sealer)
+    messages = open_sealed(parse_input(raw_input), sealer)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
@@ -308,11 +309,40 @@ def parse_create_request(
         text_format=text_format,
         owner=owner,
         compact_threshold=compact_threshold,
+        compact_now=compact_now,
         seal=sealer.seal if sealer is not None and SEALED_INCLUDE in (body.include or ()) else None,
     )
 
 
 MAX_COMPACT_THRESHOLD = 100_000_000  # spec 000
+
+
+TRIGGER_KEYS = frozenset({"type", "id"})
+
+
+def _compaction_trigger(value: object) -> tuple[object, bool]:
+    """Issue 28: a ``compaction_trigger`` item ends the input of a create that compacts the
+    history before it (Codex's remote compaction); the input without it, and whether it was
+    there. Anywhere else it is the 400 OpenAI gives."""
+    if not isinstance(value, list):
+        return value, False
+    at = [
+        i
+        for i, item in enumerate(value)
+        if isinstance(item, dict) and item.get("type") == "compaction_trigger"
+    ]
+    if not at:
+        return value, False
+    if at[0] != len(value) - 1:
+        raise invalid_request(
+            f"Invalid 'input[{at[0]}]': 'compaction_trigger' must be the final input item.",
+            f"input[{at[0]}]",
+        )
+    extra = sorted(set(value[-1]) - TRIGGER_KEYS)
+    if extra:
+        path = f"input[{at[0]}].{extra[0]}"
+        raise invalid_request(f"Unknown parameter: '{path}'.", path)
+    return value[:-1], True
 
 
 def _compact_threshold(value: object) -> int | None:
