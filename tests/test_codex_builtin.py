@@ -22,7 +22,7 @@ import trio
 
 from mlx_responses.server import ServerHandle
 
-from .conftest import MODEL
+from .conftest import MODEL, wait_until
 from .test_websocket import Event, in_thread, sdk, strict, until_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -110,8 +110,14 @@ async def test_stream_false_on_the_socket_is_refused_and_logged(
     assert refused[-1]["type"] == "error"
     assert refused[-1]["error"]["param"] == "stream"
     assert text_of(strict(accepted)) == "hello"
-    closes = [r.getMessage() for r in caplog.records if '"event":"close"' in r.getMessage()]
-    assert len(closes) == 1
+    # The close is logged once the server has seen the client go: wait for it.
+
+    def closes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if '"event":"close"' in r.getMessage()]
+
+    with trio.move_on_after(30):
+        await wait_until(lambda: bool(closes()))
+    assert len(closes()) == 1
 
 
 async def test_codex_passthrough_metadata_is_accepted_over_http(server: ServerHandle) -> None:
