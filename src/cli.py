@@ -237,7 +237,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         16,
         int,
         "most open WebSocket connections per API key; more are refused with "
-        "websocket_connection_limit_reached",
+        "websocket_connection_limit_reached; 0 turns the WebSocket mode off (an upgrade is a "
+        "404, on which clients such as Codex CLI fall back to HTTP)",
     ),
     Flag(
         "--websocket-max-seconds",

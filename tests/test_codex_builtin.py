@@ -11,6 +11,7 @@ previous response, the call id) are replaced by this run's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -19,10 +20,13 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import trio
+import websockets.sync.client as ws_client
+from websockets.exceptions import InvalidStatus
 
-from mlx_responses.server import ServerHandle
+from mlx_responses.server import ServerHandle, serve
+from tests.conformance import assert_stream_invariants, parse_sse
 
-from .conftest import MODEL, wait_until
+from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
 from .test_websocket import Event, in_thread, sdk, strict, until_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -134,3 +138,31 @@ async def test_codex_passthrough_metadata_is_accepted_over_http(server: ServerHa
     listed = items.json()["data"]
     assert [item["role"] for item in listed] == ["user"]
     assert "internal_chat_message_metadata_passthrough" not in listed[0]  # not echoed
+
+
+async def test_with_the_socket_off_the_upgrade_is_a_404_and_http_serves_codex(
+    nursery: trio.Nursery,
+) -> None:
+    """`--websocket-max-connections 0`: the upgrade is a 404 (Codex falls back to HTTP on it),
+    and Codex's HTTP request, the same body as its socket frame, is served."""
+    settings = dataclasses.replace(server_settings(), websocket_max_connections=0)
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    url = server.base_url.replace("http://", "ws://") + "/v1/responses"
+
+    def upgrade() -> int:
+        try:
+            with ws_client.connect(url):
+                return 101
+        except InvalidStatus as refused:
+            return refused.response.status_code
+
+    assert await in_thread(upgrade) == 404
+    turn = frame("mcp-turn")
+    body = {k: v for k, v in turn.items() if k not in ("type", "previous_response_id")}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(60):
+            async with http.stream("POST", "/v1/responses", json=body) as reply:
+                assert reply.status_code == 200
+                events = parse_sse(await reply.aread())
+    assert assert_stream_invariants(events)["status"] == "completed"

@@ -114,6 +114,18 @@ async def responses_socket() -> Response | None:
     """``GET /v1/responses`` with a WebSocket upgrade."""
     rt = runtime()
     owner = tenant()
+    if rt.settings.websocket_max_connections == 0:
+        # The mode is off: a 404 is what makes a client fall back to HTTP (Codex CLI does on
+        # 404 and 426, and retries a 429 until it gives up).
+        return error_response(
+            ApiError(
+                404,
+                "not_found_error",
+                "The WebSocket mode is off on this server (--websocket-max-connections 0); "
+                "use POST /v1/responses.",
+                code="websocket_disabled",
+            )
+        )
     if not await rt.responses.open_socket(owner):
         return error_response(
             ApiError(
