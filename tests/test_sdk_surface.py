@@ -209,7 +209,21 @@ async def test_every_function_tool_field_is_accepted(server: ServerHandle, key: 
     assert reply.status_code == 200, reply.text
 
 
-async def test_an_assistant_message_phase_is_accepted(server: ServerHandle) -> None:
+async def test_an_assistant_message_phase_round_trips(server: ServerHandle) -> None:
     assistant = {"type": "message", "role": "assistant", "content": "hi", "phase": "commentary"}
     reply = await post(server, {**BASE, "input": [USER, assistant, USER]})
     assert reply.status_code == 200, reply.text
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            listed = await http.get(f"/v1/responses/{reply.json()['id']}/input_items")
+            chained = await http.post(
+                "/v1/responses",
+                json={**BASE, "previous_response_id": reply.json()["id"], "store": True},
+            )
+            relisted = await http.get(f"/v1/responses/{chained.json()['id']}/input_items")
+    phases = [item.get("phase") for item in listed.json()["data"]]
+    assert phases == [None, "commentary", None]
+    assert "commentary" in [item.get("phase") for item in relisted.json()["data"]]
+    bad = await post(server, {**BASE, "input": [USER, {**assistant, "phase": "draft"}, USER]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "input[1].phase"
