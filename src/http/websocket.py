@@ -20,7 +20,8 @@ Invariants:
   render), and writes its own render back for the next turn.
 - Lifetime: every response opened on the socket subscribes to the socket's lifetime, so closing
   the socket cancels them all (their sequences leave the batch at the next step). A connection
-  lives at most ``--websocket-max-seconds``, then closes with 1001 (the SDK reconnects). At
+  lives ``--websocket-max-seconds``; then, once no response is running on it, it closes with
+  1001 (the SDK and Codex reconnect). At
   shutdown the running responses end with their terminal event, then each socket is closed
   with 1001.
 - Steering (``response.steer``): accepted for a response running on this connection; the
@@ -214,6 +215,11 @@ class _Connection:
 
     async def _expire(self) -> None:
         await trio.sleep(self._runtime.settings.websocket_max_seconds)
+        # A response running when the connection's life ends finishes on it first: a client
+        # cannot pick up a running response on another connection (Codex CLI would retry the
+        # turn from the start).
+        while self._running:
+            await self._idle.wait()
         await self._close("the connection reached its maximum lifetime; reconnect")
 
     async def _watch_shutdown(self) -> None:
