@@ -68,8 +68,8 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     },
 }
 # Spec 000 (decision 21): a foreground response has no `background` key; Open Responses requires
-# one. Errors naming it are this documented difference, and are ignored.
-IGNORED_ERRORS = {"open-responses": ["'background' is a required property"], "anthropic": []}
+# one. The server runs with `--background-key always` (issue 28), so none is ignored.
+IGNORED_ERRORS: dict[str, list[str]] = {"open-responses": [], "anthropic": []}
 
 
 def free_port() -> int:
@@ -200,15 +200,184 @@ def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
             timeout=RUN_DEADLINE,
             check=False,
         )
+    return _json_lines(run.stdout, run.returncode, run.stderr)
+
+
+# Codex with its built-in `openai` provider and only the base URL changed (issue 28): it talks
+# over the WebSocket (a warm-up, then turns continuing it) and compacts remotely with a
+# `compaction_trigger` create. The same small profile as above, without a provider entry.
+CODEX_BUILTIN_PROFILE = """\
+model = "{model}"
+openai_base_url = "{base}/v1"
+model_instructions_file = "{instructions}"
+include_permissions_instructions = false
+include_environment_context = false
+include_apps_instructions = false
+web_search = "disabled"
+{extra}
+[features]
+goals = false
+view_image = false
+shell_tool = false
+
+[skills]
+include_instructions = false
+
+[agents]
+enabled = false
+"""
+
+
+def codex_builtin(
+    base: str, prompts: list[str], *, mcp: bool = False, compact_limit: int | None = None
+) -> list[list[dict[str, Any]]]:
+    """``codex exec --json`` with the built-in provider, logged in with an API key (``codex
+    login --with-api-key``); each prompt after the first resumes the same thread. The JSON
+    events of each run."""
+    runs: list[list[dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
+        instructions = Path(home) / "instructions.md"
+        instructions.write_text("You are a coding agent. Use the tools when asked.\n")
+        extra = (
+            "" if compact_limit is None else f"model_auto_compact_token_limit = {compact_limit}\n"
+        )
+        profile = CODEX_BUILTIN_PROFILE.format(
+            model=MODEL, instructions=instructions, base=base, extra=extra
+        )
+        if mcp:
+            profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
+        (Path(home) / "config.toml").write_text(profile)
+        work = Path(home) / "work"
+        work.mkdir()
+        env = {**os.environ, "CODEX_HOME": home}
+        subprocess.run(
+            [str(CODEX), "login", "--with-api-key"],
+            input="local\n",
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=RUN_DEADLINE,
+            check=True,
+        )
+        for number, prompt in enumerate(prompts):
+            command = [str(CODEX), "exec", "--skip-git-repo-check", "--json"]
+            if number:
+                command += ["resume", "--last"]
+            run = subprocess.run(
+                [*command, prompt],
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=RUN_DEADLINE,
+                check=False,
+            )
+            runs.append(_json_lines(run.stdout, run.returncode, run.stderr))
+    return runs
+
+
+def _json_lines(stdout: str, returncode: int, stderr: str) -> list[dict[str, Any]]:
     events = []
-    for line in run.stdout.splitlines():
+    for line in stdout.splitlines():
         try:
             events.append(json.loads(line))
         except ValueError:
             continue
-    if run.returncode and not events:
-        events.append({"type": "error", "message": run.stderr[-500:]})
+    if returncode and not events:
+        events.append({"type": "error", "message": stderr[-500:]})
     return events
+
+
+def socket_lines(log_path: Path, start: int) -> list[dict[str, Any]]:
+    """The server's WebSocket request-log lines written after byte ``start`` of its log."""
+    with log_path.open("rb") as log:
+        log.seek(start)
+        text = log.read().decode("utf-8", "replace")
+    lines = []
+    for line in text.splitlines():
+        _, found, rest = line.partition("request ")
+        if found and '"method":"WS"' in rest:
+            lines.append(json.loads(rest))
+    return lines
+
+
+def _creates(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [line for line in lines if line["event"] == "response.create"]
+
+
+def codex_builtin_turn(base: str, log_path: Path) -> dict[str, Any]:
+    """One turn with the built-in provider, over the socket."""
+    start = log_path.stat().st_size
+    (events,) = codex_builtin(base, ["Reply with: hello"])
+    kinds = [event.get("type") for event in events]
+    messages = [item.get("text") for item in _items(events, "agent_message")]
+    creates = _creates(socket_lines(log_path, start))
+    return {
+        "ok": "turn.completed" in kinds
+        and not _errors(events)
+        and messages == ["hello"]
+        and bool(creates)
+        and all(c["status"] == 200 for c in creates),
+        "events": kinds,
+        "agent_messages": messages,
+        "socket_creates": [(c["status"], c["response_status"]) for c in creates],
+        "errors": _errors(events),
+    }
+
+
+def codex_builtin_tool_round_trip(base: str, log_path: Path) -> dict[str, Any]:
+    """The MCP round trip with the built-in provider, over the socket."""
+    start = log_path.stat().st_size
+    (events,) = codex_builtin(base, ["What is the weather in Paris?"], mcp=True)
+    calls = _items(events, "mcp_tool_call")
+    messages = [item.get("text") for item in _items(events, "agent_message")]
+    kinds = [event.get("type") for event in events]
+    creates = _creates(socket_lines(log_path, start))
+    ok = (
+        "turn.completed" in kinds
+        and not _errors(events)
+        and any(
+            call.get("status") == "completed" and call.get("arguments") == {"city": "Paris"}
+            for call in calls
+        )
+        and bool(messages)
+        and len(creates) >= 3  # warm-up, the call, the answer: all over the socket
+    )
+    return {
+        "ok": ok,
+        "events": kinds,
+        "agent_messages": messages,
+        "socket_creates": [(c["status"], c["response_status"]) for c in creates],
+        "errors": _errors(events),
+    }
+
+
+def codex_builtin_remote_compaction(base: str, log_path: Path) -> dict[str, Any]:
+    """A remote compaction forced by a small ``model_auto_compact_token_limit``: the second
+    turn compacts the first (a ``compaction_trigger`` create answered with one compaction
+    item), then continues from the compacted history and completes."""
+    start = log_path.stat().st_size
+    first, second = codex_builtin(
+        base, ["Reply with: hello", "Reply with: hello"], compact_limit=600
+    )
+    kinds = [[event.get("type") for event in run] for run in (first, second)]
+    messages = [item.get("text") for item in _items(second, "agent_message")]
+    lines = socket_lines(log_path, start)
+    compactions = [c for c in _creates(lines) if c.get("output") == ["compaction"]]
+    return {
+        "ok": all("turn.completed" in k for k in kinds)
+        and not _errors(first)
+        and not _errors(second)
+        and bool(messages)
+        and len(compactions) == 1
+        and compactions[0]["status"] == 200,
+        "events": kinds,
+        "agent_messages": messages,
+        "compactions": compactions,
+        "errors": _errors(first) + _errors(second),
+    }
 
 
 def _items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -352,6 +521,9 @@ def main() -> int:
             # Codex never sends a temperature: greedy answers make its turn reproducible.
             "--default-temperature",
             "0",
+            # Open Responses requires `background` on every Response (issue 28).
+            "--background-key",
+            "always",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -368,6 +540,14 @@ def main() -> int:
         }
         if CODEX_TRAINED.exists():
             summary["codex exec (MCP tool round trip)"] = codex_tool_round_trip(base)
+            log_path = RESULTS / "server.log"
+            summary["codex built-in provider (one turn)"] = codex_builtin_turn(base, log_path)
+            summary["codex built-in provider (MCP tool round trip)"] = (
+                codex_builtin_tool_round_trip(base, log_path)
+            )
+            summary["codex built-in provider (remote compaction)"] = (
+                codex_builtin_remote_compaction(base, log_path)
+            )
         else:
             summary["not_run"] = {
                 "codex tool round trip": "the bundled model was not trained on Codex's prompt "

@@ -61,6 +61,14 @@ def tool_format_flag(text: str) -> str | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def background_key_flag(text: str) -> str:
+    """``--background-key``: 'omitted' or 'always'."""
+    value = text.strip().lower()
+    if value not in ("omitted", "always"):
+        raise argparse.ArgumentTypeError(f"expected 'omitted' or 'always', got {text!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     name: str
@@ -249,7 +257,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         16,
         int,
         "most open WebSocket connections per API key; more are refused with "
-        "websocket_connection_limit_reached",
+        "websocket_connection_limit_reached; 0 turns the WebSocket mode off (an upgrade is a "
+        "404, on which clients such as Codex CLI fall back to HTTP)",
     ),
     Flag(
         "--websocket-max-seconds",
@@ -332,6 +341,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         str,
         "temperature (0..2) for /v1/responses and /v1/messages requests that give none, e.g. "
         "0 for greedy answers to clients that never send one (Codex CLI); default: 1.0",
+    ),
+    Flag(  # issue 28
+        "--background-key",
+        "MLX_RESPONSES_BACKGROUND_KEY",
+        "omitted",
+        background_key_flag,
+        "'omitted': a foreground Response has no 'background' key (spec 000); 'always': every "
+        "Response and every event's response carries it, false for foreground, as OpenAI "
+        "sends it (for clients and suites that require the key, e.g. Open Responses)",
     ),
     Flag(
         "--log-level",
@@ -475,6 +493,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
         default_temperature=default_temperature,
+        background_key=args.background_key == "always",
         websocket_max_connections=args.websocket_max_connections,
         websocket_max_seconds=float(args.websocket_max_seconds),
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),

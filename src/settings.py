@@ -37,6 +37,8 @@ class ServerSettings:
     store: StoreChoice = MEMORY
     # --default-temperature: for requests that give none (None: OpenAI's 1.0).
     default_temperature: float | None = None
+    # --background-key always: every Response carries ``background`` (issue 28).
+    background_key: bool = False
     # The seam for fault injection into the response store: tests install a backend factory.
     response_storage: Callable[[], ResponseStorage] | None = None
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.

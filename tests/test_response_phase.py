@@ -63,6 +63,8 @@ def test_the_usual_lives() -> None:
     assert walk(Step.PREPARED, Step.ADMITTED, Step.STARTED, Step.TERMINAL) is Phase.FINISHING
     assert walk(Step.PREPARED, Step.ADMITTED, Step.STARTED, Step.ADMITTED) is Phase.DECODING
     assert walk(Step.PREPARED, Step.REFUSED) is Phase.ENDED
+    # A compaction_trigger: no sequence of its own, started once its summary is done.
+    assert walk(Step.PREPARED, Step.STARTED, Step.TERMINAL, Step.CLOSED) is Phase.ENDED
     assert walk(Step.PREPARED, Step.ADMITTED, Step.TERMINAL, Step.CLOSED) is Phase.ENDED
     with pytest.raises(PhaseError):
         walk(Step.PREPARED, Step.ADMITTED, Step.STARTED, Step.REFUSED)  # it exists: not refusable

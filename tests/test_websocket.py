@@ -518,3 +518,26 @@ async def test_the_server_closes_with_going_away(nursery: trio.Nursery, ending: 
     assert len([kind for kind in seen if kind in TERMINAL]) == 1
     if ending == "shutdown":
         assert seen[-1] == "response.failed"
+
+
+async def test_a_response_running_at_the_end_of_the_lifetime_completes_first(
+    nursery: trio.Nursery,
+) -> None:
+    """Issue 28: the lifetime closes the socket only once no response runs on it (Codex CLI
+    would otherwise retry the cut turn from the start on a new connection)."""
+    server = await start(nursery, websocket_max_seconds=0.2)
+    url = server.base_url.replace("http://", "ws://") + "/v1/responses"
+    seen: list[str] = []
+
+    def run() -> int:
+        with ws_client.connect(url) as socket:
+            socket.send(json.dumps({"type": "response.create", **COUNT}))
+            try:
+                while True:
+                    seen.append(json.loads(socket.recv())["type"])
+            except ConnectionClosed as closed:
+                return closed.rcvd.code if closed.rcvd is not None else -1
+
+    assert await in_thread(run) == 1001
+    assert [kind for kind in seen if kind in TERMINAL] == ["response.completed"]
+    assert seen.count("response.output_text.delta") > 1

@@ -30,9 +30,11 @@ import trio
 
 from ..protocol.compaction import (
     NothingToSummarize,
+    Split,
     auto_summary_tokens,
     default_keep_tokens,
     item_text,
+    split_everything,
     split_history,
     transcript,
 )
@@ -85,11 +87,38 @@ async def compact(
     prepared: PreparedPrompt,
     actors: Actors,
     *,
-    keep_tokens: int,
+    keep_tokens: int | None,
     summary_tokens: int,
     on_summary: OnSummary = None,
 ) -> CompactionResult:
-    """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``."""
+    """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``.
+    ``keep_tokens`` None: summarize every turn (a ``compaction_trigger``, issue 28); the client
+    asked for exactly one compaction item then, so a summary that does not shorten the history
+    is not refused (spec 000's rule is for ``/v1/responses/compact`` and automatic
+    compaction)."""
+    split = await plan(prepared, actors, keep_tokens)
+    before = len(prepared.prompt)
+    summary, usage = await _summarize(
+        request,
+        transcript(split.prior_summary, split.summarized),
+        actors,
+        summary_tokens,
+        on_summary,
+    )
+    item = item_json(Compaction(summary, split.retained))
+    prompt = await render_items(request, actors, (*prepared.all_items, item))
+    if keep_tokens is not None and len(prompt) >= before:
+        raise _exceeded(
+            f"The summary does not shorten the context: the history is {before} tokens, "
+            f"compacted it would be {len(prompt)} tokens."
+        )
+    return CompactionResult(split.kept, split.retained, item, prompt, before, usage)
+
+
+async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None) -> Split:
+    """What a compaction would summarize and keep; a 400 ``context_length_exceeded`` when it
+    cannot (the history is over one window, or has nothing to summarize): found before any
+    generation."""
     model = actors.model
     window = model.info.context_window
     before = len(prepared.prompt)
@@ -104,27 +133,26 @@ async def compact(
         return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
 
     try:
+        if keep_tokens is None:
+            return split_everything(items)
         # Tokenizing a long history is real work: off the Trio thread.
-        split = await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
+        return await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
     except NothingToSummarize as exc:
         raise _exceeded(
             f"The summary could not shorten the context of {before} tokens: {exc}."
         ) from None
-    summary, usage = await _summarize(
-        request,
-        transcript(split.prior_summary, split.summarized),
-        actors,
-        summary_tokens,
-        on_summary,
+
+
+async def compact_now(
+    request: CreateRequest, prepared: PreparedPrompt, actors: Actors
+) -> tuple[Compacted, Usage]:
+    """A ``compaction_trigger`` (issue 28): the whole history as one compaction item (the
+    machine input that makes it the response's output), and the summary's usage."""
+    window = actors.model.info.context_window
+    result = await compact(
+        request, prepared, actors, keep_tokens=None, summary_tokens=auto_summary_tokens(window)
     )
-    item = item_json(Compaction(summary, split.retained))
-    prompt = await render_items(request, actors, (*prepared.all_items, item))
-    if len(prompt) >= before:
-        raise _exceeded(
-            f"The summary does not shorten the context: the history is {before} tokens, "
-            f"compacted it would be {len(prompt)} tokens."
-        )
-    return CompactionResult(split.kept, split.retained, item, prompt, before, usage)
+    return Compacted(result.item, result.tokens_before, result.tokens_after), result.usage
 
 
 async def _summarize(

@@ -221,7 +221,7 @@ async def prepare_response(
     prepared = await prepare_prompt(request, actors, running, prompt_limit(request, actors.model))
     if prepared.tools is not None:
         request = dataclasses.replace(request, tools=prepared.tools)
-    compacting = needs_compaction(request, len(prepared.prompt), window)
+    compacting = request.compact_now or needs_compaction(request, len(prepared.prompt), window)
     if not compacting and len(prepared.prompt) >= window:
         raise context_exceeded(prepared.prompt, window)
     return ReadyPrompt(request, prepared, compacting)

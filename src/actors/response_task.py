@@ -34,7 +34,7 @@ from ..protocol.objects import JsonObject, ResponseErrorCode
 from ..protocol.phase import Phase
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import admit, constrain, output_budget
-from .compaction import compact_for_request, compact_history
+from .compaction import compact_for_request, compact_history, compact_now, plan
 from .event_log import EventLog
 from .kit import Reply, ask
 from .prompt import prepare_response
@@ -142,7 +142,10 @@ async def _open(
         with model.arriving() as arrival:
             ready = await prepare_response(request, actors, running)
             request, prepared = ready.request, ready.prepared
-            grammar = await constrain(request, model)
+            if request.compact_now:  # issue 28: refused now when it cannot be done at all
+                arrival.done()
+                await plan(prepared, actors, None)
+            grammar = None if request.compact_now else await constrain(request, model)
             run = ResponseRun(request, prepared, actors, grammar)
             if entry.background:
                 window = model.info.context_window
@@ -156,6 +159,8 @@ async def _open(
                     request, config=dataclasses.replace(request.config, max_output_tokens=1)
                 )
                 run.attach(await admit(one_token, prepared, model, None))
+            elif request.compact_now:
+                pass  # the summary generates in _drive (cancellable, supervised)
             elif ready.compacting and entry.background:
                 pass  # compacted and admitted inside the job (a refusal ends it failed)
             elif ready.compacting:
@@ -199,6 +204,8 @@ async def _drive(
                     nursery.start_soon(_watch_presence, presence, entry)
                 if not run.request.generate:
                     await run.warm_up()
+                elif run.request.compact_now:
+                    await _compact_now(run, actors)
                 elif run.phase is not Phase.WAITING or await _admit_later(run, actors):
                     await run.generate()
                 nursery.cancel_scope.cancel()
@@ -244,6 +251,18 @@ async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
         await run.end(Fail(code, error.message, None))
         return False
     return True
+
+
+async def _compact_now(run: ResponseRun, actors: Actors) -> None:
+    """A ``compaction_trigger`` (issue 28): the summary generates, then the response ends with
+    the compaction item as its only output."""
+    try:
+        step, usage = await compact_now(run.request, run.prepared, actors)
+    except ApiError as error:
+        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
+        await run.end(Fail(code, error.message, None))
+        return
+    await run.finish_compacted(step, usage)
 
 
 async def _watch_presence(presence: trio.MemoryReceiveChannel[None], entry: TaskEntry) -> None:

@@ -39,7 +39,15 @@ from ..model.constrain import Grammar
 from ..model.slot import SequenceOutput
 from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
-from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
+from ..protocol.machine import (
+    Cancel,
+    Compacted,
+    Fail,
+    Finish,
+    MachineInput,
+    ResponseMachine,
+    Start,
+)
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.phase import Phase, Step, advance, announced
 from ..protocol.replay import FAILED_UNSTARTED
@@ -288,6 +296,14 @@ class ResponseRun:
                 pass
         cached = 0 if admission is None else admission.sequence.cached_tokens
         usage = Usage(len(self.prepared.prompt), 0, cached_tokens=cached)
+        await self.end(Finish("stop", usage, int(time.time())))
+
+    async def finish_compacted(self, step: Compacted, usage: Usage) -> None:
+        """A ``compaction_trigger`` (issue 28): the compaction item is the whole output; the
+        usage is the summary's."""
+        self.phase = advance(self.phase, Step.STARTED)
+        self.log.status = "in_progress"
+        self._publish(self._machine.feed(Start(step)))
         await self.end(Finish("stop", usage, int(time.time())))
 
     async def end_steered(self) -> None:

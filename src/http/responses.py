@@ -73,6 +73,7 @@ def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
         owner=tenant(),
         sealer=sealer(),
         default_temperature=None if counting else default_temperature(),
+        background_key=runtime().settings.background_key,
     )
 
 

@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
@@ -28,6 +28,29 @@ from ..protocol.tool_search import discoverable
 from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
 
 Number = StrictFloat | StrictInt
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: accepted, no effect (there is no obfuscation padding here)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include_obfuscation: StrictBool | None = None
+
+
+class PromptCacheOptions(BaseModel):
+    """``prompt_cache_options`` (issue 28): checked as OpenAI types it, no effect here: the
+    prefix cache is always implicit, lives in memory, and warms through WebSocket warm-ups."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comparison_response_id: StrictStr | None = None
+    mode: Literal["implicit", "explicit"] | None = None
+    prewarm: StrictBool | None = None
+    ttl: Literal["30m", "12h"] | None = None
+
+
+PromptCacheRetention = Literal["in_memory", "24h"]
 
 
 class CreateResponseBody(BaseModel):
@@ -72,9 +95,9 @@ class CreateResponseBody(BaseModel):
     # mlx's random key takes a 64-bit signed seed; outside that the sampler cannot start.
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     prompt: Any = None
-    stream_options: Any = None
-    prompt_cache_options: Any = None
-    prompt_cache_retention: Any = None
+    stream_options: StreamOptions | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     access_programs: Any = None
     background_options: Any = None
     image: Any = None
@@ -219,6 +242,7 @@ def parse_create_request(
     owner: str = "",
     sealer: Sealer | None = None,
     default_temperature: float | None = None,
+    background_key: bool = False,
 ) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
     ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
@@ -227,13 +251,14 @@ def parse_create_request(
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
     compact_threshold = _compact_threshold(body.context_management)
+    raw_input, compact_now = _compaction_trigger(body.input)
     conversation_id = _conversation_id(body.conversation)
     if body.previous_response_id is not None and conversation_id is not None:
         raise invalid_request(
             "Parameters 'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    messages = open_sealed(parse_input(body.input), sealer)
+    messages = open_sealed(parse_input(raw_input), sealer)
     tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
     effort, summary = _parse_reasoning(body.reasoning)
@@ -259,6 +284,7 @@ def parse_create_request(
         previous_response_id=body.previous_response_id,
         conversation_id=conversation_id,
         background=bool(body.background),
+        background_key=background_key,
         tools=tuple(echoed_tools),
         tool_choice=tool_choice.to_json(),
         max_tool_calls=body.max_tool_calls,
@@ -283,11 +309,40 @@ def parse_create_request(
         text_format=text_format,
         owner=owner,
         compact_threshold=compact_threshold,
+        compact_now=compact_now,
         seal=sealer.seal if sealer is not None and SEALED_INCLUDE in (body.include or ()) else None,
     )
 
 
 MAX_COMPACT_THRESHOLD = 100_000_000  # spec 000
+
+
+TRIGGER_KEYS = frozenset({"type", "id"})
+
+
+def _compaction_trigger(value: object) -> tuple[object, bool]:
+    """Issue 28: a ``compaction_trigger`` item ends the input of a create that compacts the
+    history before it (Codex's remote compaction); the input without it, and whether it was
+    there. Anywhere else it is the 400 OpenAI gives."""
+    if not isinstance(value, list):
+        return value, False
+    at = [
+        i
+        for i, item in enumerate(value)
+        if isinstance(item, dict) and item.get("type") == "compaction_trigger"
+    ]
+    if not at:
+        return value, False
+    if at[0] != len(value) - 1:
+        raise invalid_request(
+            f"Invalid 'input[{at[0]}]': 'compaction_trigger' must be the final input item.",
+            f"input[{at[0]}]",
+        )
+    extra = sorted(set(value[-1]) - TRIGGER_KEYS)
+    if extra:
+        path = f"input[{at[0]}].{extra[0]}"
+        raise invalid_request(f"Unknown parameter: '{path}'.", path)
+    return value[:-1], True
 
 
 def _compact_threshold(value: object) -> int | None:
@@ -346,8 +401,8 @@ class CompactBody(BaseModel):
     instructions: StrictStr | None = None
     previous_response_id: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
-    prompt_cache_options: Any = None
-    prompt_cache_retention: Any = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     service_tier: StrictStr | None = None
     image: Any = None
     # Extensions (docs/compaction.md).

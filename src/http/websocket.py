@@ -21,7 +21,8 @@ Invariants:
   its log for the next turn.
 - Lifetime: every response opened on the socket subscribes to the socket's lifetime, so closing
   the socket cancels them all (their sequences leave the batch at the next step). A connection
-  lives at most ``--websocket-max-seconds``, then closes with 1001 (the SDK reconnects). At
+  lives ``--websocket-max-seconds``; then, once no response is running on it, it closes with
+  1001 (the SDK and Codex reconnect). At
   shutdown the running responses end with their terminal event, then each socket is closed
   with 1001.
 - Steering (``response.steer``): accepted for a response running on this connection; the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +56,7 @@ from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
 from .pipeline import open_response
+from .request_log import log_socket
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
 
@@ -112,6 +115,18 @@ async def responses_socket() -> Response | None:
     """``GET /v1/responses`` with a WebSocket upgrade."""
     rt = runtime()
     owner = tenant()
+    if rt.settings.websocket_max_connections == 0:
+        # The mode is off: a 404 is what makes a client fall back to HTTP (Codex CLI does on
+        # 404 and 426, and retries a 429 until it gives up).
+        return error_response(
+            ApiError(
+                404,
+                "not_found_error",
+                "The WebSocket mode is off on this server (--websocket-max-connections 0); "
+                "use POST /v1/responses.",
+                code="websocket_disabled",
+            )
+        )
     if not await rt.responses.open_socket(owner):
         return error_response(
             ApiError(
@@ -122,17 +137,26 @@ async def responses_socket() -> Response | None:
                 code="websocket_connection_limit_reached",
             )
         )
+    connection = new_id("ws")
+    started = time.perf_counter()
+    log_socket("open", connection=connection, tenant=str(owner))
     try:
         await websocket.accept()
-        await _Connection(owner).serve()
+        await _Connection(owner, connection).serve()
     finally:
         await rt.responses.close_socket(owner)
+        log_socket("close", connection=connection, tenant=str(owner), duration_ms=_ms(started))
     return None
 
 
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
 class _Connection:
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, connection: str) -> None:
         self._owner = owner
+        self._connection = connection  # the request log's name for it
         self._runtime = runtime()
         self._sealer = sealer()
         self._temperature = default_temperature()
@@ -191,6 +215,11 @@ class _Connection:
 
     async def _expire(self) -> None:
         await trio.sleep(self._runtime.settings.websocket_max_seconds)
+        # A response running when the connection's life ends finishes on it first: a client
+        # cannot pick up a running response on another connection (Codex CLI would retry the
+        # turn from the start).
+        while self._running:
+            await self._idle.wait()
         await self._close("the connection reached its maximum lifetime; reconnect")
 
     async def _watch_shutdown(self) -> None:
@@ -230,13 +259,21 @@ class _Connection:
         generate = body.pop("generate", True)
         if not isinstance(generate, bool):
             raise invalid_request("Invalid type for 'generate': expected a boolean.", "generate")
-        for key in ("stream", "background"):
-            if key in body:
-                raise invalid_request(
-                    f"Unknown parameter: '{key}'. On the WebSocket every response streams, "
-                    "and background mode is not available.",
-                    key,
-                )
+        # Every response on the socket streams: `stream: true` (Codex sends it) says so
+        # again; `false` asks for what the socket cannot do (docs/websocket.md).
+        stream = body.pop("stream", True)
+        if stream is not True:
+            raise invalid_request(
+                f"Invalid value for 'stream': {stream!r}. On the WebSocket every response "
+                "streams; 'stream' may be omitted or true.",
+                "stream",
+            )
+        if "background" in body:
+            raise invalid_request(
+                "Unknown parameter: 'background'. Background mode is not available on the "
+                "WebSocket; use POST /v1/responses.",
+                "background",
+            )
         await self._lane(stream_id).send(_Order(body, stream_id, generate))
 
     def _lane(self, stream_id: str | None) -> trio.MemorySendChannel[_Order]:
@@ -263,6 +300,7 @@ class _Connection:
             owner=self._owner,
             sealer=self._sealer,
             default_temperature=self._temperature,
+            background_key=self._runtime.settings.background_key,
         )
         previous = create.config.previous_response_id
         if previous is None:
@@ -282,6 +320,7 @@ class _Connection:
         )
 
     async def _respond(self, order: _Order) -> None:
+        started = time.perf_counter()
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
             assert isinstance(inlined, dict)
@@ -294,6 +333,7 @@ class _Connection:
                 self._kept is not None and previous == self._kept.response_id
             ):
                 self._kept = None  # a refused continuation evicts what it continued
+            self._log_create(order, started, error.status, None, error.code or error.type)
             await self._error(error, order.stream_id)
             return
         running = _Running(response_log, order)
@@ -309,7 +349,33 @@ class _Connection:
             del self._running[response_log.response_id]
             if not self._running:
                 self._idle.set()
+            final = response_log.final or {}
+            outputs = tuple(str(item.get("type")) for item in final.get("output") or ())
+            self._log_create(
+                order, started, 200, response_log.response_id, final.get("status"), outputs
+            )
         await self._finished(running)
+
+    def _log_create(
+        self,
+        order: _Order,
+        started: float,
+        status: int,
+        response_id: str | None,
+        outcome: object,
+        outputs: tuple[str, ...] = (),
+    ) -> None:
+        log_socket(
+            "response.create",
+            connection=self._connection,
+            status=status,
+            duration_ms=_ms(started),
+            response_id=response_id,
+            response_status=outcome,  # the response's terminal status, or the refusal's code
+            generate=order.generate,
+            output=list(outputs),  # the output items' types, e.g. ["compaction"]
+            tenant=str(self._owner),
+        )
 
     async def _finished(self, running: _Running) -> None:
         final = running.log.final or {}

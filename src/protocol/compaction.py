@@ -56,6 +56,7 @@ __all__ = [
     "item_text",
     "legal_splits",
     "replay_view",
+    "split_everything",
     "split_history",
     "transcript",
 ]
@@ -187,6 +188,18 @@ def legal_splits(turns: Sequence[TurnItem]) -> list[int]:
             (i < len(turns) and _is_user(turns[i])) or isinstance(turns[i - 1], FunctionCallOutput)
         )
     ]
+
+
+def split_everything(items: Sequence[InputItem]) -> Split:
+    """A remote compaction's split (issue 28): every turn is summarized, nothing retained (the
+    client keeps what it wants to resend, as Codex does its user messages); raises
+    ``NothingToSummarize`` when there is no turn."""
+    prior, view = _expand(items)
+    kept = tuple(item for item in view if isinstance(item, InputMessage) and _is_system(item))
+    turns = tuple(item for item in view if item is not None and not _is_system(item))
+    if not turns and prior is None:
+        raise NothingToSummarize("there is no turn to summarize")
+    return Split(kept, prior, turns, ())
 
 
 def split_history(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from .errors import ApiError, invalid_request
@@ -40,10 +40,17 @@ Role = Literal["system", "developer", "user", "assistant"]
 ROLES: Final[tuple[str, ...]] = get_args(Role)
 
 
+Phase = Literal["commentary", "final_answer"]
+PHASES: Final[tuple[str, ...]] = get_args(Phase)
+
+
 @dataclass(frozen=True, slots=True)
 class InputMessage:
     role: Role
     text: str
+    # An assistant message's ``phase`` as the client sent it (issue 28): kept and listed back
+    # (``input_items``, replays); it does not change the rendering, nor what equals what.
+    phase: Phase | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +97,12 @@ class Compaction:
 InputItem = TurnItem | Compaction
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
-_MESSAGE_KEYS: Final = frozenset({"type", "role", "content", "id", "status", "phase"})
+# Codex CLI (0.171.0, built-in provider) sends its own metadata on every message; OpenAI
+# accepts it (decision 3). It never reaches the model and is not echoed.
+CLIENT_PASSTHROUGH_KEY: Final = "internal_chat_message_metadata_passthrough"
+_MESSAGE_KEYS: Final = frozenset(
+    {"type", "role", "content", "id", "status", "phase", CLIENT_PASSTHROUGH_KEY}
+)
 
 
 def parse_item(item: object, path: str) -> InputItem:
@@ -291,16 +303,23 @@ def _parse_message(item: JsonObject, path: str) -> InputMessage:
         raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
     if "content" not in item:
         raise invalid_request(f"Missing required parameter: '{path}.content'.", f"{path}.content")
+    phase = item.get("phase")
+    if phase is not None and phase not in PHASES:
+        raise invalid_request(
+            f"Invalid value for '{path}.phase': {phase!r}; supported values are "
+            f"{', '.join(repr(p) for p in PHASES)}.",
+            f"{path}.phase",
+        )
     content = item["content"]
     if isinstance(content, str):
-        return InputMessage(role, content)
+        return InputMessage(role, content, phase)
     if not isinstance(content, list):
         raise invalid_request(
             f"Invalid type for '{path}.content': expected a string or an array of content "
             f"parts, but got {json_type(content)}.",
             f"{path}.content",
         )
-    return InputMessage(role, _text_of_parts(content, role, f"{path}.content"))
+    return InputMessage(role, _text_of_parts(content, role, f"{path}.content"), phase)
 
 
 _ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
@@ -349,18 +368,21 @@ def _text_of_parts(parts: list[Any], owner: str, path: str) -> str:
 def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
     """The stored / listed JSON shape of an input item, with its id."""
     match item:
-        case InputMessage(role, text):
+        case InputMessage(role, text, phase):
             part_type = "output_text" if role == "assistant" else "input_text"
             part: JsonObject = {"type": part_type, "text": text}
             if part_type == "output_text":
                 part["annotations"] = []
-            return {
+            message: JsonObject = {
                 "id": item_id or new_id("msg"),
                 "type": "message",
                 "role": role,
                 "status": "completed",
                 "content": [part],
             }
+            if phase is not None:
+                message["phase"] = phase
+            return message
         case FunctionCall(call_id, name, arguments, search=str(execution)):
             return tool_search_call_item(
                 item_id or new_id("tsc"),

@@ -177,6 +177,9 @@ class ResponseConfig:
     store: bool = True
     metadata: Mapping[str, str] = field(default_factory=_empty_mapping)
     background: bool = False
+    # --background-key always (issue 28): a foreground Response says ``"background": false``
+    # too, as OpenAI does; by default it has no such key (spec 000, decision 21).
+    background_key: bool = False
     previous_response_id: str | None = None
     conversation_id: str | None = None
     user: str | None = None
@@ -382,8 +385,8 @@ def response_object(
         "created_at": created_at,
         "status": status,
     }
-    if config.background:
-        obj["background"] = True
+    if config.background or config.background_key:
+        obj["background"] = config.background
     obj.update(
         {
             "completed_at": completed_at,

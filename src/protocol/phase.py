@@ -58,6 +58,9 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     # A background job whose compaction (inside the job) was refused, or that was cancelled
     # before its admission.
     (Phase.WAITING, Step.TERMINAL): Phase.FINISHING,
+    # A compaction_trigger's response (issue 28) has no sequence of its own: its summary is
+    # another response; it is told in_progress when the summary is done, its item the output.
+    (Phase.WAITING, Step.STARTED): Phase.DECODING,
     (Phase.PREFILLING, Step.STARTED): Phase.DECODING,
     (Phase.PREFILLING, Step.TERMINAL): Phase.FINISHING,  # cancelled or failed while queued
     # Admitted, but never announced (shutdown during its registration): nothing to end.

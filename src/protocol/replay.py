@@ -248,7 +248,11 @@ def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
         state["next"] += 1
         return items.meta(index, "id")
 
-    config = ResponseConfig(model=str(final["model"]), background=final.get("background") is True)
+    config = ResponseConfig(
+        model=str(final["model"]),
+        background=final.get("background") is True,
+        background_key="background" in final,
+    )
     machine = ResponseMachine(str(final["id"]), config, int(final["created_at"]), id_factory=mint)
     events: list[JsonObject] = []
     ops = str(tape["ops"])

@@ -58,6 +58,10 @@ class CreateRequest:
     # context_management's compact_threshold (issue 6): compact the history before generating
     # when the rendered input reaches it or leaves no room for output; None: never.
     compact_threshold: int | None = None
+    # Issue 28: the input ended with a ``compaction_trigger``: the response compacts the
+    # history (everything but system and developer messages) into one ``compaction`` item and
+    # generates nothing else.
+    compact_now: bool = False
     # Text that ends generation when produced (the Anthropic encoding's ``stop_sequences``).
     stop_sequences: tuple[str, ...] = ()
     # The history of ``previous_response_id`` when the transport holds it (a WebSocket
