@@ -20,16 +20,18 @@ LLAMA_CPP = (
     "ae1a0b1c71a8b3a86ede8cb5892ed9ce967d00b2/models/templates/"
 )
 
+# In the order the server hands tools to a template (``protocol.tools.Tool.for_template``):
+# templates that write a tool with ``tojson`` keep its key order.
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "Get the current weather in a city.",
         "parameters": {
             "type": "object",
             "properties": {"city": {"type": "string", "description": "The name of the city."}},
             "required": ["city"],
         },
+        "description": "Get the current weather in a city.",
     },
 }
 WEATHER_RESULT = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
@@ -67,6 +69,7 @@ class Family:
     # (gpt-oss writes today's date into every prompt).
     dates: list[str] = field(default_factory=list)
     text_config: bool = False  # the architecture nests its text settings (Gemma 4)
+    steps: int = 300  # Adam steps (more where 300 leave a thin logit margin)
 
 
 def tool_call_message(arguments: object, **extra: Any) -> dict[str, Any]:
@@ -230,6 +233,7 @@ GLM_46 = Family(
     eos="<|endoftext|>",
     stops=["<|endoftext|>", "<|user|>", "<|observation|>"],
     pad="<|endoftext|>",
+    steps=500,
     prompts=_plain(
         "<|user|>",
         "\n<think></think>\nhello",
@@ -273,6 +277,7 @@ KIMI_K2 = Family(
     eos="<|im_end|>",
     stops=["<|im_end|>"],
     pad="[EOS]",
+    steps=500,
     # Kimi-K2-Instruct has no reasoning notation (K2-Thinking has).
     prompts=_plain(
         "<|im_end|>",
@@ -401,11 +406,14 @@ DEEPSEEK_V31 = Family(
     eos=_DS_END,
     stops=[_DS_END],
     pad=_DS_END,
+    # mlx-lm turns thinking on by default (the vocabulary has <think>): the generation prompt
+    # opens <think>, so every answer closes it first.
     prompts=_plain(
         _DS_END,
-        "hello",
+        "Say hello.</think>hello",
         "2 plus 2 makes 4.</think>The answer is 4.",
-        _ds("tool calls begin")
+        "Look up the weather.</think>"
+        + _ds("tool calls begin")
         + _ds("tool call begin")
         + "get_weather"
         + _ds("tool sep")
