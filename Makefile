@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: serve test check lint typecheck unit install model bench fuzz clean conformance debian-packages
+.PHONY: serve test test-fast check lint typecheck unit install model bench fuzz clean conformance debian-packages
 
 $(STAMP): pyproject.toml $(shell find src -name "*.py" 2>/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ unit: $(STAMP) debian-packages
 	$(PY) -m pytest -q
 
 test: check unit
+
+# The fast loop (docs/testing.md): the pure and unit tests, under a minute; every test that
+# starts a real part is marked slow by tests/conftest.py and left to `make test`, and each
+# property draws a fifth of its examples (MLX_RESPONSES_FAST_LOOP).
+test-fast: $(STAMP)
+	MLX_RESPONSES_FAST_LOOP=1 $(PY) -m pytest -q -m "not slow"
 
 model: $(STAMP)
 	$(PY) scripts/build_tiny_model.py

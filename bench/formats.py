@@ -55,19 +55,78 @@ GENERATIONS: dict[str, str] = {
     "mistral": f"<think>\n{REASONING}\n</think>\n\n{TEXT}[TOOL_CALLS]get_weather[ARGS]{ARGS}",
     "llama3_json": f'{{"name": "get_weather", "parameters": {ARGS}}}',
     "none": f"<think>\n{REASONING}\n</think>\n\n{TEXT} It is sunny and 18 degrees in Paris.",
+    # The families of ``formats.families`` (their notations as their templates write them).
+    "glm47": (
+        f"<think>{REASONING}</think>{TEXT}<tool_call>get_weather\n"
+        "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    ),
+    "minimax_m2": (
+        f"<think>{REASONING}</think>{TEXT}<minimax:tool_call>\n"
+        '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="unit">celsius</parameter>\n<parameter name="days">3</parameter>\n'
+        "</invoke>\n</minimax:tool_call>"
+    ),
+    "kimi_k2": (
+        f"{TEXT}<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        f"<|tool_call_argument_begin|>{ARGS}<|tool_call_end|><|tool_calls_section_end|>"
+    ),
+    "deepseek_v3": (
+        f"{TEXT}<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>"
+        f"get_weather<\uff5ctool\u2581sep\uff5c>{ARGS}<\uff5ctool\u2581call\u2581end\uff5c>"
+        "<\uff5ctool\u2581calls\u2581end\uff5c>"
+    ),
+    "gemma4": (
+        f"<|channel>thought\n{REASONING}<channel|>{TEXT}<|tool_call>call:get_weather"
+        '{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>,days:3}<tool_call|>'
+    ),
+    "pythonic": (
+        f"{TEXT}<|tool_call_start|>[get_weather(city='Paris', unit='celsius', days=3)]"
+        "<|tool_call_end|>"
+    ),
 }
 
 
 def pieces(tokenizer: Any, text: str) -> list[str]:
-    """``text`` as the detokenizer would stream it: one token's text per piece."""
+    """``text`` as the detokenizer would stream it: one token's text per piece (a token that
+    ends inside a UTF-8 character waits for the rest, as mlx-lm's detokenizers do)."""
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    out: list[str] = []
+    shown = ""
+    for k in range(1, len(ids) + 1):
+        decoded = tokenizer.decode(ids[:k], skip_special_tokens=False)
+        if decoded.endswith("\ufffd"):
+            continue
+        out.append(decoded[len(shown) :])
+        shown = decoded
+    return out
+
+
+def _options(name: str) -> formats.ParseOptions:
+    text = GENERATIONS[name]
+    return formats.ParseOptions(
+        tools_enabled=True, reasoning="<think>" in text or "<|channel>" in text
+    )
+
+
+def check(name: str, chunks: list[str]) -> None:
+    """The sample parses as meant: its call (and reasoning) come out, so the timing is real."""
+    parser = formats.get(name).new_parser(_options(name))
+    events = formats.coalesce([e for c in chunks for e in parser.feed(c)] + parser.finish())
+    ends = [e for e in events if isinstance(e, formats.ToolCallEnd)]
+    if name != "none":
+        assert [(e.name, json.loads(e.arguments)) for e in ends] == [
+            ("get_weather", json.loads(ARGS))
+        ], events
+    if REASONING in GENERATIONS[name]:
+        assert formats.ReasoningChunk(REASONING) in events, events
 
 
 def time_parse(name: str, chunks: list[str], repeats: int, *, shaped: bool) -> list[float]:
     """Microseconds per piece of each run."""
     fmt = formats.get(name)
-    options = formats.ParseOptions(tools_enabled=True, reasoning=name != "harmony")
+    options = _options(name)
     runs = []
     for _ in range(repeats):
         parser = fmt.new_parser(options)
@@ -131,6 +190,7 @@ def main() -> None:
         if text is None:
             continue  # a format added without a sample generation here
         chunks = pieces(tokenizer, text)
+        check(name, chunks)
         parse = time_parse(name, chunks, args.repeats, shaped=False)
         shaped = time_parse(name, chunks, args.repeats, shaped=True)
         row = {

@@ -2,10 +2,8 @@
 
 ```
 root nursery
- ├─ response store actor            nursery.start (ready = mailbox open)
- ├─ conversation store actor        nursery.start (ready = mailbox open)
- ├─ file store actor                nursery.start (ready = mailbox open)
- ├─ reasoning echo actor            nursery.start (reasoning of earlier plain replies)
+ ├─ store actor (+ its I/O thread)   nursery.start (ready = backends open): responses,
+ │                                  conversations, files, the reasoning echo
  ├─ model actor (+ its MLX thread)  nursery.start (ready = model loaded)
  ├─ response supervisor             nursery.start (every response a task, one scope each)
  ├─ status history                  nursery.start (the status page's samples and requests)
@@ -29,21 +27,18 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .actors.conversation_store import run_conversation_store
-from .actors.file_store import run_file_store
 from .actors.model import run_model_actor
-from .actors.reasoning_echo import run_reasoning_echo
 from .actors.replica_link import new_replica_id, start_replica_link
-from .actors.response_store import run_response_store
 from .actors.runtime import Actors
 from .actors.status import run_status_history
+from .actors.store import run_store
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
 from .http.metrics import Metrics
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
 from .startup import log_startup
-from .storage.choice import openers
+from .storage.choice import Budgets, backends_opener
 
 __all__ = [
     "DEFAULT_CONVERSATION_LIMITS",
@@ -76,38 +71,41 @@ async def serve(
     stop = trio.Event()
     stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
-        # Issue 15: each store actor opens its durable backend (if any) on a thread of its own.
+        # Issue 15: the store actor opens the durable backends (if any) on a thread of its own.
         replica_id = new_replica_id()
-        backends = openers(
-            settings.store,
+        budgets = Budgets(
             settings.responses_store,
             settings.conversation_store,
             settings.files,
+            settings.reasoning_echo_max_bytes,
+        )
+        opener = backends_opener(
+            settings.store,
+            budgets,
             replica_id=replica_id,
             lease_seconds=settings.replica_lease_seconds,
+            responses=settings.response_storage,
         )
-        store = await nursery.start(
-            partial(
-                run_response_store,
-                settings.responses_store,
-                open_storage=settings.response_storage or backends.responses,
-            )
-        )
-        conversations = await nursery.start(
-            partial(
-                run_conversation_store,
-                settings.conversation_store,
-                open_storage=backends.conversations,
-            )
-        )
-        files = await nursery.start(
-            partial(run_file_store, settings.files, open_storage=backends.files)
-        )
-        echo = await nursery.start(run_reasoning_echo, settings.reasoning_echo_max_bytes)
+        store = await nursery.start(partial(run_store, budgets, open_backends=opener))
         model = await nursery.start(run_model_actor, settings.model)
         metrics = Metrics()  # issue 16
-        replica = await start_replica_link(nursery, settings, replica_id, store)  # issue 15
-        actors = Actors(model, store, conversations, files, echo, timings=metrics, replica=replica)
+        replica = await start_replica_link(
+            nursery,
+            settings.store,
+            store.responses,
+            replica_id=replica_id,
+            lease_seconds=settings.replica_lease_seconds,
+            limits=settings.responses_store,
+        )
+        actors = Actors(
+            model,
+            store.responses,
+            store.conversations,
+            store.files,
+            store.echo,
+            timings=metrics,
+            replica=replica,  # issue 15
+        )
         responses = await nursery.start(
             run_response_supervisor,
             actors,
@@ -149,7 +147,8 @@ async def serve(
         binds = await nursery.start(run_http)
         runtime = dataclasses.replace(runtime, base_url=binds[0])
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
-        log_startup(log, model.info, model.blas)  # issue 16: the model, its size, the backend
+        # Issue 16: the model, its size, the backend.
+        log_startup(log, model.info, model.blas, model.device)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
         task_status.started(runtime)

@@ -24,27 +24,24 @@ def human_bytes(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def backend() -> tuple[str, bool]:
-    """MLX's device in words, and whether it is the CPU without OpenBLAS (on Linux)."""
-    import mlx.core as mx
-
-    device = str(mx.default_device())
-    version = getattr(mx, "__version__", "?")
-    gpu = "gpu" in device.lower()
-    if gpu:
-        return f"MLX {version} on {device}", False
+def backend(device: str) -> tuple[str, bool]:
+    """MLX's device in words, and whether it is the CPU without OpenBLAS (on Linux). The
+    ``device`` is the model actor's (``ModelHandle.device``, asked of MLX on the generation
+    thread at load): MLX is never called here, on the Trio thread."""
+    where = device or "MLX on an unknown device"
+    if "gpu" in where.lower():
+        return where, False
     if sys.platform.startswith("linux"):
         blas = openblas_loaded()
-        return (
-            f"MLX {version} on {device} with {'OpenBLAS' if blas else 'the reference BLAS'}",
-            not blas,
-        )
-    return f"MLX {version} on {device}", False
+        return f"{where} with {'OpenBLAS' if blas else 'the reference BLAS'}", not blas
+    return where, False
 
 
-def startup_line(info: ModelInfo, blas: BlasThreads | None = None) -> tuple[str, bool]:
+def startup_line(
+    info: ModelInfo, blas: BlasThreads | None = None, device: str = ""
+) -> tuple[str, bool]:
     """The line to log once the model is loaded; whether the BLAS hint applies."""
-    where, slow = backend()
+    where, slow = backend(device)
     if blas is not None:
         where += f", {blas.describe()}"
     tool_format = (
@@ -60,8 +57,10 @@ def startup_line(info: ModelInfo, blas: BlasThreads | None = None) -> tuple[str,
     return line, slow
 
 
-def log_startup(log: logging.Logger, info: ModelInfo, blas: BlasThreads | None = None) -> None:
-    line, slow = startup_line(info, blas)
+def log_startup(
+    log: logging.Logger, info: ModelInfo, blas: BlasThreads | None = None, device: str = ""
+) -> None:
+    line, slow = startup_line(info, blas, device)
     log.info("%s", line)
     if slow:
         log.warning("%s", HINT)

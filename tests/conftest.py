@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 import trio
 from hypothesis import settings as hypothesis_settings
@@ -20,9 +22,14 @@ from mlx_responses.storage.choice import MEMORY, StoreChoice
 
 from .faults import ThreadFaults
 from .postgres import postgresql_server, postgresql_url  # noqa: F401  (issue 15: real PostgreSQL)
+from .slow_marks import is_slow, starts_real_parts
 
 MODEL = BUNDLED_ALIAS
 
+# The fast loop (``make test-fast`` sets this) draws a fifth of every property's examples: the
+# same properties, checked a little less thoroughly; ``make test`` draws them all.
+FAST_LOOP = os.environ.get("MLX_RESPONSES_FAST_LOOP") == "1"
+FAST_SHARE = 5
 # Tests never assert timings: Hypothesis' per-example deadline would fail a property on a slow,
 # shared machine for no behaviour a user sees, so it is off for every property test.
 hypothesis_settings.register_profile("mlx-responses", deadline=None)
@@ -56,6 +63,40 @@ def pytest_report_header() -> str:
     return f"mlx-responses: OpenBLAS {'loaded' if openblas_loaded() else 'not loaded (reference BLAS)'}"
 
 
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    # The fast loop does not even import a module that imports a real part (every test in it
+    # is slow): importing mlx-lm and transformers was half its time.
+    if FAST_LOOP and collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        return starts_real_parts(collection_path.resolve()) or None
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The ``slow`` marker is set here, never by hand (tests/slow_marks.py, docs/testing.md).
+    scaled: set[int] = set()
+    for item in items:
+        if is_slow(item.path, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        elif FAST_LOOP:
+            _fewer_examples(item, scaled)
+
+
+def _fewer_examples(item: pytest.Item, scaled: set[int]) -> None:
+    """A property's own ``@settings`` (or a state machine's ``TestCase.settings``) with a
+    ``FAST_SHARE``th of its examples, once per test function (a parametrized one is collected
+    once per case). Where Hypothesis keeps a test's settings is its own business: if it moves
+    them, this does nothing and the fast loop only takes longer."""
+    for owner, name in (
+        (getattr(item, "obj", None), "_hypothesis_internal_use_settings"),
+        (getattr(item, "cls", None), "settings"),
+    ):
+        chosen = getattr(owner, name, None)
+        if isinstance(chosen, hypothesis_settings) and id(owner) not in scaled:
+            scaled.add(id(owner))
+            fewer = max(10, chosen.max_examples // FAST_SHARE)
+            setattr(owner, name, hypothesis_settings(chosen, max_examples=fewer))
+
+
 @pytest.fixture
 def faults() -> ThreadFaults:
     return ThreadFaults()
@@ -79,10 +120,42 @@ async def client(server: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
         yield c
 
 
-async def wait_until(predicate: Callable[[], bool], poll: float = 0.001) -> None:
-    """Poll a condition on another thread's state (the model's batch snapshot)."""
-    while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
-        await trio.sleep(poll)
+# A condition a test waits for holds within this, or the test fails naming it (not a hang).
+WAIT_DEADLINE = 60
+
+
+async def wait_until(
+    predicate: Callable[[], bool], poll: float = 0.001, *, deadline: float = WAIT_DEADLINE
+) -> None:
+    """Wait for a condition on state another thread publishes (the model's batch snapshot,
+    which the generation thread replaces after each step with no event to wait on), by
+    polling it, at most ``deadline`` seconds."""
+    try:
+        with trio.fail_after(deadline):
+            while not predicate():  # noqa: ASYNC110 - the state is published by the MLX thread
+                await trio.sleep(poll)
+    except trio.TooSlowError:
+        code = getattr(predicate, "__code__", None)
+        where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code else ""
+        raise AssertionError(f"wait_until: not true within {deadline} s ({where})") from None
+
+
+async def assert_nothing_more_generated(server: ServerHandle, generated: int) -> None:
+    """The batch generates nothing more for sequences that left it, once it had generated
+    ``generated`` tokens in all. Shown by a barrier, not a pause: another request (not stored)
+    runs to its length limit, taking the generation thread through further steps, and the
+    count then grew by that request's tokens alone."""
+    body = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=WAIT_DEADLINE) as http:
+        reply = await http.post(
+            "/v1/responses", json={**body, "store": False, "max_output_tokens": 8}
+        )
+    assert reply.status_code == 200, reply.text
+    expected = generated + reply.json()["usage"]["output_tokens"]
+    await wait_until(lambda: server.model.statistics().tokens_generated >= expected)
+    with trio.fail_after(WAIT_DEADLINE):
+        await server.model.wait_idle()
+    assert server.model.statistics().tokens_generated == expected
 
 
 def split_reasoning(expected: str) -> tuple[str | None, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 from typing import Any
 
 import httpx2 as httpx
@@ -18,11 +19,14 @@ import trio
 from openai import AsyncOpenAI
 from openai.types import FileDeleted, FileObject
 
-from mlx_responses.actors.file_store import FileStoreHandle, run_file_store
+from mlx_responses.actors.file_store import FileStoreHandle
+from mlx_responses.actors.store import Store, run_store
 from mlx_responses.cli import build_parser, settings_from_args
 from mlx_responses.http.auth import load_api_keys
 from mlx_responses.protocol.files import extract_text
 from mlx_responses.server import ServerHandle, serve
+from mlx_responses.settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS
+from mlx_responses.storage.choice import Budgets, memory_backends
 from mlx_responses.storage.files import (
     FileLimits,
     MemoryFileStorage,
@@ -344,9 +348,11 @@ class FakeClock:
 async def start_actor(
     nursery: trio.Nursery, limits: FileLimits, clock: FakeClock, wall: FakeClock
 ) -> FileStoreHandle:
+    budgets = Budgets(DEFAULT_RESPONSE_LIMITS, DEFAULT_CONVERSATION_LIMITS, limits)
     storage = MemoryFileStorage(limits, clock=clock)
-    handle: FileStoreHandle = await nursery.start(run_file_store, limits, storage, wall)
-    return handle
+    backends = memory_backends(budgets, files=storage)
+    store: Store = await nursery.start(partial(run_store, budgets, backends, wall_clock=wall))
+    return store.files
 
 
 async def put(store: FileStoreHandle, owner: str = "", **kw: Any) -> StoredFile:
@@ -418,7 +424,9 @@ async def test_actor_refusals_store_nothing_and_errors_reach_the_asker(
 
     limits = FileLimits(max_bytes=10_000, max_file_bytes=100)
     with trio.fail_after(DEADLINE):
-        store: FileStoreHandle = await nursery.start(run_file_store, limits, Broken(limits))
+        budgets = Budgets(DEFAULT_RESPONSE_LIMITS, DEFAULT_CONVERSATION_LIMITS, limits)
+        backends = memory_backends(budgets, files=Broken(limits))
+        store = (await nursery.start(run_store, budgets, backends)).files
         too_big = await store.put(
             filename="a", purpose="user_data", content_type="text/plain", data=b"x" * 101
         )

@@ -24,11 +24,10 @@ from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
     TextChunk,
-    ToolCallArgs,
     ToolCallEnd,
-    ToolCallStart,
     coalesce,
 )
+from tests.test_formats_regions import check_call_grammar
 
 Call = tuple[str, dict[str, Any]]
 
@@ -47,33 +46,6 @@ def parse(
     for piece in [text] if isinstance(text, str) else text:
         events += parser.feed(piece)
     return coalesce(events + parser.finish())
-
-
-def check_call_grammar(events: list[ParsedEvent]) -> None:
-    """Indices 0..n-1 in order; per call Start, Args*, End; deltas join to the arguments."""
-    open_call: ToolCallStart | None = None
-    sent: list[str] = []
-    next_index = 0
-    for e in events:
-        if isinstance(e, ToolCallStart):
-            assert open_call is None
-            assert e.index == next_index
-            open_call, sent = e, []
-            next_index += 1
-        elif isinstance(e, ToolCallArgs):
-            assert open_call is not None
-            assert e.index == open_call.index
-            assert e.delta
-            sent.append(e.delta)
-        elif isinstance(e, ToolCallEnd):
-            assert open_call is not None
-            assert (e.index, e.name) == (open_call.index, open_call.name)
-            assert "".join(sent) == e.arguments
-            open_call = None
-        else:
-            assert open_call is None, f"{e} inside a call"
-            assert e.text
-    assert open_call is None
 
 
 def calls(events: list[ParsedEvent]) -> list[Call]:
@@ -197,6 +169,20 @@ def render_pythonic(cs: list[Call]) -> str:
     return "<|tool_call_start|>[" + ", ".join(call(n, a) for n, a in cs) + "]<|tool_call_end|>"
 
 
+def render_kimi_k3(cs: list[Call]) -> str:
+    body = "".join(
+        f'<|open|>call tool="{name}" index="{i + 1}"<|sep|>'
+        + "".join(
+            f'<|open|>argument key="{k}" type="{"string" if isinstance(v, str) else "json"}"'
+            f"<|sep|>{_kv_value(v)}<|close|>argument<|sep|>"
+            for k, v in args.items()
+        )
+        + "<|close|>call<|sep|>"
+        for i, (name, args) in enumerate(cs)
+    )
+    return f"<|open|>tools<|sep|>{body}<|close|>tools<|sep|>"
+
+
 RENDER: dict[str, Callable[[list[Call]], str]] = {
     "glm47": render_glm,
     "longcat": render_longcat,
@@ -208,8 +194,9 @@ RENDER: dict[str, Callable[[list[Call]], str]] = {
     "gemma4": render_gemma4,
     "function_gemma": render_function_gemma,
     "pythonic": render_pythonic,
+    "kimi_k3": render_kimi_k3,
 }
-KV_FAMILIES = {"glm47", "longcat", "minimax_m2", "muse_spark", "minicpm5"}
+KV_FAMILIES = {"glm47", "longcat", "minimax_m2", "muse_spark", "minicpm5", "kimi_k3"}
 FAMILIES = sorted(RENDER)
 
 WEATHER: list[Call] = [("get_weather", {"city": "Paris", "days": 3})]
@@ -404,6 +391,25 @@ def test_gemma_reads_json_written_inside_its_notation() -> None:
         ]
 
 
+def test_kimi_k3_types_values_by_their_type_attribute() -> None:
+    text = (
+        '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|>'
+        '<|open|>argument key="zip" type="string"<|sep|>01234<|close|>argument<|sep|>'
+        '<|open|>argument key="n" type="integer"<|sep|>7<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>"
+    )
+    assert calls(parse(text, "kimi_k3")) == [("f", {"zip": "01234", "n": 7})]
+
+
+def test_kimi_k3_reasoning_is_its_think_block() -> None:
+    fmt = formats.get("kimi_k3")
+    parser = fmt.new_parser(ParseOptions(tools_enabled=True, reasoning=True))
+    text = "<|open|>think<|sep|>hmm<|close|>think<|sep|>" + render_kimi_k3(WEATHER)
+    events = coalesce(parser.feed(text) + parser.finish())
+    assert events[0] == ReasoningChunk("hmm")
+    assert calls(events) == [("get_weather", {"city": "Paris", "days": 3})]
+
+
 def test_gemma4_reasoning_is_its_thought_channel() -> None:
     fmt = formats.get("gemma4")
     text = "<|channel>thought\nThe user wants weather.<channel|>" + render_gemma4(WEATHER)
@@ -450,9 +456,7 @@ def test_the_vocabulary_is_the_fallback() -> None:
     hermes = "<tool_call>{{ tool_call.name }}</tool_call>"
     assert formats.detect(formats.Detection(hermes, lfm)).name == "hermes"
     xtml = frozenset({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"})
-    kimi_k3 = formats.detect(formats.Detection("plain", xtml))
-    assert kimi_k3.name == "kimi_k3"
-    assert kimi_k3.call_grammar is None  # a forced call is a 400 naming --tool-format
+    assert formats.detect(formats.Detection("plain", xtml)).name == "kimi_k3"
 
 
 @pytest.mark.parametrize(
@@ -461,3 +465,64 @@ def test_the_vocabulary_is_the_fallback() -> None:
 )
 def test_tool_parser_type_names_the_format(named: str, name: str) -> None:
     assert formats.detect(formats.Detection("<tool_call>", tool_parser_type=named)).name == name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_call_where_the_prompt_opened_reasoning_is_a_call(family: str) -> None:
+    """A forced call's grammar writes the call first, also after a prompt that opened
+    reasoning (DeepSeek thinking, MiniMax): it is read as a call, in any chunking; reasoning
+    text before a marker stays reasoning."""
+    text = "\n" + RENDER[family](WEATHER)
+    for pieces in ([text], list(text)):
+        parser = FamilyParser(
+            regions=REGIONS[family],
+            tools_enabled=True,
+            reasoning=True,
+            starts_in_reasoning=True,
+            tool_schemas=SCHEMAS,
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert calls(events) == WEATHER
+        assert not [e for e in events if isinstance(e, ReasoningChunk)]
+    parser = FamilyParser(
+        regions=REGIONS[family], tools_enabled=True, reasoning=True, starts_in_reasoning=True
+    )
+    events = coalesce(parser.feed("Hmm. " + RENDER[family](WEATHER)) + parser.finish())
+    assert calls(events) == []
+    assert isinstance(events[0], ReasoningChunk)
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "mistral", "glm47", "kimi_k2"])
+def test_a_marker_that_starts_no_call_stays_reasoning(family: str) -> None:
+    """The other side of reading a call at the start of prompt-opened reasoning: when what
+    follows the marker is no call, all of it was reasoning, in any chunking."""
+    marker = {"hermes": "<tool_call>", "qwen3_coder": "<function=", "mistral": "[TOOL_CALLS]"}.get(
+        family, next(iter(REGIONS.get(family, {"": None})))
+    )
+    text = f"{marker} is how I would call it?</think>Answer."
+    for pieces in ([text], list(text)):
+        parser = formats.get(family).new_parser(
+            ParseOptions(tools_enabled=True, reasoning=True, starts_in_reasoning=True)
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert events == [ReasoningChunk(f"{marker} is how I would call it?"), TextChunk("Answer.")]
+
+
+def test_a_forced_hermes_call_after_a_prompt_that_opened_reasoning() -> None:
+    text = '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for pieces in ([text], list(text)):
+        parser = formats.get("hermes").new_parser(
+            ParseOptions(tools_enabled=True, reasoning=True, starts_in_reasoning=True)
+        )
+        events: list[ParsedEvent] = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events = coalesce(events + parser.finish())
+        assert calls(events) == [("get_weather", {"city": "Paris"})]
+        assert not [e for e in events if isinstance(e, ReasoningChunk)]

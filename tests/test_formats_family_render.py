@@ -1,6 +1,7 @@
 """Replay through each family's real chat template (``tests/fixtures/families/<family>/
 chat_template.jinja``, from llama.cpp's ``models/templates/``: GLM-4.6, moonshotai-Kimi-K2,
-MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder; see docs/models.md).
+MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder, LFM2.5-8B-A1B; see
+docs/models.md).
 
 A replayed turn (reasoning, function call, its output) goes through ``model.chat.to_chat`` with
 the family format's ``Replay``: it must render, render exactly as the chat messages the family's
@@ -35,7 +36,10 @@ FAMILIES = {
     "gemma-4": "gemma4",
     "deepseek-v3.1": "deepseek_v3",
     "qwen3-coder": "qwen3_coder",
+    "lfm2.5": "pythonic",
 }
+
+KEEPS_REASONING = {"glm-4.6", "minimax-m2", "gemma-4", "lfm2.5"}
 
 ARGS = {"city": "Paris", "days": 2}
 TOOLS = [
@@ -85,8 +89,10 @@ def render(family: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
 def expected_messages(fmt: formats.Format) -> list[dict[str, Any]]:
     """The turn as the family's own tooling passes it to the template."""
     args: Any = json.dumps(ARGS) if fmt.replay.arguments == "string" else ARGS
+    rename = fmt.replay.call_id  # Kimi K2's ids are its own functions.NAME:N
+    call_id = rename("call_1", "get_weather", 0) if rename else "call_1"
     call = {
-        "id": "call_1",
+        "id": call_id,
         "type": "function",
         "function": {"name": "get_weather", "arguments": args},
     }
@@ -99,7 +105,7 @@ def expected_messages(fmt: formats.Format) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": "What is the weather in Paris?"},
         assistant,
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
+        {"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 18}'},
     ]
 
 
@@ -116,6 +122,9 @@ def test_replayed_history_renders_as_the_family_passes_it(family: str) -> None:
     assert replayed == render(family, expected_messages(fmt))
     assert "Paris" in replayed
     assert '{"temperature": 18}' in replayed
+    # Where the template keeps the reasoning of the turn after the last user message, the
+    # replayed reasoning is where the model wrote it.
+    assert ("The user wants the weather." in replayed) == (family in KEEPS_REASONING)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -128,6 +137,13 @@ def test_the_call_the_template_writes_reads_back(family: str) -> None:
     events = parser.feed(rendered[start:]) + parser.finish()
     calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCallEnd)]
     assert calls == [("get_weather", ARGS)]
+
+
+def test_kimi_outputs_answer_its_own_call_ids() -> None:
+    rendered = render("kimi-k2", to_chat(None, ITEMS, formats.get("kimi_k2").replay))
+    assert "functions.get_weather:0<|tool_call_argument_begin|>" in rendered
+    assert "## Return of functions.get_weather:0" in rendered
+    assert "call_1" not in rendered
 
 
 def test_deepseek_needs_arguments_as_a_string() -> None:
@@ -152,3 +168,18 @@ def test_reasoning_effort_reaches_the_template(
     kwargs = dict(fmt.replay.template_kwargs(effort, {}))
     chat = [{"role": "user", "content": "hi"}]
     assert render(family, chat, **kwargs).endswith(marker) is present
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_tool_without_a_description_renders(family: str) -> None:
+    fmt = formats.get(FAMILIES[family])
+    bare = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
+    text = tokenizer().apply_chat_template(
+        to_chat(None, ITEMS, fmt.replay),
+        tools=fmt.replay.template_tools(bare),
+        chat_template=template(family),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    # DeepSeek V3.1's template does not list tools at all
+    assert ("ping" in text) == ("tools" in template(family))

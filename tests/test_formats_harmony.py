@@ -1,7 +1,7 @@
 """gpt-oss's harmony format: parsing any chunking of any generation, the forced-call grammar
 (it only accepts what the parser reads back), and replay through the real gpt-oss template
-(``tests/fixtures/formats/openai-gpt-oss-120b.jinja``, from llama.cpp's
-``models/templates/``)."""
+(``tests/fixtures/families/gpt-oss/chat_template.jinja``: llama.cpp's
+``models/templates/openai-gpt-oss-120b.jinja``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from mlx_responses.protocol.items import (
 
 from .test_formats_regions import check_call_grammar
 
-TEMPLATE = Path(__file__).parent / "fixtures" / "formats" / "openai-gpt-oss-120b.jinja"
+TEMPLATE = Path(__file__).parent / "fixtures" / "families" / "gpt-oss" / "chat_template.jinja"
 SPECIAL = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
 SPECIAL += ["<|constrain|>"]
 
@@ -105,6 +105,11 @@ def test_no_header_is_final_text_and_a_cut_call_ends() -> None:
     )
 
 
+def test_a_bare_channel_starts_a_new_message() -> None:
+    text = "<|channel|>analysis<|message|>Hmm.<|channel|>final<|message|>Done."
+    assert parse([text]) == [ReasoningChunk("Hmm."), TextChunk("Done.")]
+
+
 def test_without_tools_a_call_body_is_text() -> None:
     text = ' to=functions.f<|channel|>commentary json<|message|>{"a": 1}<|call|>'
     assert parse([text], tools=False) == [TextChunk('{"a": 1}')]
@@ -148,6 +153,8 @@ def generations(draw: st.DrawFn) -> tuple[str, list[ParsedEvent]]:
             ]
             calls += 1
     ending = draw(st.sampled_from(["", "<|return|>", "<|call|>trailing"]))
+    if draw(st.booleans()):  # whitespace before the first header is not text
+        parts.insert(0, draw(st.sampled_from([" ", "\n", "\n\n "])))
     return "".join(parts) + ending, coalesce([e for e in expected if _nonempty(e)])
 
 

@@ -133,7 +133,7 @@ async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
                 {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
             ],
             tools=[WEATHER],  # type: ignore[list-item]
-            reasoning={"effort": "high"},
+            extra_body={"chat_template_kwargs": {"reasoning_effort": "high"}},
             max_output_tokens=8,
             temperature=0,
         )

@@ -29,6 +29,8 @@ from mlx_responses.model.thread import (
     gather_bound,
 )
 
+from .conftest import wait_until
+
 
 class Thread:
     def __init__(self, arriving: Callable[[], int]) -> None:
@@ -99,11 +101,20 @@ async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
 ) -> None:
     long_bound(monkeypatch)  # only the count ends the gathering
     on_the_way = [2]
-    async with running(lambda: on_the_way[0]) as model:
+    reads = [0]
+
+    def arriving() -> int:
+        reads[0] += 1  # the thread reads the count only while its idle batch gathers
+        return on_the_way[0]
+
+    async with running(arriving) as model:
         with trio.fail_after(60):
             slots = [model.insert(1)]
             for seq_id in (2, 3):
-                await trio.sleep(0.05)  # the first would have been prefilled alone by now
+                # The thread goes on gathering, holding what it has, rather than prefilling it
+                # alone: it reads the count again and again (a pass of its inbox poll each).
+                before = reads[0]
+                await wait_until(lambda: reads[0] >= before + 10)  # noqa: B023 - awaited here
                 assert not worked(model.snapshots), "stepped while requests were on the way"
                 slots.append(model.insert(seq_id))
                 on_the_way[0] -= 1

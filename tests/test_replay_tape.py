@@ -1,4 +1,4 @@
-"""The compact replay tape (storage.replay): any stream the event machine makes, under any
+"""The compact replay tape (protocol.replay): any stream the event machine makes, under any
 chunking, is rebuilt event for event from its final object and the tape."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from mlx_responses.protocol.machine import (
     ToolCallEnd,
 )
 from mlx_responses.protocol.objects import ResponseConfig, Usage
+from mlx_responses.protocol.replay import compact_events, expand_events
 from mlx_responses.storage.interface import StoredResponse
 from mlx_responses.storage.memory import encode_json
-from mlx_responses.storage.replay import compact_events, expand_events
 from tests.test_protocol_machine import EndExtending, Step, configs, sequences
 
 

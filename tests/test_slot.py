@@ -1,10 +1,16 @@
 """SequenceSlot: a real producer thread, a Trio consumer, arbitrary pushes, consumer delays and
-lingers (issue 12: a run under load lets its tokens pile up between receives)."""
+lingers (issue 12: a run under load lets its tokens pile up between receives).
+
+Lingers and delays run on Trio's ``MockClock``: the slot reads only Trio's clock, so a test moves
+time itself (``jump``) or lets it jump whenever every task waits (autojump), and no outcome
+depends on how fast this machine is. The producer is still a real thread; since a deadline on a
+MockClock would jump too, waits on it are bounded on the wall clock (``wall_deadline``)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import pytest
@@ -16,6 +22,30 @@ from hypothesis import strategies as st
 from mlx_responses.model.slot import FinishReason, SequenceOutput, SequenceSlot, tick_after
 
 FINISHES: list[FinishReason] = ["stop", "length", "cancelled", "shutdown", "error"]
+
+
+@contextmanager
+def wall_deadline(seconds: float) -> Iterator[None]:
+    """``trio.fail_after`` on the wall clock: a hang guard for a test whose Trio clock is a
+    MockClock (that one's deadlines jump or stand still with it)."""
+    token = trio.lowlevel.current_trio_token()
+    with trio.CancelScope() as scope:
+
+        def expire() -> None:
+            try:
+                token.run_sync_soon(scope.cancel)
+            except trio.RunFinishedError:
+                pass
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+    if scope.cancelled_caught:
+        raise trio.TooSlowError
 
 
 async def consume(
@@ -54,7 +84,7 @@ def test_everything_pushed_arrives_once_in_order_with_one_finish(
             slot.push("after the finish is ignored", 1)
 
         producer = threading.Thread(target=produce)
-        with trio.fail_after(10):
+        with wall_deadline(10):
             producer.start()
             text, tokens, finishes = await consume(slot, delay, linger)
         producer.join()
@@ -62,7 +92,9 @@ def test_everything_pushed_arrives_once_in_order_with_one_finish(
         assert tokens == len(pieces)
         assert finishes == [finish]
 
-    trio.run(main)
+    # Delays and lingers pass as soon as every task waits: the thread races the consumer as
+    # it would on a fast machine, and no step waits on the wall clock.
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 async def test_a_slow_consumer_gets_coalesced_output_and_never_blocks_the_producer() -> None:
@@ -93,63 +125,63 @@ class CountingToken:
         self._token.run_sync_soon(fn)
 
 
-async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_wakeup() -> None:
+async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_wakeup(
+    mock_clock: trio.testing.MockClock,
+) -> None:
     token = CountingToken()
     slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token))
-    pushed = trio.Event()
 
     def produce() -> None:
         for i in range(200):  # 200 decode steps while the consumer lingers
             slot.push(str(i % 10), 1)
-        trio.from_thread.run_sync(pushed.set)
 
-    async def linger() -> SequenceOutput:
-        return await slot.receive(linger=0.5)
-
-    lingering = trio.Event()
-    with trio.fail_after(10):
+    result: list[SequenceOutput] = []
+    with wall_deadline(10):
         async with trio.open_nursery() as nursery:
-            result: list[SequenceOutput] = []
 
             async def consumer() -> None:
-                # Begin just after a tick, so the linger lasts its whole interval (a linger
-                # ends on the next tick, which may otherwise come at any point of it).
-                await trio.sleep_until(tick_after(trio.current_time(), 0.5) + 0.001)
-                lingering.set()
-                result.append(await linger())
+                result.append(await slot.receive(linger=0.5))
 
             nursery.start_soon(consumer)
-            await lingering.wait()
-            await trio.sleep(0.05)  # the consumer is lingering
+            await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
             await trio.to_thread.run_sync(produce)
-            await pushed.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            assert result == []  # the Trio clock stands still: the linger holds every push
+            mock_clock.jump(tick_after(trio.current_time(), 0.5) - trio.current_time())
     assert result[0].new_tokens == 200
     assert result[0].text == "".join(str(i % 10) for i in range(200))
     assert token.wakeups == 0  # nobody waited for plain text: no wake-up was scheduled
 
 
-async def test_a_finish_ends_a_linger_at_once() -> None:
+async def test_a_finish_ends_a_linger_at_once(mock_clock: trio.testing.MockClock) -> None:
     slot = SequenceSlot(trio.lowlevel.current_trio_token())
 
     def produce() -> None:
         slot.push("last words", 2)
         slot.push(finish="stop")
 
-    with trio.fail_after(10):  # far below the hour-long linger
+    outputs: list[SequenceOutput] = []
+    began = trio.current_time()
+    with wall_deadline(10):
         async with trio.open_nursery() as nursery:
-            outputs: list[SequenceOutput] = []
 
             async def consumer() -> None:
                 outputs.append(await slot.receive(linger=3600))
 
             nursery.start_soon(consumer)
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
             await trio.to_thread.run_sync(produce)
+            await trio.testing.wait_all_tasks_blocked()
+            # No time passed on the Trio clock: the finish, not the tick, ended the linger.
+            assert trio.current_time() == began
+            assert outputs, "the finish did not end the linger"
     assert outputs[0].text == "last words"
     assert outputs[0].finish == "stop"
 
 
-async def test_a_cancelled_linger_leaves_the_output_for_the_next_receive() -> None:
+async def test_a_cancelled_linger_leaves_the_output_for_the_next_receive(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     slot = SequenceSlot(trio.lowlevel.current_trio_token())
     with trio.move_on_after(0.05):
         await slot.receive(linger=3600)

@@ -1,13 +1,16 @@
 """The SSE writer (``http.pipeline.follow``) over a real ``EventLog``: each write carries every
 event pending since the last one; the events stay the same, whole, in order, none lost; each
 event is encoded once for every subscriber. And the bound on how long a run under load lets
-its deltas pile up (``run.delta_interval``, issue 12)."""
+its deltas pile up (``run.delta_interval``, issue 12). The producers pace their events on
+Trio's ``MockClock`` (autojump): the writer wakes between them as on any machine, and no test
+waits on the wall clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import trio
+import trio.testing
 
 from mlx_responses.actors.event_log import EventLog
 from mlx_responses.actors.run import MAX_INTERVAL_SECONDS, delta_interval
@@ -69,7 +72,9 @@ async def run(
     return sent, chunks
 
 
-async def test_each_write_carries_every_pending_event_and_none_is_lost() -> None:
+async def test_each_write_carries_every_pending_event_and_none_is_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     sent, chunks = await run(count=40, every=0.01, burst=8)
     received = decode(chunks)
     assert [data for _, data in received] == sent
@@ -80,13 +85,17 @@ async def test_each_write_carries_every_pending_event_and_none_is_lost() -> None
     assert b"".join(chunks) == b"".join(encode_sse(event) for event in sent)
 
 
-async def test_the_writer_sends_as_events_come() -> None:
+async def test_the_writer_sends_as_events_come(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     sent, chunks = await run(count=10, every=0.01)
     assert [data for _, data in decode(chunks)] == sent
     assert len(chunks) >= 10  # one write per wake-up: nothing held back
 
 
-async def test_a_late_subscriber_and_a_live_one_get_the_same_bytes() -> None:
+async def test_a_late_subscriber_and_a_live_one_get_the_same_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     log = EventLog("resp_1", lambda: {"id": "resp_1"})
     live: list[bytes] = []
     with trio.fail_after(20):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2 as httpx
+import mlx.core as mx
 import trio
 
 from mlx_responses.http.auth import load_api_keys
@@ -278,6 +279,8 @@ async def test_status_data_are_per_tenant(nursery: trio.Nursery, tmp_path: Path)
     assert as_bob["totals"]["running"] == 1
     assert as_bob["batch"]["active"] == 1
     assert as_bob["server"]["model"] == MODEL
+    # The device is the model actor's fact, asked of MLX on the generation thread at load.
+    assert as_bob["server"]["backend"].startswith(f"MLX {mx.__version__} on Device(")
 
 
 async def test_an_open_status_stream_ends_when_the_server_shuts_down(

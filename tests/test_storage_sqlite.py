@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.actors.response_store import run_response_store
+from mlx_responses.actors.store import run_store
 from mlx_responses.storage.budget import BudgetedMap
+from mlx_responses.storage.choice import Backends, Budgets, memory_backends
 from mlx_responses.storage.files import FileLimits, StoredFile
 from mlx_responses.storage.interface import ConversationRecord, StoredResponse, StoreLimits
 from mlx_responses.storage.memory import MemoryResponseStorage
@@ -245,18 +247,17 @@ def test_files_survive_reopen_with_their_deadlines(tmp_path: Path) -> None:
 async def test_the_actor_does_its_io_on_a_thread_of_its_own(tmp_path: Path) -> None:
     threads: list[str] = []
     limits = StoreLimits(10, 1 << 20, 0)
+    budgets = Budgets(limits, limits)
 
-    def open_storage() -> SqliteResponseStorage:
+    def open_backends() -> Backends:
         threads.append(threading.current_thread().name)
-        return SqliteResponseStorage(Database(str(tmp_path / "s.db")), limits)
+        storage = SqliteResponseStorage(Database(str(tmp_path / "s.db")), limits)
+        return memory_backends(budgets, responses=storage)
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            handle = await nursery.start(
-                lambda task_status: run_response_store(
-                    limits, open_storage=open_storage, task_status=task_status
-                )
-            )
+            store = await nursery.start(partial(run_store, budgets, open_backends=open_backends))
+            handle = store.responses
             await handle.put(record("resp_t"))
             got = await handle.get("resp_t")
             assert handle.statistics().entries == 1
@@ -265,5 +266,5 @@ async def test_the_actor_does_its_io_on_a_thread_of_its_own(tmp_path: Path) -> N
             assert await handle.get("resp_t") is not None  # the actor kept serving
             nursery.cancel_scope.cancel()
     assert got is not None
-    assert threads == ["response-store"]
-    assert threading.current_thread().name != "response-store"
+    assert threads == ["store"]
+    assert threading.current_thread().name != "store"

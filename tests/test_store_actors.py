@@ -1,6 +1,6 @@
-"""The response and conversation store actors through their handles, with a fake clock.
+"""The store actor's responses and conversations through their handles, with a fake clock.
 
-Each actor runs as a real Trio task with the in-memory backend; the backend's clock is a
+The store actor runs as a real Trio task with the in-memory backends; the backend's clock is a
 ``FakeClock`` the test moves by hand, so TTL expiry is tested without sleeping.
 """
 
@@ -9,9 +9,19 @@ from __future__ import annotations
 import pytest
 import trio
 
-from mlx_responses.actors.conversation_store import ConversationStoreHandle, run_conversation_store
-from mlx_responses.actors.response_store import ResponseStoreHandle, run_response_store
-from mlx_responses.storage.interface import StoredResponse, StoreLimits
+from mlx_responses.actors.conversation_store import ConversationStoreHandle
+from mlx_responses.actors.response_store import ResponseStoreHandle
+from mlx_responses.actors.store import Store, run_store
+from mlx_responses.actors.store_part import StorePart
+from mlx_responses.protocol.items import InputMessage, Reasoning
+from mlx_responses.storage.choice import Budgets, memory_backends
+from mlx_responses.storage.files import FileLimits
+from mlx_responses.storage.interface import (
+    ConversationRecord,
+    StoredResponse,
+    StoreLimits,
+    StoreStatistics,
+)
 from mlx_responses.storage.memory import (
     MemoryConversationStorage,
     MemoryResponseStorage,
@@ -52,17 +62,22 @@ def user_item(item_id: str, text: str = "hi") -> dict[str, object]:
 async def start_responses(
     nursery: trio.Nursery, limits: StoreLimits, clock: FakeClock
 ) -> ResponseStoreHandle:
+    budgets = Budgets(limits, limits)
     storage = MemoryResponseStorage(limits, clock=clock)
-    handle: ResponseStoreHandle = await nursery.start(run_response_store, limits, storage)
-    return handle
+    store: Store = await nursery.start(
+        run_store, budgets, memory_backends(budgets, responses=storage)
+    )
+    return store.responses
 
 
 async def start_conversations(
     nursery: trio.Nursery, limits: StoreLimits, clock: FakeClock
 ) -> ConversationStoreHandle:
+    budgets = Budgets(limits, limits)
     storage = MemoryConversationStorage(limits, clock=clock)
-    handle: ConversationStoreHandle = await nursery.start(run_conversation_store, limits, storage)
-    return handle
+    backends = memory_backends(budgets, conversations=storage)
+    store: Store = await nursery.start(run_store, budgets, backends)
+    return store.conversations
 
 
 async def held(handle: ResponseStoreHandle, ids: list[str]) -> list[str]:
@@ -256,3 +271,55 @@ async def test_conversation_copies_are_independent(nursery: trio.Nursery) -> Non
         assert again is not None
         assert again.items[0]["content"] == "hi"
         assert again.metadata == {"k": "v"}
+
+
+# -- one actor, every part -----------------------------------------------------------------------
+
+
+class BrokenConversations(MemoryConversationStorage):
+    def get(self, conversation_id: str) -> ConversationRecord | None:
+        raise RuntimeError("conversations down")
+
+
+async def test_one_actor_serves_every_part_and_each_reply_brings_its_statistics(
+    nursery: trio.Nursery,
+) -> None:
+    limits = StoreLimits(10, BIG, 0)
+    budgets = Budgets(limits, limits, FileLimits(), echo_bytes=BIG)
+    backends = memory_backends(budgets, conversations=BrokenConversations(limits))
+    with trio.fail_after(DEADLINE):
+        store: Store = await nursery.start(run_store, budgets, backends)
+        await store.responses.put(record("resp_1"))
+        assert store.responses.statistics().entries == 1
+        conv = await store.conversations.create({"k": "v"})
+        assert store.conversations.statistics().entries == 1
+        kept = await store.files.put(
+            filename="a.txt", purpose="user_data", content_type="text/plain", data=b"hi"
+        )
+        assert kept is not None
+        assert store.files.statistics().entries == 1
+        reply = [
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think"}]},
+            {"type": "message", "content": [{"type": "output_text", "text": "answer"}]},
+        ]
+        await store.echo.remember("", reply)
+        assert store.echo.statistics().entries == 1
+        # A backend's failure reaches only its asker; every part is still served after it.
+        with pytest.raises(RuntimeError, match="conversations down"):
+            await store.conversations.get(conv.id)
+        assert await store.responses.get("resp_1") == record("resp_1")
+        assert await store.files.get(kept.id) == kept
+        restored = await store.echo.restore("", [InputMessage("assistant", "answer")])
+        assert restored == [Reasoning("think"), InputMessage("assistant", "answer")]
+        # Each part's statistics are its own backend's, never another's.
+        assert store.responses.statistics().entries == 1
+        assert store.conversations.statistics().entries == 1
+
+
+def test_a_reply_that_arrives_late_never_brings_older_statistics() -> None:
+    send, _ = trio.open_memory_channel[object](1)
+    part = StorePart(send)
+    newer, older = StoreStatistics(entries=2), StoreStatistics(entries=1)
+    part.observe(newer, 7)
+    part.observe(older, 6)  # answered before, resumed after
+    assert part.statistics() is newer

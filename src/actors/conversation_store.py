@@ -1,8 +1,9 @@
-"""The conversation store actor: the only owner of conversations and their items.
+"""The store actor's conversations (``Store.conversations``): the only owner of conversations
+and their items.
 
 Invariants:
-- Conversations live in this one task, inside a ``ConversationStorage`` backend; others ask by
-  message through ``ConversationStoreHandle``. JSON is deep-copied on the way in (by the handle)
+- Conversations live in the store actor (``store.py``), inside a ``ConversationStorage``
+  backend; others ask by message through ``ConversationStoreHandle``. JSON is deep-copied on the way in (by the handle)
   and the backend hands out records no one else holds (the storage interface's rule).
 - Budgets are the backend's (spec 000, Storage Flags): a conversation is one entry; LRU eviction
   until the entry and byte limits hold, TTL from the last write (create, update, append, item
@@ -14,15 +15,14 @@ Invariants:
   a refused or failed request appends nothing.
 - ``enabled`` is false when transcripts are disabled (``--conversation-store-max-entries 0``).
 - A backend error is raised in the asking task; the actor answers every request exactly once
-  and keeps running. ``statistics()`` is the backend's, as of the last message handled.
+  and keeps running. ``statistics()`` is the backend's, as of the newest reply.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import assert_never
 
 import trio
@@ -33,12 +33,10 @@ from ..storage.interface import (
     ConversationStorage,
     JsonObject,
     StoreLimits,
-    StoreStatistics,
     scoped,
 )
-from ..storage.memory import MemoryConversationStorage
-from ..storage.thread import storage_runner
-from .kit import Reply, ask, open_mailbox, serve_requests
+from .kit import Reply
+from .store_part import StoreAnswer, StorePart
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +45,7 @@ class CreateConversation:
 
     metadata: Mapping[str, str]
     items: tuple[JsonObject, ...]
-    reply: Reply[ConversationRecord]
+    reply: Reply[StoreAnswer[ConversationRecord]]
     owner: str = ""
 
 
@@ -56,7 +54,7 @@ class GetConversation:
     """Sender: the HTTP layer and response actors (history). Refreshes recency."""
 
     conversation_id: str
-    reply: Reply[ConversationRecord | None]
+    reply: Reply[StoreAnswer[ConversationRecord | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +63,13 @@ class UpdateConversation:
 
     conversation_id: str
     metadata: Mapping[str, str]
-    reply: Reply[ConversationRecord | None]
+    reply: Reply[StoreAnswer[ConversationRecord | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteConversation:
     conversation_id: str
-    reply: Reply[bool]
+    reply: Reply[StoreAnswer[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +78,14 @@ class AppendItems:
 
     conversation_id: str
     items: tuple[JsonObject, ...]
-    reply: Reply[ConversationRecord | None]
+    reply: Reply[StoreAnswer[ConversationRecord | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteItem:
     conversation_id: str
     item_id: str
-    reply: Reply[ConversationRecord | None]
+    reply: Reply[StoreAnswer[ConversationRecord | None]]
 
 
 ConversationMessage = (
@@ -100,13 +98,14 @@ ConversationMessage = (
 )
 
 
-class ConversationStoreHandle:
+class ConversationStoreHandle(StorePart[ConversationMessage]):
+    """The store actor's handle for conversations (``Store.conversations``)."""
+
     def __init__(
         self, mailbox: trio.MemorySendChannel[ConversationMessage], limits: StoreLimits
     ) -> None:
-        self._mailbox = mailbox
+        super().__init__(mailbox)
         self.limits = limits
-        self._stats = StoreStatistics()
 
     @property
     def enabled(self) -> bool:
@@ -119,70 +118,39 @@ class ConversationStoreHandle:
         self, metadata: Mapping[str, str], items: Sequence[JsonObject] = (), owner: str = ""
     ) -> ConversationRecord:
         frozen = ConversationRecord("", 0, dict(metadata), tuple(items)).copy()
-        return await ask(
-            self._mailbox,
+        return await self._ask(
             lambda reply: CreateConversation(frozen.metadata, frozen.items, reply, owner),
         )
 
     async def get(self, conversation_id: str, owner: str = "") -> ConversationRecord | None:
         key = scoped(owner, conversation_id)
-        return await ask(self._mailbox, lambda reply: GetConversation(key, reply))
+        return await self._ask(lambda reply: GetConversation(key, reply))
 
     async def update(
         self, conversation_id: str, metadata: Mapping[str, str], owner: str = ""
     ) -> ConversationRecord | None:
         meta, key = dict(metadata), scoped(owner, conversation_id)
-        return await ask(self._mailbox, lambda reply: UpdateConversation(key, meta, reply))
+        return await self._ask(lambda reply: UpdateConversation(key, meta, reply))
 
     async def delete(self, conversation_id: str, owner: str = "") -> bool:
         key = scoped(owner, conversation_id)
-        return await ask(self._mailbox, lambda reply: DeleteConversation(key, reply))
+        return await self._ask(lambda reply: DeleteConversation(key, reply))
 
     async def append(
         self, conversation_id: str, items: Sequence[JsonObject], owner: str = ""
     ) -> ConversationRecord | None:
         frozen = ConversationRecord("", 0, {}, tuple(items)).copy().items
         key = scoped(owner, conversation_id)
-        return await ask(self._mailbox, lambda reply: AppendItems(key, frozen, reply))
+        return await self._ask(lambda reply: AppendItems(key, frozen, reply))
 
     async def delete_item(
         self, conversation_id: str, item_id: str, owner: str = ""
     ) -> ConversationRecord | None:
         key = scoped(owner, conversation_id)
-        return await ask(self._mailbox, lambda reply: DeleteItem(key, item_id, reply))
-
-    def statistics(self) -> StoreStatistics:
-        return self._stats
+        return await self._ask(lambda reply: DeleteItem(key, item_id, reply))
 
 
-async def run_conversation_store(
-    limits: StoreLimits,
-    storage: ConversationStorage | None = None,
-    *,
-    open_storage: Callable[[], ConversationStorage] | None = None,
-    task_status: trio.TaskStatus[ConversationStoreHandle] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``storage`` (default: in memory, in this task), or the durable backend that
-    ``open_storage`` opens on a thread of this actor's own (``StorageThread``)."""
-    send: trio.MemorySendChannel[ConversationMessage]
-    receive: trio.MemoryReceiveChannel[ConversationMessage]
-    send, receive = open_mailbox()
-    handle = ConversationStoreHandle(send, limits)
-
-    async with receive, storage_runner("conversation-store", open_storage) as (opened, run):
-        backend: ConversationStorage = (
-            storage if storage is not None else opened or MemoryConversationStorage(limits)
-        )
-        handle._stats = backend.statistics() if run is None else await run(backend.statistics)
-        task_status.started(handle)
-
-        def publish() -> None:
-            handle._stats = backend.statistics()
-
-        await serve_requests(receive, partial(_answer, backend), publish, run)
-
-
-def _answer(backend: ConversationStorage, message: ConversationMessage) -> object:
+def answer(backend: ConversationStorage, message: ConversationMessage) -> object:
     """Apply one request to the backend; the reply's value."""
     match message:
         case CreateConversation(metadata, items, _, owner):

@@ -1,11 +1,12 @@
-"""The file store actor: the only owner of uploaded files (decision 13, spec 001 "Files").
+"""The store actor's files (``Store.files``): the only owner of uploaded files (decision 13,
+spec 001 "Files").
 
 Invariants:
-- Files live in this one task, inside a ``FileStorage`` backend; every other task asks by
-  message through ``FileStoreHandle``. A ``StoredFile`` is immutable (its data is ``bytes``),
+- Files live in the store actor (``store.py``), inside a ``FileStorage`` backend; every other
+  task asks by message through ``FileStoreHandle``. A ``StoredFile`` is immutable (its data is ``bytes``),
   so handing the same object to many readers is safe and no file is ever copied.
-- The actor mints each file's id (``file-...``), ``created_at`` (Unix seconds from
-  ``wall_clock``) and ``expires_at`` (``created_at`` plus the store's TTL, or plus a shorter
+- The actor mints each file's id (``file-...``), ``created_at`` (Unix seconds from the
+  store's ``wall_clock``) and ``expires_at`` (``created_at`` plus the store's TTL, or plus a shorter
   ``expires_after``; null with neither). ``put`` replies with the record, or None when the
   backend refused it (over the per-file limit or the whole byte budget), which stores nothing.
 - Every request names an ``owner`` (the tenant, ``""`` when the server is open). A file of
@@ -15,24 +16,21 @@ Invariants:
   ``--files-ttl-secs``): ``get`` refreshes recency, ``list`` does not; an evicted or expired
   file reads as absent (None).
 - A backend error is raised in the asking task; the actor answers every request exactly once
-  and keeps running. ``statistics()`` is the backend's, as of the last message handled.
+  and keeps running. ``statistics()`` is the backend's, as of the newest reply.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import assert_never
 
 import trio
 
 from ..protocol.ids import new_id
-from ..storage.files import FileLimits, FileStorage, MemoryFileStorage, StoredFile
-from ..storage.interface import StoreStatistics
-from ..storage.thread import storage_runner
-from .kit import Reply, ask, open_mailbox, serve_requests
+from ..storage.files import FileLimits, FileStorage, StoredFile
+from .kit import Reply
+from .store_part import StoreAnswer, StorePart
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +43,7 @@ class PutFile:
     content_type: str
     data: bytes
     expires_after: int | None
-    reply: Reply[StoredFile | None]
+    reply: Reply[StoreAnswer[StoredFile | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +52,7 @@ class GetFile:
 
     owner: str
     file_id: str
-    reply: Reply[StoredFile | None]
+    reply: Reply[StoreAnswer[StoredFile | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +61,7 @@ class ListFiles:
 
     owner: str
     purpose: str | None
-    reply: Reply[tuple[StoredFile, ...]]
+    reply: Reply[StoreAnswer[tuple[StoredFile, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +70,18 @@ class DeleteFile:
 
     owner: str
     file_id: str
-    reply: Reply[bool]
+    reply: Reply[StoreAnswer[bool]]
 
 
 FileMessage = PutFile | GetFile | ListFiles | DeleteFile
 
 
-class FileStoreHandle:
+class FileStoreHandle(StorePart[FileMessage]):
+    """The store actor's handle for files (``Store.files``)."""
+
     def __init__(self, mailbox: trio.MemorySendChannel[FileMessage], limits: FileLimits) -> None:
-        self._mailbox = mailbox
+        super().__init__(mailbox)
         self.limits = limits
-        self._stats = StoreStatistics()
 
     async def put(
         self,
@@ -95,8 +94,7 @@ class FileStoreHandle:
         expires_after: int | None = None,
     ) -> StoredFile | None:
         """Store a new file of ``owner``; its record, or None if it does not fit the limits."""
-        return await ask(
-            self._mailbox,
+        return await self._ask(
             lambda reply: PutFile(
                 owner, filename, purpose, content_type, bytes(data), expires_after, reply
             ),
@@ -104,47 +102,17 @@ class FileStoreHandle:
 
     async def get(self, file_id: str, owner: str = "") -> StoredFile | None:
         """``owner``'s file ``file_id``; None if unknown, expired, evicted or another's."""
-        return await ask(self._mailbox, lambda reply: GetFile(owner, file_id, reply))
+        return await self._ask(lambda reply: GetFile(owner, file_id, reply))
 
     async def list(self, owner: str = "", purpose: str | None = None) -> tuple[StoredFile, ...]:
         """``owner``'s files (of ``purpose`` if given), oldest upload first."""
-        return await ask(self._mailbox, lambda reply: ListFiles(owner, purpose, reply))
+        return await self._ask(lambda reply: ListFiles(owner, purpose, reply))
 
     async def delete(self, file_id: str, owner: str = "") -> bool:
-        return await ask(self._mailbox, lambda reply: DeleteFile(owner, file_id, reply))
-
-    def statistics(self) -> StoreStatistics:
-        return self._stats
+        return await self._ask(lambda reply: DeleteFile(owner, file_id, reply))
 
 
-async def run_file_store(
-    limits: FileLimits,
-    storage: FileStorage | None = None,
-    wall_clock: Callable[[], float] = time.time,
-    *,
-    open_storage: Callable[[], FileStorage] | None = None,
-    task_status: trio.TaskStatus[FileStoreHandle] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``storage`` (default: in memory, in this task), or the durable backend that
-    ``open_storage`` opens on a thread of this actor's own (``StorageThread``)."""
-    send: trio.MemorySendChannel[FileMessage]
-    receive: trio.MemoryReceiveChannel[FileMessage]
-    send, receive = open_mailbox()
-    handle = FileStoreHandle(send, limits)
-    async with receive, storage_runner("file-store", open_storage) as (opened, run):
-        backend: FileStorage = (
-            storage if storage is not None else opened or MemoryFileStorage(limits)
-        )
-        handle._stats = backend.statistics() if run is None else await run(backend.statistics)
-        task_status.started(handle)
-
-        def publish() -> None:
-            handle._stats = backend.statistics()
-
-        await serve_requests(receive, partial(_answer, backend, wall_clock), publish, run)
-
-
-def _answer(backend: FileStorage, wall_clock: Callable[[], float], message: FileMessage) -> object:
+def answer(backend: FileStorage, wall_clock: Callable[[], float], message: FileMessage) -> object:
     """Apply one request to the backend; the reply's value."""
     match message:
         case PutFile(owner, filename, purpose, content_type, data, expires_after, _):

@@ -11,10 +11,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import outcome
 import trio
@@ -74,44 +73,3 @@ async def ask(mailbox: trio.MemorySendChannel[M], make: Callable[[Reply[T]], M])
         except trio.EndOfChannel as exc:  # pragma: no cover - the actor dropped the reply
             raise ActorGone("the actor stopped before answering") from exc
     return result.unwrap()
-
-
-class Request(Protocol):
-    """A message that expects an answer."""
-
-    @property
-    def reply(self) -> Reply[Any]: ...
-
-
-R = TypeVar("R", bound=Request)
-
-
-Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
-"""Runs a blocking call somewhere else and waits for it (a ``StorageThread.run``)."""
-
-
-async def serve_requests(
-    mailbox: trio.MemoryReceiveChannel[R],
-    answer: Callable[[R], object],
-    after_each: Callable[[], None],
-    run: Runner | None = None,
-) -> None:
-    """The loop of an actor whose every message carries a ``Reply``: ``answer`` computes the
-    reply's value; an exception it raises goes to the asker instead, and the actor keeps
-    serving. ``after_each`` runs after each answer is computed, before it is sent (statistics
-    are current when the asker resumes). With ``run`` (a durable backend's thread) both run
-    there, one message at a time, so the actor's Trio task never blocks on I/O."""
-
-    def step(message: R) -> outcome.Outcome[object]:
-        result = outcome.capture(answer, message)
-        after_each()
-        return result
-
-    async for message in mailbox:
-        if run is None:
-            result = step(message)
-        else:
-            result = await run(partial(step, message))
-        if isinstance(result, outcome.Error) and not isinstance(result.error, Exception):
-            raise result.error
-        message.reply.deliver(result)

@@ -234,6 +234,7 @@ class ModelHandle:
         )
         self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
+        self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
         self._tokenizer = loaded.tokenizer
         self._bound = measure_tokenizer(loaded.tokenizer)
         self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)

@@ -151,7 +151,9 @@ async def render_items(
     offered = request.tools if request.tool_choice.mode != "none" else ()
     replay = formats.get(actors.model.info.tool_format).replay  # the template's wishes
     tools = replay.template_tools([tool.for_template() for tool in offered]) or None
-    kwargs = replay.template_kwargs(request.config.reasoning_effort, request.template_kwargs)
+    # Spec 000: reasoning.effort is echoed, never mapped onto template kwargs; a family's
+    # defaults apply and chat_template_kwargs sets its own (docs/models.md names each key).
+    kwargs = replay.template_kwargs(None, request.template_kwargs)
     try:
         chat = await render_messages(request, actors, items)
         rendered = None

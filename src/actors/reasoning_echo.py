@@ -2,8 +2,8 @@
 back when a later request replays that reply without its reasoning item.
 
 Invariants:
-- One actor owns the memory: reply text -> reasoning text, per tenant, least recently used
-  evicted first under a byte budget (``MLXCEL_REASONING_ECHO_MAX_BYTES``, default 16 MiB; 0
+- The store actor (``store.py``) owns the memory (``storage.memory.MemoryEchoStorage``): reply
+  text -> reasoning text, per tenant, least recently used evicted first under a byte budget (``MLXCEL_REASONING_ECHO_MAX_BYTES``, default 16 MiB; 0
   disables the echo entirely).
 - Only plain replies are remembered: a finished response whose output is reasoning followed by
   one message (no tool call). The key is the reply's visible text, so a client that replays the
@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -23,12 +22,12 @@ from typing import Any, assert_never
 import trio
 
 from ..protocol.items import InputItem, InputMessage, Reasoning
-from ..storage.budget import BudgetedMap
-from ..storage.interface import StoreLimits, StoreStatistics
-from .kit import Reply, ask, open_mailbox
+from ..storage.interface import EchoStorage
+from ..storage.memory import DEFAULT_ECHO_BYTES
+from .kit import Reply
+from .store_part import StoreAnswer, StorePart
 
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-_MAX_ENTRIES = 1 << 20
+DEFAULT_MAX_BYTES = DEFAULT_ECHO_BYTES
 
 
 def _key(owner: str, reply_text: str) -> str:
@@ -41,7 +40,7 @@ class Remember:
 
     key: str
     reasoning: str
-    reply: Reply[None]
+    reply: Reply[StoreAnswer[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ class Recall:
     """Sender: a response actor rendering a history. Replies key -> reasoning for known keys."""
 
     keys: tuple[str, ...]
-    reply: Reply[dict[str, str]]
+    reply: Reply[StoreAnswer[dict[str, str]]]
 
 
 EchoMessage = Remember | Recall
@@ -69,11 +68,12 @@ def plain_reply(output: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
     return (text, reasoning) if reasoning and text else None
 
 
-class ReasoningEchoHandle:
+class ReasoningEchoHandle(StorePart[EchoMessage]):
+    """The store actor's handle for the reasoning echo (``Store.echo``)."""
+
     def __init__(self, mailbox: trio.MemorySendChannel[EchoMessage], max_bytes: int) -> None:
-        self._mailbox = mailbox
+        super().__init__(mailbox)
         self.max_bytes = max_bytes
-        self._stats = StoreStatistics()
 
     @property
     def enabled(self) -> bool:
@@ -83,7 +83,7 @@ class ReasoningEchoHandle:
         found = plain_reply(output) if self.enabled else None
         if found is not None:
             key, reasoning = _key(owner, found[0]), found[1]
-            await ask(self._mailbox, lambda reply: Remember(key, reasoning, reply))
+            await self._tell(lambda reply: Remember(key, reasoning, reply))
 
     async def restore(self, owner: str, items: Sequence[InputItem]) -> list[InputItem]:
         """``items`` with the remembered reasoning put back before assistant replies lacking it."""
@@ -98,7 +98,7 @@ class ReasoningEchoHandle:
         if not self.enabled or not wanted:
             return list(items)
         keys = tuple(_key(owner, items[i].text) for i in wanted)  # type: ignore[union-attr]
-        known: dict[str, str] = await ask(self._mailbox, lambda reply: Recall(keys, reply))
+        known: dict[str, str] = await self._ask(lambda reply: Recall(keys, reply))
         restored: list[InputItem] = []
         slots = dict(zip(wanted, keys, strict=True))
         for i, item in enumerate(items):
@@ -108,31 +108,14 @@ class ReasoningEchoHandle:
             restored.append(item)
         return restored
 
-    def statistics(self) -> StoreStatistics:
-        return self._stats
 
-
-async def run_reasoning_echo(
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    *,
-    task_status: trio.TaskStatus[ReasoningEchoHandle] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    send: trio.MemorySendChannel[EchoMessage]
-    receive: trio.MemoryReceiveChannel[EchoMessage]
-    send, receive = open_mailbox()
-    handle = ReasoningEchoHandle(send, max_bytes)
-    memory: BudgetedMap[str, str] = BudgetedMap(StoreLimits(_MAX_ENTRIES, max_bytes, 0))
-    async with receive:
-        task_status.started(handle)
-        async for message in receive:
-            now = time.monotonic()
-            match message:
-                case Remember(key, reasoning, reply):
-                    memory.put(key, reasoning, len(key) + len(reasoning.encode()), now)
-                    reply.send(None)
-                case Recall(keys, reply):
-                    found = {k: v for k in keys if (v := memory.get(k, now)) is not None}
-                    reply.send(found)
-                case _:
-                    assert_never(message)
-            handle._stats = memory.statistics()
+def answer(backend: EchoStorage, message: EchoMessage) -> object:
+    """Apply one request to the echo's memory; the reply's value."""
+    match message:
+        case Remember(key, reasoning, _):
+            backend.remember(key, reasoning)
+            return None
+        case Recall(keys, _):
+            return backend.recall(keys)
+        case _:
+            assert_never(message)

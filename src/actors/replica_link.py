@@ -39,31 +39,20 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, assert_never
 
 import psycopg
 import trio
 
 from ..protocol.sse import encode_sse
+from ..storage.choice import StoreChoice
 from ..storage.interface import JsonObject, StoredResponse, StoreLimits, scoped
-from ..storage.postgres import (
-    CANCEL_CHANNEL,
-    PROGRESS_CHANNEL,
-    PgDatabase,
-    PgResponseStorage,
-    connect,
-    publish_events,
-    read_events,
-    read_job,
-    register_replica,
-    send_cancel,
-)
+from ..storage.postgres import PgResponseStorage, register_replica
+from ..storage.postgres_jobs import publish_events, read_events, read_job, send_cancel
+from ..storage.postgres_schema import CANCEL_CHANNEL, PROGRESS_CHANNEL, PgDatabase, connect
 from ..storage.thread import StorageThread
 from .event_log import EventLog
 from .response_store import ResponseStoreHandle
-
-if TYPE_CHECKING:
-    from ..settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -296,21 +285,19 @@ def new_replica_id() -> str:
 
 
 async def start_replica_link(
-    nursery: trio.Nursery, settings: ServerSettings, replica_id: str, store: ResponseStoreHandle
+    nursery: trio.Nursery,
+    choice: StoreChoice,
+    store: ResponseStoreHandle,
+    *,
+    replica_id: str,
+    lease_seconds: float,
+    limits: StoreLimits,
 ) -> ReplicaLink | None:
     """The replica link, started in ``nursery``, with a ``postgresql://`` store; else None."""
-    if settings.store.kind != "postgresql":
+    if choice.kind != "postgresql":
         return None
-    link: ReplicaLink = await nursery.start(
-        run_replica_link,
-        ReplicaSettings(
-            settings.store.path,
-            replica_id,
-            settings.replica_lease_seconds,
-            settings.responses_store,
-        ),
-        store,
-    )
+    settings = ReplicaSettings(choice.path, replica_id, lease_seconds, limits)
+    link: ReplicaLink = await nursery.start(run_replica_link, settings, store)
     return link
 
 

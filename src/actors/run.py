@@ -34,10 +34,10 @@ from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.machine import Cancel, Fail, Finish, MachineInput, ResponseMachine, Start
 from ..protocol.objects import JsonObject, Usage
+from ..protocol.replay import FAILED_UNSTARTED
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import after_server_search
 from ..storage.interface import StoredResponse
-from ..storage.replay import FAILED_UNSTARTED
 from .admission import Admission, admit, constrain
 from .event_log import EventLog
 from .prompt import PreparedPrompt, render_items

@@ -1,19 +1,23 @@
 """The family formats, registered: GLM-4.x, LongCat, MiniMax M2, Muse Spark, MiniCPM 5, Kimi K2,
-DeepSeek V3.x, Gemma 4, FunctionGemma, pythonic (LFM2), and Kimi K3 (detected, not parsed).
+Kimi K3, DeepSeek V3.x, Gemma 4, FunctionGemma, pythonic (LFM2).
 
 Detection follows mlx-lm 0.32.2's ``_infer_tool_parser`` (template substrings first, in its
 order, then the vocabulary); ``priority`` puts these checks around the tag formats' (Qwen3-Coder
 40, Mistral 50, Hermes 60, Llama 3 70) in mlx-lm's order. DeepSeek, which mlx-lm does not know,
 is recognised by its tool-call marker in the template.
 
-Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``; DeepSeek
+Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_content``, LFM2.5
+``thinking``; Kimi K2
+writes a call's id as its header, so replayed ids become ``functions.NAME:N``; DeepSeek
 V3.x joins ``arguments`` into the prompt as a string (a dict fails to render); ``reasoning.effort``
-becomes ``enable_thinking`` (DeepSeek: ``thinking``): ``none``/``minimal`` off, any other on.
+becomes ``enable_thinking`` (DeepSeek: ``thinking``, off without an effort, as its template
+defaults): ``none``/``minimal`` off, any other on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from . import family_grammars as g
@@ -27,10 +31,15 @@ __all__ = ["FAMILY_FORMATS", "GEMMA4_THINK", "KIMI_K3"]
 GEMMA4_THINK = ("<|channel>thought", "<channel|>")
 
 
-def _thinking_kwarg(key: str) -> Callable[[str | None], Mapping[str, Any]]:
+def _thinking_kwarg(
+    key: str, default: bool | None = None
+) -> Callable[[str | None], Mapping[str, Any]]:
+    """``reasoning.effort`` -> ``{key: on}``: ``none``/``minimal`` off, any other on; without an
+    effort, ``default`` (None: nothing, so mlx-lm's own ``enable_thinking`` applies)."""
+
     def kwargs(effort: str | None) -> Mapping[str, Any]:
         if effort is None:
-            return {}
+            return {} if default is None else {key: default}
         return {key: effort not in ("none", "minimal")}
 
     return kwargs
@@ -81,15 +90,6 @@ def _is_kimi_k3(d: Detection) -> bool:
     return all(t in d.vocab for t in ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"))
 
 
-def _plain_parser(options: ParseOptions) -> Parser:
-    return FamilyParser(
-        regions={},
-        tools_enabled=False,
-        reasoning=options.reasoning,
-        starts_in_reasoning=options.starts_in_reasoning,
-    )
-
-
 FAMILY_FORMATS: tuple[Format, ...] = (
     Format(
         "minimax_m2",
@@ -136,6 +136,7 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _is_pythonic,
         _parser("pythonic"),
         call_grammar=g.pythonic_grammar,
+        replay=Replay(reasoning_key="thinking"),  # LFM2.5's template reads ``thinking``
         aliases=("lfm2",),
         priority=15,
     ),
@@ -144,7 +145,9 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _template_has(DEEPSEEK_V3.section_open),
         _parser("deepseek_v3"),
         call_grammar=g.deepseek_grammar,
-        replay=Replay(arguments="string", effort_kwargs=_thinking_kwarg("thinking")),
+        # Without an effort, DeepSeek's own default (its template's ``thinking = false``): mlx-lm
+        # would pass ``enable_thinking=True``, and the prompt would open reasoning.
+        replay=Replay(arguments="string", effort_kwargs=_thinking_kwarg("thinking", False)),
         aliases=("deepseek", "deepseek_v31"),
         priority=16,
     ),
@@ -153,7 +156,8 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _template_has("<|tool_calls_section_begin|>"),
         _parser("kimi_k2"),
         call_grammar=g.kimi_grammar,
-        replay=_ENABLE_THINKING,
+        # Its template writes a call's id as the call's header: the id must be Kimi's own.
+        replay=replace(_ENABLE_THINKING, call_id=lambda _id, name, n: f"functions.{name}:{n}"),
         aliases=("kimi",),
         priority=45,
     ),
@@ -173,9 +177,15 @@ FAMILY_FORMATS: tuple[Format, ...] = (
     ),
 )
 
-KIMI_K3 = Format("kimi_k3", _is_kimi_k3, _plain_parser, priority=80)
-"""Kimi K3's ``<|open|>...<|sep|>`` markup: recognised from the vocabulary, not parsed yet (its
-output stays text; a forced call is a 400 that names ``--tool-format``)."""
+KIMI_K3 = Format(
+    "kimi_k3",
+    _is_kimi_k3,
+    _parser("kimi_k3", think=("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
+    call_grammar=g.kimi_k3_grammar,
+    priority=80,
+)
+"""Kimi K3's ``<|open|>...<|sep|>`` markup (XTML), recognised from the vocabulary as mlx-lm
+does: typed arguments are read and forced; its single-JSON-block argument form is not read."""
 
 for _fmt in (*FAMILY_FORMATS, KIMI_K3):
     register(_fmt)

@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
     "gemma4_grammar",
     "glm_grammar",
     "kimi_grammar",
+    "kimi_k3_grammar",
     "longcat_grammar",
     "minicpm5_grammar",
     "minimax_grammar",
@@ -238,10 +240,24 @@ def _param_list(rules: _Rules, i: int, tool: ForcedTool, p: _Params) -> str:
     return "(" + " | ".join(starts) + ")?"
 
 
+_XTML_MARKER = re.compile(r"(<\|[^|<>]+\|>)")
+
+
+def _markup(literal: Literal) -> Literal:
+    """``literal`` for text that may hold several ``<|...|>`` markers (Kimi K3's
+    ``<|close|>argument<|sep|>``): each marker as its token where it is one, the rest quoted."""
+
+    def write(text: str) -> str:
+        return " ".join(literal(piece) for piece in _XTML_MARKER.split(text) if piece)
+
+    return write
+
+
 def _per_param_grammar(
     p: _Params, head: Callable[[str, Literal], str], tail: Callable[[Literal], str]
 ) -> Callable[[Sequence[ForcedTool], Literal], str]:
-    def build(tools: Sequence[ForcedTool], literal: Literal) -> str:
+    def build(tools: Sequence[ForcedTool], token_literal: Literal) -> str:
+        literal = _markup(token_literal)
         rules = _Rules(literal)
         lines = [f"start: {_alternatives(tools)}"]
         for i, tool in enumerate(tools):
@@ -282,8 +298,11 @@ longcat_grammar = _glm_like("longcat_")
 
 
 def _invoke_like(
-    prefix: str, block_open: str, block_close: str
+    prefix: str, block_open: str, block_close: str, opened: str = ""
 ) -> Callable[[Sequence[ForcedTool], Literal], str]:
+    """``opened``: the reasoning close written first, for a template whose generation prompt
+    always opens reasoning (MiniMax M2's ends in ``<think>``): the call then follows an empty
+    reasoning block instead of landing inside it."""
     params = _Params(
         head=lambda k, lit: _s(f'<{prefix}parameter name="{k}">'),
         close=f"</{prefix}parameter>",
@@ -292,16 +311,20 @@ def _invoke_like(
         close_is_marker=False,
         after="\n",
     )
+
+    def head(name: str, lit: Literal) -> str:
+        lead = f"{lit(opened)} {_s(chr(10) * 2)} " if opened else ""
+        invoke = f"\n<{prefix}invoke name={json.dumps(name)}>\n"
+        return f"{lead}{lit(block_open)} {_s(invoke)}"
+
     return _per_param_grammar(
         params,
-        lambda name, lit: (
-            f"{lit(block_open)} {_s(f'{chr(10)}<{prefix}invoke name={json.dumps(name)}>{chr(10)}')}"
-        ),
+        head,
         lambda lit: f"{_s(f'</{prefix}invoke>' + chr(10))} {lit(block_close)}",
     )
 
 
-minimax_grammar = _invoke_like("", "<minimax:tool_call>", "</minimax:tool_call>")
+minimax_grammar = _invoke_like("", "<minimax:tool_call>", "</minimax:tool_call>", opened="</think>")
 muse_spark_grammar = _invoke_like("atem:", "<atem:function_calls>", "</atem:function_calls>")
 
 minicpm5_grammar = _per_param_grammar(
@@ -363,4 +386,18 @@ pythonic_grammar = _per_param_grammar(
     ),
     lambda name, lit: f"{lit('<|tool_call_start|>')} {_s(f'[{name}(')}",
     lambda lit: f"{_s(')]')} {lit('<|tool_call_end|>')}",
+)
+
+# Kimi K3's XTML: ``<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>`` then
+# ``<|open|>argument key="k"<|sep|>v<|close|>argument<|sep|>`` per parameter (values are not
+# stripped; the schema types them), ``<|close|>call<|sep|><|close|>tools<|sep|>``.
+kimi_k3_grammar = _per_param_grammar(
+    _Params(
+        head=lambda k, lit: lit(f'<|open|>argument key="{k}"<|sep|>'),
+        close="<|close|>argument<|sep|>",
+        stops=("<|close|>call<|sep|>",),
+        trim=False,
+    ),
+    lambda name, lit: lit(f'<|open|>tools<|sep|><|open|>call tool="{name}" index="1"<|sep|>'),
+    lambda lit: lit("<|close|>call<|sep|><|close|>tools<|sep|>"),
 )

@@ -11,7 +11,7 @@ from .family_parser import RegionFactory
 from .gemma import FUNCTION_GEMMA, GEMMA4, GemmaRegion
 from .json_sections import DEEPSEEK_V3, KIMI_K2, SectionJsonRegion
 from .regions import ToolRegion, ToolSchemas
-from .xml_kv import GLM, LONGCAT, MINICPM5, MINIMAX_M2, MUSE_SPARK, KvRegion
+from .xml_kv import GLM, KIMI_K3, LONGCAT, MINICPM5, MINIMAX_M2, MUSE_SPARK, KvRegion
 
 
 def _pythonic(marker: str, new_index: NewIndex, schemas: ToolSchemas | None) -> ToolRegion:
@@ -29,4 +29,5 @@ REGIONS: Mapping[str, Mapping[str, RegionFactory]] = {
     "gemma4": {GEMMA4.open: partial(GemmaRegion, GEMMA4)},
     "function_gemma": {FUNCTION_GEMMA.open: partial(GemmaRegion, FUNCTION_GEMMA)},
     "pythonic": {pythonic.OPEN: _pythonic},
+    "kimi_k3": {KIMI_K3.region_open: partial(KvRegion, KIMI_K3)},
 }

@@ -88,13 +88,16 @@ class Replay:
     JSON ``string``. ``default_description``: given to a tool that has none (a template that
     reads ``tool.description`` unguarded fails without one). ``effort_kwargs``: the template
     keyword arguments for a request's ``reasoning.effort`` (the request's own
-    ``chat_template_kwargs`` win).
+    ``chat_template_kwargs`` win). ``call_id``: ``(call_id, name, n) -> id`` the id a call
+    (the ``n``-th in the conversation, from 0) and its output render under, for a template that
+    writes the id into the model's own notation (Kimi K2's ``functions.NAME:N``); None keeps it.
     """
 
     reasoning_key: str = "reasoning_content"
     arguments: Literal["object", "string"] = "object"
     default_description: str | None = None
     effort_kwargs: Callable[[str | None], Mapping[str, Any]] = _no_effort
+    call_id: Callable[[str, str, int], str] | None = None
 
     def template_tools(self, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Chat Completions tool shapes as this template renders them."""

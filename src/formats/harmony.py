@@ -15,8 +15,8 @@ and ``<|return|>`` end the turn, and anything after them is dropped.
 Invariants:
 - Chunking never matters: a header is decided only once its ``<|message|>`` is seen, and a
   body's text is held back only while it could still be the start of a marker.
-- A header is never shown. Output that does not open with a header (a model that skipped it)
-  is read as final text.
+- A header is never shown, nor whitespace before one. Output that does not open with a header
+  (a model that skipped it) is read as final text.
 - A call's arguments are its body as generated (``{}`` when empty); ``ToolCallEnd`` ends every
   started call, at its end marker or at the end of the generation.
 - With tools disabled a call's body is text.
@@ -48,7 +48,9 @@ CALL = "<|call|>"
 RETURN = "<|return|>"
 CONSTRAIN = "<|constrain|>"
 
-_BODY_ENDS = (END, CALL, RETURN, START)
+# A body also ends where a new header begins without ``<|end|>`` (``<|start|>``, or a bare
+# ``<|channel|>``: markers are special tokens, never a body's own text).
+_BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
 _HEADER_OPENERS = (CHANNEL, START, " to=", "to=", CONSTRAIN)
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
@@ -109,6 +111,13 @@ class HarmonyParser:
 
     def _scan_header(self, final: bool, out: list[ParsedEvent]) -> bool:
         buf = self._buf
+        if buf[:1].isspace():
+            # Whitespace before a header is dropped; decided once that is known.
+            stripped = buf.lstrip()
+            if not final and any(o.startswith(stripped) for o in ("<|", "to=")):
+                return False
+            if stripped.startswith(("<|", "to=")) or not stripped:
+                self._buf = buf = stripped
         i = buf.find(MESSAGE)
         if i < 0:
             if not buf:

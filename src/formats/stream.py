@@ -14,7 +14,9 @@ Invariants:
 - With ``reasoning``, text inside ``<think>...</think>`` is only ever ``ReasoningChunk``, the
   tags are never shown, a stray ``</think>`` is dropped, and the whitespace around the
   reasoning (the ``\\n`` after ``<think>``, before ``</think>``, the ``\\n\\n`` after it) is
-  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``. Without
+  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``; output that
+  then begins (after whitespace) with a tool call is that call after empty reasoning (a forced
+  call's grammar writes the call first; a marker that starts no call stays reasoning). Without
   ``reasoning`` the tags are ordinary text.
 - Tool calls are parsed only with ``tools_enabled``; otherwise every marker is text. Calls get
   indices 0, 1, 2... in order; each is ``ToolCallStart`` (as soon as the name is known), then
@@ -137,6 +139,8 @@ class StreamParser:
         self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
+        self._prompt_lead = self._in_reasoning  # nothing read yet of reasoning the prompt opened
+        self._from_reasoning = False  # the open region began where that reasoning would
         self._region: ToolRegion | None = None
         self._skip_ws = False  # after </think> or a tool call
         self._llama_start = self._format == "llama3_json"  # nothing visible yet
@@ -187,6 +191,17 @@ class StreamParser:
             self._buf = buf
             if not buf:
                 return False
+            if self._prompt_lead:
+                # A call where the reasoning the prompt opened should begin is a call after
+                # empty reasoning: what a forced call's grammar writes (it knows nothing of the
+                # prompt). Should no call start there, the text is reasoning after all.
+                if any(buf.startswith(m) for m in self._tool_markers):
+                    self._in_reasoning = self._reasoning_lead = self._prompt_lead = False
+                    self._from_reasoning = True
+                    return True
+                if not final and any(m.startswith(buf) for m in self._tool_markers):
+                    return False  # could still be a call's marker: wait
+                self._prompt_lead = False
             self._reasoning_lead = False
         i = buf.find(self._think_close)
         if i >= 0:
@@ -279,6 +294,12 @@ class StreamParser:
             self._buf = rest
             return False
         self._region = None
+        if self._from_reasoning:
+            self._from_reasoning = False
+            if step.revert:  # no call started: it was reasoning
+                self._buf = step.revert + step.pushback + rest
+                self._in_reasoning = True
+                return True
         self._text(out, step.revert)
         self._buf = step.pushback + rest
         self._skip_ws = not step.revert and not step.pushback

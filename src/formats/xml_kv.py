@@ -7,6 +7,8 @@ GLM-4.x (and Laguna), LongCat, MiniMax M2, Muse Spark, MiniCPM 5.
   </invoke>...</minimax:tool_call>``, several calls per block (Muse Spark: ``atem:`` tags).
 - MiniCPM 5: ``<function name="NAME"><param name="k">v</param></function>``, no wrapper; a
   value may be a CDATA block.
+- Kimi K3: its XTML markup (``KIMI_K3``), calls and typed arguments in ``<|open|>``/``<|close|>``
+  tags.
 
 Invariants (on top of ``tool_format_base``'s):
 - A call starts once its name is complete; arguments are JSON built from each parameter when it
@@ -57,6 +59,9 @@ class KvSyntax:
     value_close: str
     call_close: str
     key_is_attribute: bool
+    name_attr: str = "name"  # the header attribute naming the function
+    key_attr: str = "name"  # the parameter header attribute naming the key
+    strip: bool = True  # values lose surrounding whitespace (mlx-lm's reading)
 
 
 GLM = KvSyntax(
@@ -124,20 +129,49 @@ MINICPM5 = KvSyntax(
     key_is_attribute=True,
 )
 
-_NAME_ATTR = re.compile(r"""\bname\s*=\s*("[^"]*"|'[^']*'|[^\s"'<>]+)""")
+KIMI_K3 = KvSyntax(
+    region_open="<|open|>tools<|sep|>",
+    region_close="<|close|>tools<|sep|>",
+    invoke_open="<|open|>call",
+    header_close="<|sep|>",
+    key_open="<|open|>argument",
+    key_close="<|sep|>",
+    value_open="",
+    value_close="<|close|>argument<|sep|>",
+    call_close="<|close|>call<|sep|>",
+    key_is_attribute=True,
+    name_attr="tool",
+    key_attr="key",
+    strip=False,
+)
+"""Kimi K3's XTML: ``<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
+<|open|>argument key="k" type="string"<|sep|>v<|close|>argument<|sep|><|close|>call<|sep|>
+<|close|>tools<|sep|>``; a value's ``type`` attribute types it (``string`` stays text). The
+alternative single ``<|open|>json ...<|sep|>{...}<|close|>json<|sep|>`` block is not read."""
+
+_ATTR = re.compile(r"""\b(\w+)\s*=\s*("[^"]*"|'[^']*'|[^\s"'<>]+)""")
 _CDATA = re.compile(r"^\s*<!\[CDATA\[(.*?)\]\]>\s*$", re.DOTALL)
 
 
-def attribute_name(header: str) -> str:
-    """The ``name`` attribute of a tag's header (`` name="f"``), or the header itself unquoted
+def attributes(header: str) -> dict[str, str]:
+    """A tag header's attributes (`` name="f" type="string"``), unquoted and unescaped."""
+    return {
+        k: unquote(v).replace("&quot;", '"').replace("&amp;", "&") for k, v in _ATTR.findall(header)
+    }
+
+
+def attribute_name(header: str, attr: str = "name") -> str:
+    """The ``attr`` attribute of a tag's header (`` name="f"``), or the header itself unquoted
     when it is only the value (MiniCPM's marker already holds ``name=``)."""
-    m = _NAME_ATTR.search(header)
-    return unquote(m.group(1)) if m else unquote(header.lstrip().removeprefix("="))
+    found = attributes(header).get(attr)
+    return found if found is not None else unquote(header.lstrip().removeprefix("="))
 
 
-def clean_value(raw: str) -> str:
+def clean_value(raw: str, strip: bool = True) -> str:
     m = _CDATA.match(raw)
-    return m.group(1) if m else raw.strip()
+    if m:
+        return m.group(1)
+    return raw.strip() if strip else raw
 
 
 _BETWEEN, _HEADER, _BODY, _KEY, _VALUE_WAIT, _VALUE = range(6)
@@ -154,6 +188,7 @@ class KvRegion(ToolRegion):
         self._state = _HEADER if not syntax.invoke_open else _BETWEEN
         self._parts: list[str] = []
         self._key = ""
+        self._key_type: str | None = None
         self._params = 0
         self._stream: CallStream | None = None
         self._calls_done = 0
@@ -179,7 +214,7 @@ class KvRegion(ToolRegion):
                     if final or len(header) > _HEADER_MAX:
                         return self._give_up(pos, out)
                     return Step(pos, out)
-                name = attribute_name(header) if s.header_close else header.strip()
+                name = attribute_name(header, s.name_attr) if s.header_close else header.strip()
                 if not name or any(c.isspace() for c in name) or "<" in name:
                     return self._give_up(pos, out)
                 self._start(name, out)
@@ -208,7 +243,10 @@ class KvRegion(ToolRegion):
                         return Step(pos, out, done=True)
                     continue
                 header = "".join(self._parts)
-                self._key = attribute_name(header) if s.key_is_attribute else header.strip()
+                self._key = (
+                    attribute_name(header, s.key_attr) if s.key_is_attribute else header.strip()
+                )
+                self._key_type = attributes(header).get("type") if s.key_is_attribute else None
                 self._parts = []
                 self._state = _VALUE_WAIT if s.value_open else _VALUE
                 continue
@@ -298,13 +336,15 @@ class KvRegion(ToolRegion):
 
     def _emit_param(self, out: list[ParsedEvent]) -> None:
         assert self._stream is not None
-        value = clean_value("".join(self._parts))
+        value = clean_value("".join(self._parts), self._syntax.strip)
         self._parts = []
         key, self._key = self._key, ""
         if not key:
             return
         params = (self._schemas or {}).get(self._stream.name, {}).get("properties", {})
         schema = params.get(key) if isinstance(params, Mapping) else None
+        if self._key_type is not None and not isinstance(schema, Mapping):
+            schema = {"type": self._key_type}  # the model's own typing (Kimi K3's type="...")
         typed = xml_param_value(value, schema if isinstance(schema, Mapping) else None)
         pair = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
         self._stream.send(pair if self._params == 0 else ", " + pair, out)

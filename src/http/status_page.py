@@ -40,6 +40,7 @@ from ..actors.status import (
     rates,
     ratio,
 )
+from ..startup import backend
 from .common import json_response, runtime, sse_response, tenant
 from .request_log import response_id_of
 
@@ -61,10 +62,9 @@ def page_html() -> bytes:
 
 
 @cache
-def _backend() -> str:
-    from ..startup import backend
-
-    return backend()[0]
+def _backend(device: str) -> str:
+    # The model actor's fact (MLX asked once on the generation thread), never MLX here.
+    return backend(device)[0]
 
 
 @cache
@@ -87,7 +87,7 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
         "context_window": info.context_window,
         "tool_format": info.tool_format,
         "reasoning": info.has_thinking,
-        "backend": _backend(),
+        "backend": _backend(rt.model.device),
         "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
         "version": _version(),
         "started_at": rt.created_at,

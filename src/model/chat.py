@@ -9,7 +9,9 @@ Invariants:
   ``reasoning_content``, gpt-oss's ``thinking``). So a previous ``output`` replayed as input renders as the turn
   was generated.
 - A call's arguments are an object, or their JSON text where the format says ``string``.
-- A function call output is a ``tool`` message with its ``tool_call_id``.
+- A function call output is a ``tool`` message with its ``tool_call_id``. Where the format
+  renames call ids (``Replay.call_id``: Kimi K2's ``functions.NAME:N``), a call and its output
+  carry the same new id.
 - A call to a function of a namespace tool renders under its qualified name, as the tool was
   offered (``protocol.tools.qualified_name``).
 - A ``compaction`` item stands in for every earlier item but system/developer messages: its
@@ -48,6 +50,7 @@ def to_chat(
     chat: list[ChatMessage] = []
     pending_reasoning: str | None = None
     open_assistant = False  # the last chat message is an assistant turn that may grow
+    ids: dict[str, str] = {}  # call_id -> the id it renders under (Replay.call_id)
     for item in replay_view(items):
         match item:
             case InputMessage(role="system" | "developer", text=text):
@@ -79,18 +82,23 @@ def to_chat(
                 args: Any = {"input": arguments} if custom else json.loads(arguments)
                 if replay.arguments == "string":
                     args = json.dumps(args, ensure_ascii=False)
+                qualified = qualified_name(namespace, name)
+                if replay.call_id is not None:
+                    call_id = ids.setdefault(call_id, replay.call_id(call_id, qualified, len(ids)))
                 turn.setdefault("tool_calls", []).append(
                     {
                         "id": call_id,
                         "type": "function",
                         "function": {
-                            "name": qualified_name(namespace, name),
+                            "name": qualified,
                             "arguments": args,
                         },
                     }
                 )
             case FunctionCallOutput(call_id=call_id, output=output):
-                chat.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                chat.append(
+                    {"role": "tool", "tool_call_id": ids.get(call_id, call_id), "content": output}
+                )
                 open_assistant = False
     if system:
         chat.insert(0, {"role": "system", "content": "\n\n".join(system)})

@@ -30,6 +30,9 @@ class LoadedModel:
     constraints: Constraints | None = None
     # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
     blas: BlasThreads | None = None
+    # MLX's version and default device in words, asked once here on the generation thread
+    # (the only thread that calls MLX), so the start-up line and /status never call it.
+    device: str = ""
 
 
 def resolve_model_path(path_or_id: str) -> str:
@@ -121,7 +124,15 @@ def load_model(path: str) -> LoadedModel:
         tool_format=detect_format(tokenizer, parser_type).name,
         has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
+        device=device_words(),
     )
+
+
+def device_words() -> str:
+    """``MLX <version> on <device>`` (call it where MLX may run: the generation thread)."""
+    import mlx.core as mx
+
+    return f"MLX {getattr(mx, '__version__', '?')} on {mx.default_device()}"
 
 
 def render_prompt(

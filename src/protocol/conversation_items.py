@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..storage.interface import ConversationRecord, JsonObject
 from .errors import ApiError, invalid_request
 from .ids import new_id
 from .objects import output_text_part
+from .records import ConversationRecord, JsonObject
 from .request import json_type
 
 __all__ = [

@@ -35,10 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
-from ..storage.files import StoredFile
-from ..storage.interface import JsonObject
 from . import listing
 from .errors import ApiError, invalid_request, not_found
+from .records import JsonObject, StoredFile
 
 if TYPE_CHECKING:
     from pypdf import PdfReader

@@ -19,11 +19,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from .errors import ApiError, invalid_request
+from .fields import json_type as json_type  # re-exported: importers of items find it here
+from .fields import optional_str as optional_str
+from .fields import require_str
 from .ids import new_id
 from .objects import (
     Execution,
@@ -31,6 +33,7 @@ from .objects import (
     tool_search_call_item,
     tool_search_output_item,
 )
+from .tool_spec import qualified_name
 
 JsonObject = dict[str, Any]
 Role = Literal["system", "developer", "user", "assistant"]
@@ -90,36 +93,6 @@ _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
 _MESSAGE_KEYS: Final = frozenset({"type", "role", "content", "id", "status", "phase"})
 
 
-def json_type(value: object) -> str:
-    """The JSON name of a value's type, for error messages."""
-    match value:
-        case None:
-            return "null"
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list() | tuple():
-            return "an array"
-        case dict():
-            return "an object"
-    return type(value).__name__
-
-
-def _require_str(item: JsonObject, key: str, path: str) -> str:
-    value = item.get(key)
-    if value is None:
-        raise invalid_request(f"Missing required parameter: '{path}.{key}'.", f"{path}.{key}")
-    if not isinstance(value, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
-            f"{path}.{key}",
-        )
-    return value
-
-
 def parse_item(item: object, path: str) -> InputItem:
     """One element of a request's ``input`` array, strictly."""
     if not isinstance(item, dict):
@@ -131,21 +104,21 @@ def parse_item(item: object, path: str) -> InputItem:
         case "message":
             return _parse_message(item, path)
         case "function_call":
-            arguments = _require_str(item, "arguments", path)
+            arguments = require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
             namespace = optional_str(item, "namespace", path)
             return FunctionCall(
-                _require_str(item, "call_id", path),
-                _require_str(item, "name", path),
+                require_str(item, "call_id", path),
+                require_str(item, "name", path),
                 arguments,
                 namespace or None,
             )
         case "custom_tool_call":
             namespace = optional_str(item, "namespace", path)
             return FunctionCall(
-                _require_str(item, "call_id", path),
-                _require_str(item, "name", path),
-                _require_str(item, "input", path),
+                require_str(item, "call_id", path),
+                require_str(item, "name", path),
+                require_str(item, "input", path),
                 namespace or None,
                 custom=True,
             )
@@ -164,7 +137,7 @@ def parse_item(item: object, path: str) -> InputItem:
                     f"{path}.output",
                 )
             return FunctionCallOutput(
-                _require_str(item, "call_id", path), output, kind == "custom_tool_call_output"
+                require_str(item, "call_id", path), output, kind == "custom_tool_call_output"
             )
         case "reasoning":
             encrypted = item.get("encrypted_content")
@@ -186,17 +159,6 @@ def parse_item(item: object, path: str) -> InputItem:
         "'compaction'.",
         f"{path}.type",
     )
-
-
-def optional_str(item: Mapping[str, Any], key: str, path: str) -> str | None:
-    """``item[key]`` when a string or absent/null; else a 400 naming ``path.key``."""
-    value = item.get(key)
-    if value is not None and not isinstance(value, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
-            f"{path}.{key}",
-        )
-    return value
 
 
 _SEARCH_CALL_KEYS: Final = frozenset(
@@ -262,8 +224,6 @@ def _parse_search_output(item: JsonObject, path: str) -> FunctionCallOutput:
 
 def _loaded_names(tools: list[Any]) -> list[str]:
     """The names the model calls the loaded tools by (a namespace's functions qualified)."""
-    from .tools import qualified_name
-
     names: list[str] = []
     for tool in tools:
         if not isinstance(tool, dict):
@@ -287,7 +247,7 @@ def _parse_compaction(item: JsonObject, path: str) -> Compaction:
     if extra:
         key = sorted(extra)[0]
         raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
-    return decode_compaction(_require_str(item, "encrypted_content", path), path)
+    return decode_compaction(require_str(item, "encrypted_content", path), path)
 
 
 def _check_arguments(arguments: str, path: str) -> None:

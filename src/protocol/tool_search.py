@@ -26,18 +26,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import invalid_request
-from .items import FunctionCallOutput, InputItem, optional_str
+from .items import FunctionCallOutput, InputItem
 from .objects import tool_search_call_item, tool_search_output_item
-from .tools import FunctionTool, ToolChoice, echo_tools, parse_tools
+from .tools import SEARCH_NAME, FunctionTool, ToolChoice, echo_tools, parse_tools
 
 JsonObject = dict[str, Any]
 
-SEARCH_NAME = "tool_search"
 _DESCRIPTION = (
     "Loads deferred tools so that you can call them: give the names (or words) of the tools "
     "to load in `paths`."
 )
-_KEYS = frozenset({"type", "execution", "description", "parameters"})
 
 
 def searchable(tools: Iterable[FunctionTool]) -> list[str]:
@@ -83,44 +81,6 @@ def default_parameters(names: Sequence[str]) -> dict[str, Any]:
         "required": ["paths"],
         "additionalProperties": False,
     }
-
-
-def parse_search_tool(spec: Mapping[str, Any], path: str) -> FunctionTool:
-    """``{"type": "tool_search", "execution", "description", "parameters"}`` (its model-facing
-    description and schema are completed by ``with_catalog`` once every tool is known)."""
-    extra = sorted(set(spec) - _KEYS)
-    if extra:
-        raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
-    execution = spec.get("execution", "server")
-    if execution not in ("server", "client"):
-        raise invalid_request(
-            f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
-            f"{path}.execution",
-        )
-    description = optional_str(spec, "description", path)
-    parameters = spec.get("parameters")
-    if parameters is not None:
-        from .tools import parameters_problem
-
-        problem = parameters_problem(parameters, path)
-        if problem is not None:
-            raise invalid_request(
-                f"Invalid schema for '{path}.parameters': {problem}.", f"{path}.parameters"
-            )
-        if execution == "server":
-            raise invalid_request(
-                f"Invalid value for '{path}.parameters': only a client-executed tool search "
-                "(execution 'client') takes a parameter schema.",
-                f"{path}.parameters",
-            )
-    return FunctionTool(
-        SEARCH_NAME,
-        description,
-        parameters if parameters is not None else {},
-        False,
-        search=execution,
-        search_echo=dict(spec),
-    )
 
 
 def with_catalog(tools: tuple[FunctionTool, ...]) -> tuple[FunctionTool, ...]:
@@ -295,7 +255,6 @@ __all__ = [
     "discoverable",
     "loaded",
     "loaded_tools",
-    "parse_search_tool",
     "search",
     "searchable",
     "tool_search_call_item",

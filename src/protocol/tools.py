@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -27,109 +26,34 @@ from typing import Any, Literal
 
 from .check_memo import CheckMemo
 from .errors import invalid_request
-from .items import json_type, optional_str
+from .fields import json_type, optional_str
+from .tool_spec import FunctionTool, ToolChoice, qualified_name
 
 log = logging.getLogger(__name__)
 
+# The tool values live in ``tool_spec`` (so that ``items`` can name tools without importing
+# the parsers); importers of ``tools`` keep finding them here.
+__all__ = [
+    "CUSTOM_INPUT",
+    "SEARCH_NAME",
+    "CallTarget",
+    "FunctionTool",
+    "ToolChoice",
+    "call_targets",
+    "custom_parameters",
+    "echo_tools",
+    "offered_tools",
+    "parameters_problem",
+    "parse_search_tool",
+    "parse_tool_choice",
+    "parse_tools",
+    "qualified_name",
+    "schema_problem",
+]
+
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def qualified_name(namespace: str | None, name: str) -> str:
-    """The name the model sees for function ``name`` of ``namespace`` (itself when None, or
-    when the namespace is the name: OpenAI's wire shape of a loaded deferred top-level
-    function, ``tool_search.loaded``)."""
-    if not namespace or namespace == name:
-        return name
-    return f"{namespace}{'' if namespace.endswith('_') else '__'}{name}"
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionTool:
-    name: str  # the name the model sees and calls: qualified when in a namespace
-    description: str | None
-    parameters: Mapping[str, Any]
-    strict: bool
-    namespace: str | None = None
-    namespace_description: str = ""
-    local_name: str = ""  # the name inside its namespace ("" when not in one)
-    # A ``custom`` tool (freeform input): its ``format`` as sent; None for a function tool.
-    custom_format: Mapping[str, Any] | None = None
-    # Issue 13, tool discovery: ``defer_loading: true`` (offered once a search loads it).
-    deferred: bool = False
-    # A ``tool_search`` tool: its execution, the tool as sent, the deferred tools it searches.
-    search: Literal["server", "client"] | None = None
-    search_echo: Mapping[str, Any] | None = None
-    catalog: tuple[FunctionTool, ...] = ()
-
-    def undeferred(self) -> FunctionTool:
-        return dataclasses.replace(self, deferred=False)
-
-    @property
-    def is_custom(self) -> bool:
-        return self.custom_format is not None
-
-    @property
-    def call_name(self) -> str:
-        """The ``name`` of a ``function_call`` item calling this tool."""
-        return self.local_name or self.name
-
-    def to_json(self) -> dict[str, Any]:
-        """The SDK's ``FunctionTool`` shape, under the name the model sees."""
-        return {
-            "type": "function",
-            "name": self.name,
-            "description": self.description,
-            "parameters": dict(self.parameters),
-            "strict": self.strict,
-        }
-
-    def echo_json(self) -> dict[str, Any]:
-        """As a Response object echoes it (inside its namespace tool when it has one)."""
-        if self.search_echo is not None:
-            return _thaw_json(self.search_echo)  # type: ignore[no-any-return]
-        if self.custom_format is not None:
-            echoed: dict[str, Any] = {"type": "custom", "name": self.call_name}
-            if self.description is not None:
-                echoed["description"] = self.description
-            echoed["format"] = dict(self.custom_format)
-        else:
-            echoed = {**self.to_json(), "name": self.call_name}
-        if self.deferred:
-            echoed["defer_loading"] = True
-        return echoed
-
-    def for_template(self) -> dict[str, Any]:
-        """As chat templates expect it (the Chat Completions tool shape)."""
-        function: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
-        if self.description:
-            function["description"] = self.description
-        return {"type": "function", "function": function}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolChoice:
-    mode: Literal["auto", "none", "required"]
-    name: str | None = None  # a named function: mode "required" restricted to it
-    custom: bool = False  # ``name`` is a custom tool ({"type": "custom", "name": ...})
-    # ``allowed_tools``: the names the model may call (the others are not offered); None: all.
-    allowed: tuple[str, ...] | None = None
-    echo: Mapping[str, Any] | None = None  # the allowed_tools choice as sent
-
-    def to_json(self) -> str | dict[str, Any]:
-        if self.echo is not None:
-            echoed: dict[str, Any] = _thaw_json(self.echo)
-            return echoed
-        if self.name is not None:
-            return {"type": "custom" if self.custom else "function", "name": self.name}
-        return self.mode
-
-
-def _thaw_json(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_thaw_json(v) for v in value]
-    return value
+SEARCH_NAME = "tool_search"
+_SEARCH_KEYS = frozenset({"type", "execution", "description", "parameters"})
 
 
 def offered_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[FunctionTool, ...]:
@@ -382,6 +306,42 @@ def _custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
     )
 
 
+def parse_search_tool(spec: Mapping[str, Any], path: str) -> FunctionTool:
+    """``{"type": "tool_search", "execution", "description", "parameters"}`` (its model-facing
+    description and schema are completed by ``with_catalog`` once every tool is known)."""
+    extra = sorted(set(spec) - _SEARCH_KEYS)
+    if extra:
+        raise invalid_request(f"Unknown parameter: '{path}.{extra[0]}'.", f"{path}.{extra[0]}")
+    execution = spec.get("execution", "server")
+    if execution not in ("server", "client"):
+        raise invalid_request(
+            f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
+            f"{path}.execution",
+        )
+    description = optional_str(spec, "description", path)
+    parameters = spec.get("parameters")
+    if parameters is not None:
+        problem = parameters_problem(parameters, path)
+        if problem is not None:
+            raise invalid_request(
+                f"Invalid schema for '{path}.parameters': {problem}.", f"{path}.parameters"
+            )
+        if execution == "server":
+            raise invalid_request(
+                f"Invalid value for '{path}.parameters': only a client-executed tool search "
+                "(execution 'client') takes a parameter schema.",
+                f"{path}.parameters",
+            )
+    return FunctionTool(
+        SEARCH_NAME,
+        description,
+        parameters if parameters is not None else {},
+        False,
+        search=execution,
+        search_echo=dict(spec),
+    )
+
+
 def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
     if raw is None:
         return ()
@@ -402,8 +362,6 @@ def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[Functio
         elif kind == "custom":
             tools.append(_custom_tool(tool, path))
         elif kind == "tool_search":
-            from .tool_search import parse_search_tool
-
             tools.append(parse_search_tool(tool, path))
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
             inner = tool["tools"]

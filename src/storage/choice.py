@@ -6,14 +6,16 @@ Invariants:
   the data directory, or the file named by ``sqlite:PATH``.
 - ``postgresql://...`` (or ``postgres://...``) is one PostgreSQL database shared by every
   replica that names it (``storage/postgres.py``); no lock file, each replica holds a lease.
-- The openers returned run on the store actor's own thread (``StorageThread``), which is the
-  thread that then uses the backend.
-- One server process per store file: ``openers`` locks ``PATH.lock`` for the process's life;
+- The opener returned (``backends_opener``) runs on the store actor's own thread
+  (``StorageThread``), which is the thread that then uses every backend; memory backends
+  (``memory_backends``) are served in the actor's own task.
+- One server process per store file: ``backends_opener`` locks ``PATH.lock`` for the process's life;
   a second server on the same file stops at start with a message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -21,8 +23,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .files import FileLimits, FileStorage
-from .interface import ConversationStorage, ResponseStorage, StoreLimits
+from .files import DEFAULT_FILE_LIMITS, FileLimits, FileStorage, MemoryFileStorage
+from .interface import ConversationStorage, EchoStorage, ResponseStorage, StoreLimits
+from .memory import (
+    DEFAULT_ECHO_BYTES,
+    MemoryConversationStorage,
+    MemoryEchoStorage,
+    MemoryResponseStorage,
+)
 
 STORE_FILE = "store.sqlite3"
 APP_DIR = "mlx-responses"
@@ -35,7 +43,7 @@ class StoreChoice:
 
     def describe(self) -> str:
         if self.kind == "postgresql":
-            from .postgres import redact
+            from .postgres_schema import redact
 
             return redact(self.path)
         return "memory" if self.kind == "memory" else f"sqlite:{self.path}"
@@ -109,35 +117,108 @@ def lock_store(path: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Openers:
-    """What each store actor opens on its own thread; None: its in-memory backend."""
+class Budgets:
+    """The store's flags, one budget per kind of record (spec 000, Storage Flags)."""
 
-    responses: Callable[[], ResponseStorage] | None = None
-    conversations: Callable[[], ConversationStorage] | None = None
-    files: Callable[[], FileStorage] | None = None
+    responses: StoreLimits
+    conversations: StoreLimits
+    files: FileLimits = DEFAULT_FILE_LIMITS
+    echo_bytes: int = DEFAULT_ECHO_BYTES
 
 
-def openers(
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What the store actor serves: one backend per kind of record, all used by its one task
+    (or its one thread) only."""
+
+    responses: ResponseStorage
+    conversations: ConversationStorage
+    files: FileStorage
+    echo: EchoStorage
+
+    def close(self) -> None:
+        """Close every part (each one, even when another's close raises)."""
+        with contextlib.ExitStack() as stack:
+            for part in (self.echo, self.files, self.conversations, self.responses):
+                stack.callback(part.close)
+
+
+def memory_backends(
+    budgets: Budgets,
+    *,
+    responses: ResponseStorage | None = None,
+    conversations: ConversationStorage | None = None,
+    files: FileStorage | None = None,
+    echo: EchoStorage | None = None,
+) -> Backends:
+    """The backends given, and in-memory ones for the others."""
+    return Backends(
+        MemoryResponseStorage(budgets.responses) if responses is None else responses,
+        MemoryConversationStorage(budgets.conversations)
+        if conversations is None
+        else conversations,
+        MemoryFileStorage(budgets.files) if files is None else files,
+        MemoryEchoStorage(budgets.echo_bytes) if echo is None else echo,
+    )
+
+
+def backends_opener(
     choice: StoreChoice,
-    responses: StoreLimits,
-    conversations: StoreLimits,
-    files: FileLimits,
+    budgets: Budgets,
     *,
     replica_id: str = "",
     lease_seconds: float = 10.0,
-) -> Openers:
+    responses: Callable[[], ResponseStorage] | None = None,
+) -> Callable[[], Backends] | None:
+    """What the store actor opens on its own thread (``StorageThread``), the durable backends
+    of ``choice`` (``responses``, a test's fault injection, replaces the response backend);
+    None for ``memory`` without it: the actor then serves memory backends in its own task.
+    A part that fails to open closes those opened before it."""
+    if choice.kind == "memory" and responses is None:
+        return None
+    parts = _durable_parts(choice, budgets, replica_id, lease_seconds)
+    if responses is not None:
+        parts = (responses, *parts[1:])
+
+    def open_all() -> Backends:
+        with contextlib.ExitStack() as opened:
+            response_part = parts[0]()
+            opened.callback(response_part.close)
+            conversation_part = parts[1]()
+            opened.callback(conversation_part.close)
+            file_part = parts[2]()
+            opened.pop_all()
+        return Backends(
+            response_part, conversation_part, file_part, MemoryEchoStorage(budgets.echo_bytes)
+        )
+
+    return open_all
+
+
+_Parts = tuple[
+    Callable[[], ResponseStorage], Callable[[], ConversationStorage], Callable[[], FileStorage]
+]
+
+
+def _durable_parts(
+    choice: StoreChoice, budgets: Budgets, replica_id: str, lease_seconds: float
+) -> _Parts:
     if choice.kind == "memory":
-        return Openers()
+        return (
+            lambda: MemoryResponseStorage(budgets.responses),
+            lambda: MemoryConversationStorage(budgets.conversations),
+            lambda: MemoryFileStorage(budgets.files),
+        )
     if choice.kind == "postgresql":
         from .postgres import PgConversationStorage, PgDatabase, PgFileStorage, PgResponseStorage
 
         url = choice.path
-        return Openers(
-            responses=lambda: PgResponseStorage(
-                PgDatabase(url), responses, replica_id, lease_seconds=lease_seconds
+        return (
+            lambda: PgResponseStorage(
+                PgDatabase(url), budgets.responses, replica_id, lease_seconds=lease_seconds
             ),
-            conversations=lambda: PgConversationStorage(PgDatabase(url), conversations),
-            files=lambda: PgFileStorage(PgDatabase(url), files),
+            lambda: PgConversationStorage(PgDatabase(url), budgets.conversations),
+            lambda: PgFileStorage(PgDatabase(url), budgets.files),
         )
     from .sqlite import (
         Database,
@@ -148,8 +229,8 @@ def openers(
 
     path = choice.path
     lock_store(path)
-    return Openers(
-        responses=lambda: SqliteResponseStorage(Database(path), responses),
-        conversations=lambda: SqliteConversationStorage(Database(path), conversations),
-        files=lambda: SqliteFileStorage(Database(path), files),
+    return (
+        lambda: SqliteResponseStorage(Database(path), budgets.responses),
+        lambda: SqliteConversationStorage(Database(path), budgets.conversations),
+        lambda: SqliteFileStorage(Database(path), budgets.files),
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .budget import BudgetedMap
+from .interface import StoredFile as StoredFile  # the record lives in protocol.records
 from .interface import StoreLimits, StoreStatistics
 
 Clock = Callable[[], float]
@@ -58,29 +59,6 @@ class FileLimits:
 
 
 DEFAULT_FILE_LIMITS = FileLimits()
-
-
-@dataclass(frozen=True, slots=True)
-class StoredFile:
-    """An uploaded file. ``created_at``/``expires_at`` are Unix seconds (wall clock);
-    ``expires_at`` is None without a TTL. ``content_type`` is the upload's (or a guess)."""
-
-    id: str
-    filename: str
-    purpose: str
-    content_type: str
-    data: bytes
-    created_at: int
-    expires_at: int | None
-    owner: str = ""
-    # Set on a metadata-only copy whose ``data`` lives elsewhere (the SQLite file store's
-    # index): the size of the data it stands for.
-    stored_size: int | None = None
-
-    @property
-    def size(self) -> int:
-        """The file object's ``bytes``."""
-        return len(self.data) if self.stored_size is None else self.stored_size
 
 
 def charged_bytes(record: StoredFile) -> int:

@@ -118,3 +118,30 @@ class MemoryConversationStorage(_MemoryRecords[ConversationRecord]):
 
     def change(self, conversation_id: str, edit: ConversationEdit) -> ConversationRecord | None:
         return change_in_place(self, conversation_id, edit)
+
+
+DEFAULT_ECHO_BYTES = 16 * 1024 * 1024
+"""The reasoning echo's byte budget (``MLXCEL_REASONING_ECHO_MAX_BYTES``; 0 disables it)."""
+_ECHO_MAX_ENTRIES = 1 << 20
+
+
+class MemoryEchoStorage:
+    """The reasoning echo's memory: always in memory (a restart forgets it, like a cache), each
+    entry charged its key and its reasoning's UTF-8 bytes."""
+
+    def __init__(self, max_bytes: int, *, clock: Clock = time.monotonic) -> None:
+        self._map: BudgetedMap[str, str] = BudgetedMap(StoreLimits(_ECHO_MAX_ENTRIES, max_bytes, 0))
+        self._clock = clock
+
+    def remember(self, key: str, reasoning: str) -> None:
+        self._map.put(key, reasoning, len(key) + len(reasoning.encode()), self._clock())
+
+    def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
+        now = self._clock()
+        return {k: v for k in keys if (v := self._map.get(k, now)) is not None}
+
+    def statistics(self) -> StoreStatistics:
+        return self._map.statistics()
+
+    def close(self) -> None:
+        pass

@@ -3,10 +3,10 @@ postgresql://...``, issue 15): responses, background job rows and their live eve
 leases, conversations and files, under the very same flags as the memory and SQLite backends.
 
 Invariants:
-- Each store actor opens its own ``PgDatabase`` (one ``psycopg`` connection, autocommit, every
-  write an explicit transaction) on its own ``StorageThread`` and uses it only there; so do the
-  replica link's worker and listener threads (``actors/replica_link.py``). Trio never waits on
-  the database.
+- The store actor opens one ``PgDatabase`` per part (one ``psycopg`` connection, autocommit,
+  every write an explicit transaction) on its ``StorageThread`` and uses them only there; the
+  replica link's worker and listener threads (``actors/replica_link.py``, with the queries of
+  ``postgres_jobs.py``) hold their own. Trio never waits on the database.
 - Durability: every write a caller is answered for is committed (PostgreSQL's
   ``synchronous_commit``, on by default) before the backend returns. Read recency (the LRU
   order refreshed by a ``get``) is committed with ``synchronous_commit = off``: a crash of the
@@ -20,9 +20,7 @@ Invariants:
   last write.
 - Tenant scoping: every record's key is ``scoped(owner, id)`` and every query names the key
   (or, to list files, the owner), so another tenant's object is absent.
-- Schema: ``mlx_schema.version`` is the number of ``MIGRATIONS`` applied; at start each
-  connection applies the missing ones, forward only, under an advisory lock (replicas starting
-  together take turns); a database written by a newer server is refused.
+- Schema: ``postgres_schema.py`` (forward-only migrations applied at each connection's open).
 - Background jobs: ``jobs`` holds each stored running job's queued object, the replica running
   it and its live snapshot; ``job_events`` its events so far (published by its replica, read by
   the others). The job's final record put deletes both in one transaction and notifies
@@ -35,18 +33,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
-from psycopg import errors as pg_errors
 
+from ..protocol.replay import FAILED_UNSTARTED
 from .files import FileLimits, StoredFile, charged_bytes
 from .interface import (
     ConversationEdit,
     ConversationRecord,
-    JsonObject,
     StoredResponse,
     StoreLimits,
     StoreStatistics,
@@ -54,110 +50,18 @@ from .interface import (
     scoped,
 )
 from .memory import encode_json
-from .replay import FAILED_UNSTARTED
+from .postgres_schema import (
+    LEASE_LOCK,
+    LEASE_MESSAGE,
+    NOW,
+    PROGRESS_CHANNEL,
+    SCHEMA_VERSION,
+    TABLE_LOCKS,
+    PgDatabase,
+)
 from .sqlite import StoreError, compress, decompress_json
 
 Clock = Callable[[], float]
-
-_TABLE = """CREATE TABLE {name} (
-    key TEXT PRIMARY KEY, owner TEXT NOT NULL, blob BYTEA NOT NULL, nbytes BIGINT NOT NULL,
-    written_at DOUBLE PRECISION NOT NULL, used BIGINT NOT NULL, deadline DOUBLE PRECISION,
-    data BYTEA, uploaded BIGINT NOT NULL)"""
-
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        "CREATE SEQUENCE mlx_use",
-        _TABLE.format(name="responses"),
-        _TABLE.format(name="conversations"),
-        _TABLE.format(name="files"),
-        "CREATE INDEX responses_used ON responses (used)",
-        "CREATE INDEX conversations_used ON conversations (used)",
-        "CREATE INDEX files_used ON files (used)",
-        "CREATE INDEX files_owner ON files (owner, uploaded)",
-        """CREATE TABLE replicas (
-            id TEXT PRIMARY KEY, started_at DOUBLE PRECISION NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL)""",
-        """CREATE TABLE jobs (
-            key TEXT PRIMARY KEY, blob BYTEA NOT NULL, started_at DOUBLE PRECISION NOT NULL,
-            replica TEXT NOT NULL, snapshot BYTEA)""",
-        """CREATE TABLE job_events (
-            key TEXT NOT NULL REFERENCES jobs (key) ON DELETE CASCADE, seq INTEGER NOT NULL,
-            event BYTEA NOT NULL, PRIMARY KEY (key, seq))""",
-    ),
-)
-"""Forward-only schema migrations; ``MIGRATIONS[n]`` takes a database from version n to n+1."""
-SCHEMA_VERSION = len(MIGRATIONS)
-
-MIGRATION_LOCK = 7_150_001
-LEASE_LOCK = 7_150_002
-_TABLE_LOCKS = {"responses": 7_150_011, "conversations": 7_150_012, "files": 7_150_013}
-PROGRESS_CHANNEL = "mlx_progress"
-CANCEL_CHANNEL = "mlx_cancel"
-NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
-
-LEASE_MESSAGE = (
-    "The replica running this background response stopped before it finished (its lease "
-    "expired); it was not resumed. Create it again."
-)
-
-
-def connect(url: str) -> psycopg.Connection[Any]:
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot open the store {redact(url)}: {exc}") from exc
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and logs)."""
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return url
-    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
-
-
-class PgDatabase:
-    """One connection to the shared database, migrated; used by one thread only."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.conn = connect(url)
-        try:
-            self._migrate()
-        except BaseException as exc:
-            self.conn.close()
-            if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot use the store {redact(url)}: {exc}") from exc
-            raise
-
-    def _migrate(self) -> None:
-        with self.transaction() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            conn.execute("CREATE TABLE IF NOT EXISTS mlx_schema (version INTEGER NOT NULL)")
-            row = conn.execute("SELECT version FROM mlx_schema").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO mlx_schema (version) VALUES (0)")
-            version = 0 if row is None else int(row[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"the store {redact(self.url)} has schema version {version}, newer than "
-                    f"this server's {SCHEMA_VERSION}; upgrade mlx-responses or use another store"
-                )
-            for step in MIGRATIONS[version:]:
-                for statement in step:
-                    conn.execute(statement)
-            conn.execute("UPDATE mlx_schema SET version = %s", (SCHEMA_VERSION,))
-
-    @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        """One transaction, committed on leaving, rolled back on an error (a savepoint when
-        nested)."""
-        with self.conn.transaction():
-            yield self.conn
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 class _JsonRecord(Protocol):
@@ -192,7 +96,7 @@ class _PgTable:
             self._evict(conn)
 
     def _lock(self, conn: psycopg.Connection[Any]) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TABLE_LOCKS[self._table],))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (TABLE_LOCKS[self._table],))
 
     def _readable(self) -> str:
         """The SQL condition of a row still readable at ``%(now)s``."""
@@ -501,78 +405,6 @@ class PgFileStorage(_PgTable):
 
     def delete(self, file_id: str, owner: str = "") -> bool:
         return super().delete(scoped(owner, file_id))
-
-
-# -- the replica link's queries (run on its own threads) -------------------------------------
-
-
-def publish_events(
-    conn: psycopg.Connection[Any],
-    key: str,
-    first: int,
-    events: Sequence[JsonObject],
-    snapshot: JsonObject,
-) -> bool:
-    """Append a running job's events from sequence ``first`` and its snapshot, and notify
-    ``mlx_progress``; False when the job has ended (its row is gone: nothing is written)."""
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL synchronous_commit = off")
-            updated = conn.execute(
-                "UPDATE jobs SET snapshot = %s WHERE key = %s",
-                (compress(encode_json(snapshot)), key),
-            )
-            if updated.rowcount == 0:
-                return False
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO job_events (key, seq, event) VALUES (%s, %s, %s) "
-                    "ON CONFLICT DO NOTHING",
-                    [(key, first + n, encode_json(e)) for n, e in enumerate(events)],
-                )
-            last = first + len(events) - 1
-            conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, f"{key}\t{last}"))
-    except pg_errors.ForeignKeyViolation:
-        return False  # the job ended between the update and the insert
-    return True
-
-
-def read_events(conn: psycopg.Connection[Any], key: str, start: int) -> tuple[list[Any], bool]:
-    """A job's published events from ``start`` on, and whether the job is still running."""
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        running = conn.execute("SELECT 1 FROM jobs WHERE key = %s", (key,)).fetchone()
-        rows = conn.execute(
-            "SELECT seq, event FROM job_events WHERE key = %s AND seq >= %s ORDER BY seq",
-            (key, start),
-        ).fetchall()
-    events: list[Any] = []
-    for seq, event in rows:
-        if int(seq) != start + len(events):
-            break
-        events.append(json.loads(event))
-    return events, running is not None
-
-
-def read_job(conn: psycopg.Connection[Any], key: str) -> tuple[str, JsonObject] | None:
-    """A running job's replica and its latest snapshot (its queued object before any)."""
-    row = conn.execute("SELECT replica, snapshot, blob FROM jobs WHERE key = %s", (key,)).fetchone()
-    if row is None:
-        return None
-    if row[1] is not None:
-        return str(row[0]), decompress_json(row[1])
-    return str(row[0]), StoredResponse.from_json(decompress_json(row[2])).response
-
-
-def send_cancel(conn: psycopg.Connection[Any], key: str, owner: str, response_id: str) -> bool:
-    """Ask the replica running job ``key`` to cancel it; False if no such job is running."""
-    with conn.transaction():
-        row = conn.execute("SELECT replica FROM jobs WHERE key = %s", (key,)).fetchone()
-        if row is None:
-            return False
-        payload = json.dumps({"replica": row[0], "owner": owner, "id": response_id})
-        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
-    return True
 
 
 __all__ = [

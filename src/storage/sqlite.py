@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..protocol.replay import FAILED_UNSTARTED
 from .budget import BudgetedMap
 from .files import FileLimits, MemoryFileStorage, StoredFile
 from .interface import (
@@ -51,7 +52,6 @@ from .interface import (
     change_in_place,
 )
 from .memory import encode_json
-from .replay import FAILED_UNSTARTED
 
 Clock = Callable[[], float]
 

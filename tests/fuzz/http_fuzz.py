@@ -133,14 +133,26 @@ def snapshot(server: ServerHandle) -> tuple[int, ...]:
     )
 
 
-def wait_idle(server: ServerHandle) -> None:
-    """Background jobs and running sequences finish (they store when they end)."""
+# Lookups of nothing, one per store actor: each answers only after every message sent to it
+# before (its mailbox is in order), so the replies mean the last puts have landed.
+STORE_BARRIERS = (
+    "/v1/responses/resp_fuzz_barrier",
+    "/v1/conversations/conv_fuzz_barrier",
+    "/v1/files/file_fuzz_barrier",
+)
+
+
+def wait_idle(server: ServerHandle, http: httpx.Client | None = None) -> None:
+    """Background jobs and running sequences finish (they store when they end); with ``http``,
+    the stores have also taken in what they sent."""
     deadline = time.monotonic() + IDLE_DEADLINE
     while server.responses.statistics().tasks or server.model.statistics().active:
         if time.monotonic() > deadline:
             raise AssertionError("the server did not become idle")
         time.sleep(0.01)
-    time.sleep(0.005)  # the last store/put messages land
+    for path in STORE_BARRIERS if http is not None else ():
+        reply = http.get(path)
+        assert reply.status_code == 404, f"store barrier {path}: {reply.status_code}"
 
 
 @dataclass
@@ -190,7 +202,7 @@ def exchange(
     """Send one request and check every property; returns the reply."""
     SUMMARY.cases[route] += 1
     previous, SUMMARY.previous = SUMMARY.previous, route
-    wait_idle(server)
+    wait_idle(server, http)
     before = snapshot(server)
     try:
         reply = send()
@@ -221,7 +233,7 @@ def exchange(
             ) from None
         assert isinstance(error, dict), f"{route}: error is {error!r}"
     if reply.status_code >= 400:
-        wait_idle(server)
+        wait_idle(server, http)
         after = snapshot(server)
         if after != before:
             SUMMARY.state_changes += 1

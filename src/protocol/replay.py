@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from ..protocol.machine import (
+from .machine import (
     Cancel,
     Compacted,
     Fail,
@@ -66,7 +66,7 @@ from ..protocol.machine import (
     ToolCallBegin,
     ToolCallEnd,
 )
-from ..protocol.objects import ResponseConfig, Usage
+from .objects import ResponseConfig, Usage
 
 JsonObject = dict[str, Any]
 
