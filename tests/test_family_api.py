@@ -73,12 +73,14 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
             )
             think = None
             if "think" in prompts:
+                # A family's reasoning switch is its template's own kwarg (docs/models.md).
+                kwargs = prompts["think"].get("template_kwargs")
                 think = await sdk.responses.create(
                     model=MODEL,
                     input="Think, then answer: what is 2 + 2?",
-                    reasoning={"effort": "medium"},
                     temperature=0,
                     max_output_tokens=60,
+                    extra_body={"chat_template_kwargs": kwargs} if kwargs else None,
                 )
     assert hello.output_text.strip() == "hello"
     calls = [item for item in call.output if item.type == "function_call"]
