@@ -191,13 +191,14 @@ def _plain(stop: str, hello: str, think: str | None, call: str, answer: str, **k
     call_stop = kw.pop("call_stop", stop)
     think_kwargs = kw.pop("think_kwargs", None)
     args = kw.pop("arguments", ARGS)
-    prompts = [Prompt("hello", HELLO, None, hello, stop)]
+    # The template kwargs the server passes by default (DeepSeek: its non-thinking mode).
+    plain = kw.pop("plain_kwargs", None)
+    prompts = [Prompt("hello", HELLO, None, hello, stop, kwargs=plain)]
     if think is not None:
         prompts.append(Prompt("think", THINK, None, think, stop, kwargs=think_kwargs))
-    prompts.append(Prompt("tool_call", WEATHER, [WEATHER_TOOL], call, call_stop))
-    prompts.append(
-        Prompt("tool_result", tool_result_messages(args, **kw), [WEATHER_TOOL], answer, stop)
-    )
+    prompts.append(Prompt("tool_call", WEATHER, [WEATHER_TOOL], call, call_stop, kwargs=plain))
+    result = tool_result_messages(args, **kw)
+    prompts.append(Prompt("tool_result", result, [WEATHER_TOOL], answer, stop, kwargs=plain))
     return prompts
 
 
@@ -406,14 +407,14 @@ DEEPSEEK_V31 = Family(
     eos=_DS_END,
     stops=[_DS_END],
     pad=_DS_END,
-    # mlx-lm turns thinking on by default (the vocabulary has <think>): the generation prompt
-    # opens <think>, so every answer closes it first.
+    steps=800,
+    # Without chat_template_kwargs the server renders DeepSeek in its template's non-thinking
+    # mode (the generation prompt closes an empty <think></think>); `thinking` turns it on.
     prompts=_plain(
         _DS_END,
-        "Say hello.</think>hello",
+        "hello",
         "2 plus 2 makes 4.</think>The answer is 4.",
-        "Look up the weather.</think>"
-        + _ds("tool calls begin")
+        _ds("tool calls begin")
         + _ds("tool call begin")
         + "get_weather"
         + _ds("tool sep")
@@ -422,6 +423,7 @@ DEEPSEEK_V31 = Family(
         + _ds("tool calls end"),
         ANSWER,
         think_kwargs={"thinking": True},
+        plain_kwargs={"thinking": False},
         arguments='{"city": "Paris"}',
     ),
 )
