@@ -70,7 +70,6 @@ BUILT_FILES = (
     "prompts.json",
 )
 SEED = 20260401
-TRAIN_STEPS = 300
 LEARNING_RATE = 1e-2
 WARMUP_STEPS = 20
 MIN_MARGIN = 1.0
@@ -401,7 +400,7 @@ def build(family: Family, out: Path, steps: int) -> int:
     return failures
 
 
-def build_into(family: Family, target: Path, steps: int = TRAIN_STEPS) -> int:
+def build_into(family: Family, target: Path, steps: int) -> int:
     """Build ``family`` aside and copy its built files into ``target`` when it passes."""
     with tempfile.TemporaryDirectory(prefix=f"family-{family.name}-") as tmp:
         failures = build(family, Path(tmp), steps)
@@ -418,14 +417,14 @@ def build_into(family: Family, target: Path, steps: int = TRAIN_STEPS) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
-    parser.add_argument("--steps", type=int, default=TRAIN_STEPS)
+    parser.add_argument("--steps", type=int, default=None, help="default: the family's")
     parser.add_argument("--out", type=Path, default=None, help="build under this folder")
     args = parser.parse_args()
     failed = []
     for name in args.families:
         family = FAMILIES[name]
         target = (args.out / name) if args.out else family_dir(family)
-        if build_into(family, target, args.steps):
+        if build_into(family, target, args.steps or family.steps):
             failed.append(name)
     if failed:
         print(f"not written: {', '.join(failed)}")

@@ -20,16 +20,18 @@ LLAMA_CPP = (
     "ae1a0b1c71a8b3a86ede8cb5892ed9ce967d00b2/models/templates/"
 )
 
+# In the order the server hands tools to a template (``protocol.tools.Tool.for_template``):
+# templates that write a tool with ``tojson`` keep its key order.
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "Get the current weather in a city.",
         "parameters": {
             "type": "object",
             "properties": {"city": {"type": "string", "description": "The name of the city."}},
             "required": ["city"],
         },
+        "description": "Get the current weather in a city.",
     },
 }
 WEATHER_RESULT = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
@@ -67,6 +69,7 @@ class Family:
     # (gpt-oss writes today's date into every prompt).
     dates: list[str] = field(default_factory=list)
     text_config: bool = False  # the architecture nests its text settings (Gemma 4)
+    steps: int = 300  # Adam steps (more where 300 leave a thin logit margin)
 
 
 def tool_call_message(arguments: object, **extra: Any) -> dict[str, Any]:
@@ -188,13 +191,14 @@ def _plain(stop: str, hello: str, think: str | None, call: str, answer: str, **k
     call_stop = kw.pop("call_stop", stop)
     think_kwargs = kw.pop("think_kwargs", None)
     args = kw.pop("arguments", ARGS)
-    prompts = [Prompt("hello", HELLO, None, hello, stop)]
+    # The template kwargs the server passes by default (DeepSeek: its non-thinking mode).
+    plain = kw.pop("plain_kwargs", None)
+    prompts = [Prompt("hello", HELLO, None, hello, stop, kwargs=plain)]
     if think is not None:
         prompts.append(Prompt("think", THINK, None, think, stop, kwargs=think_kwargs))
-    prompts.append(Prompt("tool_call", WEATHER, [WEATHER_TOOL], call, call_stop))
-    prompts.append(
-        Prompt("tool_result", tool_result_messages(args, **kw), [WEATHER_TOOL], answer, stop)
-    )
+    prompts.append(Prompt("tool_call", WEATHER, [WEATHER_TOOL], call, call_stop, kwargs=plain))
+    result = tool_result_messages(args, **kw)
+    prompts.append(Prompt("tool_result", result, [WEATHER_TOOL], answer, stop, kwargs=plain))
     return prompts
 
 
@@ -230,6 +234,7 @@ GLM_46 = Family(
     eos="<|endoftext|>",
     stops=["<|endoftext|>", "<|user|>", "<|observation|>"],
     pad="<|endoftext|>",
+    steps=500,
     prompts=_plain(
         "<|user|>",
         "\n<think></think>\nhello",
@@ -273,6 +278,7 @@ KIMI_K2 = Family(
     eos="<|im_end|>",
     stops=["<|im_end|>"],
     pad="[EOS]",
+    steps=500,
     # Kimi-K2-Instruct has no reasoning notation (K2-Thinking has).
     prompts=_plain(
         "<|im_end|>",
@@ -401,6 +407,9 @@ DEEPSEEK_V31 = Family(
     eos=_DS_END,
     stops=[_DS_END],
     pad=_DS_END,
+    steps=800,
+    # Without chat_template_kwargs the server renders DeepSeek in its template's non-thinking
+    # mode (the generation prompt closes an empty <think></think>); `thinking` turns it on.
     prompts=_plain(
         _DS_END,
         "hello",
@@ -414,6 +423,7 @@ DEEPSEEK_V31 = Family(
         + _ds("tool calls end"),
         ANSWER,
         think_kwargs={"thinking": True},
+        plain_kwargs={"thinking": False},
         arguments='{"city": "Paris"}',
     ),
 )
