@@ -19,8 +19,8 @@ import trio
 
 from . import formats
 from .actors.model import ModelSettings
+from .api_keys import load_api_keys
 from .check import run_check
-from .http.auth import load_api_keys
 from .http.server_defaults import parse_temperature
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .model.loader import resolve_model_path
