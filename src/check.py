@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from .http.auth import OPEN
+from .api_keys import OPEN
 from .model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
 from .server import serve
 from .settings import ServerSettings

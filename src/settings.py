@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .actors.model import ModelSettings
 from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
-from .http.auth import OPEN, ApiKeys
+from .api_keys import OPEN, ApiKeys
 from .storage.choice import MEMORY, StoreChoice, default_data_dir
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import ResponseStorage, StoreLimits

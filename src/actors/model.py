@@ -37,7 +37,6 @@ from ..model.constrain import Constraints, Grammar
 from ..model.inbound import (
     Admit,
     Arrivals,
-    SequenceSpec,
     StopMatched,
 )
 from ..model.inbound import Cancel as CancelSequence
@@ -46,16 +45,19 @@ from ..model.incremental_render import IncrementalTokenizer
 from ..model.loader import LoadedModel, render_prompt
 from ..model.outbound import BatchFact, Ended, Exited, Loaded
 from ..model.prompt_bounds import measure_tokenizer, render_within
-from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import FinishReason, SequenceSlot
-from ..model.thread import GenerationThread, ModelStatistics
+from ..model.thread import ModelStatistics
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
 from .model_types import (
+    GenerationRequest,
     GenerationSequence,
+    ModelInfo,
     ModelOverloaded,
+    ModelSettings,
     ModelUnavailable,
+    ThreadFactory,
 )
 
 __all__ = [
@@ -74,46 +76,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
-
-ThreadFactory = Callable[..., GenerationThread]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    model_path: str
-    alias: str
-    prefill_step_size: int = 512
-    completion_batch_size: int = 32
-    prefill_batch_size: int = 8
-    max_sequences: int = 256
-    # --ctx-size: the context window the server enforces and compaction plans with; None: the
-    # model's own (its config's max_position_embeddings or the like).
-    context_size: int | None = None
-    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
-    # --prompt-cache-entries.
-    prompt_cache_bytes: int | None = None
-    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
-    # --blas-threads (None: measured at load, model.blas_threads).
-    blas_threads: int | None = None
-    # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
-    tool_format: str | None = None
-    # The seam for fault injection: tests install a GenerationThread subclass here.
-    thread_factory: ThreadFactory = GenerationThread
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    alias: str
-    path: str
-    context_window: int
-    tool_format: str = "none"  # a ``formats`` registry name
-    has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
-
-
-# A rendered prompt and its sampling settings: what a response task submits is exactly what
-# the generation thread is told (``model/inbound.py``), its grammar named by its text.
-GenerationRequest = SequenceSpec
-
 
 # -- messages ----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import trio
 
@@ -18,9 +18,7 @@ from ..model.inbound import Arrivals, Inbound
 from ..model.loader import LoadedModel
 from ..model.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
 from ..model.thread import GenerationThread, ThreadSettings
-
-if TYPE_CHECKING:
-    from .model import ModelSettings
+from .model_types import ModelSettings
 
 M = TypeVar("M")
 

@@ -1,19 +1,70 @@
-"""What a response task holds of the model actor: its refusals and its view of its admitted
-sequence (imported from ``actors.model``).
+"""The model actor's values (all re-exported by ``actors.model``): its settings, what it
+tells of its model, what a response task submits, its refusals and a response task's view of
+its admitted sequence.
 
 Invariants:
 - Nothing here runs or holds MLX; ``GenerationSequence`` reads its slot and asks the model
-  actor (through its handle) for anything else.
+  actor (through a ``SequenceControl``, its handle) for anything else.
+- This module imports nothing of the actor: the actor and its port import it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
+from ..model.inbound import SequenceSpec
+from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
+from ..model.thread import GenerationThread
 
-if TYPE_CHECKING:
-    from .model import ModelHandle
+ThreadFactory = Callable[..., GenerationThread]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    model_path: str
+    alias: str
+    prefill_step_size: int = 512
+    completion_batch_size: int = 32
+    prefill_batch_size: int = 8
+    max_sequences: int = 256
+    # --ctx-size: the context window the server enforces and compaction plans with; None: the
+    # model's own (its config's max_position_embeddings or the like).
+    context_size: int | None = None
+    # --prompt-cache-bytes (None: a fraction of the machine's memory; 0 disables) and
+    # --prompt-cache-entries.
+    prompt_cache_bytes: int | None = None
+    prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
+    # --blas-threads (None: measured at load, model.blas_threads).
+    blas_threads: int | None = None
+    # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
+    tool_format: str | None = None
+    # The seam for fault injection: tests install a GenerationThread subclass here.
+    thread_factory: ThreadFactory = GenerationThread
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    alias: str
+    path: str
+    context_window: int
+    tool_format: str = "none"  # a ``formats`` registry name
+    has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
+
+
+# A rendered prompt and its sampling settings: what a response task submits is exactly what
+# the generation thread is told (``model/inbound.py``), its grammar named by its text.
+GenerationRequest = SequenceSpec
+
+
+class SequenceControl(Protocol):
+    """What a sequence asks of the model actor (``ModelHandle``) once admitted."""
+
+    async def cancel(self, seq_id: int) -> None: ...
+
+    async def stop(self, seq_id: int) -> None: ...
 
 
 class ModelUnavailable(RuntimeError):
@@ -27,7 +78,9 @@ class ModelOverloaded(RuntimeError):
 class GenerationSequence:
     """A response task's view of its sequence in the batch (its output slot)."""
 
-    def __init__(self, handle: ModelHandle, seq_id: int, prompt_tokens: int, slot: SequenceSlot):
+    def __init__(
+        self, handle: SequenceControl, seq_id: int, prompt_tokens: int, slot: SequenceSlot
+    ):
         self.seq_id = seq_id
         self.prompt_tokens = prompt_tokens
         self._handle = handle

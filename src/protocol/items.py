@@ -19,82 +19,58 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final
 
 from .errors import ApiError, invalid_request
 from .fields import json_type as json_type  # re-exported: importers of items find it here
 from .fields import optional_str as optional_str
 from .fields import require_str
 from .ids import new_id
+from .item_types import (
+    PHASES,
+    ROLES,
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    InputItem,
+    InputMessage,
+    JsonObject,
+    Phase,
+    Reasoning,
+    Role,
+    TurnItem,
+)
 from .objects import (
-    Execution,
     custom_tool_call_item,
     tool_search_call_item,
     tool_search_output_item,
 )
-from .tool_spec import qualified_name
+from .search_items import parse_search_call, parse_search_output
 
-JsonObject = dict[str, Any]
-Role = Literal["system", "developer", "user", "assistant"]
-ROLES: Final[tuple[str, ...]] = get_args(Role)
-
-
-Phase = Literal["commentary", "final_answer"]
-PHASES: Final[tuple[str, ...]] = get_args(Phase)
-
-
-@dataclass(frozen=True, slots=True)
-class InputMessage:
-    role: Role
-    text: str
-    # An assistant message's ``phase`` as the client sent it (issue 28): kept and listed back
-    # (``input_items``, replays); it does not change the rendering, nor what equals what.
-    phase: Phase | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionCall:
-    call_id: str
-    name: str
-    arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
-    namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
-    custom: bool = False  # a ``custom_tool_call`` (issue 13)
-    # A ``tool_search_call`` (issue 13): its execution; ``name`` is ``tool_search``.
-    search: Execution | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionCallOutput:
-    call_id: str
-    output: str  # a ``tool_search_output``: what the model reads (the loaded tools' names)
-    custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
-    # A ``tool_search_output`` (issue 13): its execution and its ``tools`` (JSON text).
-    search: Execution | None = None
-    search_tools: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Reasoning:
-    text: str  # the reasoning text (content, else summary); "" when only encrypted
-    # The item's ``encrypted_content`` as sent (issue 13): opened at the HTTP edge, where the
-    # server secret is (``protocol.sealed``), never trusted unopened.
-    encrypted: str | None = None
-
-
-TurnItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
-"""An item of a conversation's turns (everything but a compaction item)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Compaction:
-    """A summary standing in for the earlier turns, then the turns it kept (``compaction.py``)."""
-
-    summary: str
-    retained: tuple[TurnItem, ...]
-
-
-InputItem = TurnItem | Compaction
+# The item types live in item_types.py; they stay importable from here.
+__all__ = [
+    "CLIENT_PASSTHROUGH_KEY",
+    "COMPACTION_FORMAT_VERSION",
+    "PHASES",
+    "ROLES",
+    "Compaction",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "InputItem",
+    "InputMessage",
+    "JsonObject",
+    "Phase",
+    "Reasoning",
+    "Role",
+    "TurnItem",
+    "decode_compaction",
+    "encode_compaction",
+    "item_json",
+    "json_type",
+    "optional_str",
+    "parse_item",
+    "read_item",
+]
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
 # Codex CLI (0.171.0, built-in provider) sends its own metadata on every message; OpenAI
@@ -135,9 +111,9 @@ def parse_item(item: object, path: str) -> InputItem:
                 custom=True,
             )
         case "tool_search_call":
-            return _parse_search_call(item, path)
+            return parse_search_call(item, path)
         case "tool_search_output":
-            return _parse_search_output(item, path)
+            return parse_search_output(item, path)
         case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
@@ -171,84 +147,6 @@ def parse_item(item: object, path: str) -> InputItem:
         "'compaction'.",
         f"{path}.type",
     )
-
-
-_SEARCH_CALL_KEYS: Final = frozenset(
-    {"type", "id", "call_id", "execution", "status", "arguments", "created_by"}
-)
-_SEARCH_OUTPUT_KEYS: Final = frozenset(
-    {"type", "id", "call_id", "execution", "status", "tools", "created_by"}
-)
-
-
-def _search_common(item: JsonObject, path: str, keys: frozenset[str]) -> tuple[str, Execution]:
-    """A tool search item's ``call_id`` ("" when null, as a server search's may be) and
-    ``execution`` (default ``server``)."""
-    extra = set(item) - keys
-    if extra:
-        key = sorted(extra)[0]
-        raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
-    call_id = optional_str(item, "call_id", path) or ""
-    execution = item.get("execution") or "server"
-    if execution not in ("server", "client"):
-        raise invalid_request(
-            f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
-            f"{path}.execution",
-        )
-    return call_id, "client" if execution == "client" else "server"
-
-
-def _parse_search_call(item: JsonObject, path: str) -> FunctionCall:
-    call_id, execution = _search_common(item, path, _SEARCH_CALL_KEYS)
-    if "arguments" not in item:
-        raise invalid_request(
-            f"Missing required parameter: '{path}.arguments'.", f"{path}.arguments"
-        )
-    arguments = item["arguments"]
-    if not isinstance(arguments, dict):
-        raise invalid_request(
-            f"Invalid type for '{path}.arguments': expected an object, but got "
-            f"{json_type(arguments)}.",
-            f"{path}.arguments",
-        )
-    text = json.dumps(arguments, ensure_ascii=False)
-    return FunctionCall(call_id, "tool_search", text, search=execution)
-
-
-def _parse_search_output(item: JsonObject, path: str) -> FunctionCallOutput:
-    call_id, execution = _search_common(item, path, _SEARCH_OUTPUT_KEYS)
-    tools = item.get("tools")
-    if not isinstance(tools, list):
-        raise invalid_request(
-            f"Invalid type for '{path}.tools': expected an array of tools, but got "
-            f"{json_type(tools)}.",
-            f"{path}.tools",
-        )
-    names = _loaded_names(tools)
-    summary = "Tools loaded: " + (", ".join(names) if names else "none") + "."
-    return FunctionCallOutput(
-        call_id,
-        summary,
-        search=execution,
-        search_tools=json.dumps(tools, ensure_ascii=False),
-    )
-
-
-def _loaded_names(tools: list[Any]) -> list[str]:
-    """The names the model calls the loaded tools by (a namespace's functions qualified)."""
-    names: list[str] = []
-    for tool in tools:
-        if not isinstance(tool, dict):
-            continue
-        inner = tool.get("tools") if tool.get("type") == "namespace" else None
-        if isinstance(inner, list):
-            namespace = str(tool.get("name", ""))
-            names += [
-                qualified_name(namespace, str(t.get("name"))) for t in inner if isinstance(t, dict)
-            ]
-        elif isinstance(tool.get("name"), str):
-            names.append(tool["name"])
-    return names
 
 
 _COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created_by"})

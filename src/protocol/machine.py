@@ -4,9 +4,9 @@ One :class:`ResponseMachine` per response. The producer (the response actor) fee
 each ``feed`` returns the JSON-ready events to publish, in order, numbered by ``sequence_number``.
 
 Invariants (the rules come first, as in h11's ``_state.py``):
-- The legal moves are exactly the rows of ``_TRANSITIONS``. An input without a row raises
-  :class:`ProtocolError` *before* anything changes: state, text, ids and the next sequence number
-  stay as they were. Legality depends on the input's kind only, never on whether it is empty.
+- The legal moves are exactly the rows of ``TRANSITIONS`` (``machine_table.py``). An input
+  without a row raises :class:`ProtocolError` *before* anything changes: state, text, ids and
+  the next sequence number stay as they were. Legality depends on the input's kind only, never on whether it is empty.
 - ``sequence_number`` runs 0, 1, 2, ... without gaps across all ``feed`` calls.
 - ``response.created`` is the first event; exactly one terminal event (``response.completed``,
   ``response.incomplete``, ``response.failed``, ``response.cancelled``) is the last, after which
@@ -77,32 +77,38 @@ Decisions where OpenAI leaves room:
 from __future__ import annotations
 
 import copy
-import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal
+from dataclasses import replace
+from typing import Any, Literal
 
 from .ids import new_id
+from .machine_inputs import (
+    TERMINAL_EVENT_TYPES,
+    Cancel,
+    Compacted,
+    Fail,
+    Finish,
+    MachineInput,
+    ProtocolError,
+    ReasoningDelta,
+    Start,
+    TextDelta,
+    ToolCallArgs,
+    ToolCallBegin,
+    ToolCallEnd,
+)
+from .machine_items import CALLS, DELTA_EVENT, ID_PREFIX, ITEM_STATE, ItemType, OpenItem
+from .machine_table import STATUS, TERMINAL_EVENT, TRANSITIONS, ZERO_USAGE, State, classify
 from .objects import (
-    RESPONSE_ERROR_CODES,
     ItemStatus,
     JsonObject,
     ResponseConfig,
-    ResponseErrorCode,
     ResponseStatus,
     Usage,
-    custom_tool_call_item,
     event_logprob,
-    function_call_item,
-    is_part_logprob,
     json_copy,
-    message_item,
-    output_text_part,
     part_logprob,
-    reasoning_item,
-    reasoning_text_part,
     response_object,
-    tool_search_call_item,
     tool_search_output_item,
 )
 
@@ -123,327 +129,6 @@ __all__ = [
     "ToolCallBegin",
     "ToolCallEnd",
 ]
-
-TERMINAL_EVENT_TYPES: Final = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-)
-
-
-class ProtocolError(Exception):
-    """An input that is illegal in the machine's current state; the machine is unchanged."""
-
-
-# --- Inputs (sent by the response actor, one per generation milestone) -------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Compacted:
-    """The history was compacted before generation; ``item`` is the ``compaction`` output item
-    (``id``, ``type``, ``encrypted_content``), the counts the rendered input before and after."""
-
-    item: Mapping[str, Any]
-    input_tokens_before: int
-    input_tokens_after: int
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Generation began (prefill started); ``compaction`` when the history was compacted first."""
-
-    compaction: Compacted | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """Visible assistant text, already detokenised.
-
-    ``logprobs``: one part-shaped entry per token of ``text`` (``token``, ``logprob``, ``bytes``,
-    ``top_logprobs`` of ``{token, bytes, logprob}``), as ``ResponseOutputText.Logprob``; empty
-    when logprobs were not asked for. The machine keeps its own copy.
-    """
-
-    text: str
-    logprobs: Sequence[Mapping[str, Any]] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "logprobs", tuple(self.logprobs))
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    """Reasoning text (what the model wrote inside its thinking markers), already detokenised."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallBegin:
-    """The parser saw a function call's name; ``call_id`` is minted (``call_…``) when not given."""
-
-    name: str
-    call_id: str | None = None
-    namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
-    custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text (issue 13)
-    search: Literal["server", "client"] | None = None  # a ``tool_search_call`` (issue 13)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallArgs:
-    """A fragment of the open call's arguments (JSON text) as the parser streams them."""
-
-    delta: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallEnd:
-    """The open call is complete; ``arguments`` is the end-of-generation parse, authoritative.
-    ``loaded``: the tools a server-executed search loaded (a ``tool_search_output`` follows)."""
-
-    arguments: str
-    loaded: tuple[Mapping[str, Any], ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """The model stopped: on a stop token (``stop``), at ``max_output_tokens`` (``length``), or
-    because steering input arrived for a continuation (``steered``, the WebSocket mode)."""
-
-    reason: Literal["stop", "length", "steered"]
-    usage: Usage
-    completed_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class Fail:
-    """Generation failed; ``code`` is one of the SDK's ``ResponseError.code`` values."""
-
-    code: ResponseErrorCode
-    message: str
-    usage: Usage | None
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """The response was cancelled (client hang-up or the cancel endpoint)."""
-
-    usage: Usage | None
-
-
-MachineInput = (
-    Start
-    | TextDelta
-    | ReasoningDelta
-    | ToolCallBegin
-    | ToolCallArgs
-    | ToolCallEnd
-    | Finish
-    | Fail
-    | Cancel
-)
-
-
-# --- The rules ---------------------------------------------------------------------------------
-
-
-class State(enum.Enum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"  # started, no item open
-    IN_MESSAGE = "in_message"  # a message item and its output_text part are open
-    IN_REASONING = "in_reasoning"  # a reasoning item and its reasoning_text part are open
-    IN_TOOL_CALL = "in_tool_call"  # a function_call item is open, its arguments streaming
-    COMPLETED = "completed"
-    INCOMPLETE = "incomplete"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class _Kind(enum.Enum):
-    START = "Start"
-    DELTA = "TextDelta"
-    EMPTY_DELTA = "TextDelta('')"
-    REASONING = "ReasoningDelta"
-    EMPTY_REASONING = "ReasoningDelta('')"
-    CALL_BEGIN = "ToolCallBegin"
-    CALL_ARGS = "ToolCallArgs"
-    CALL_END = "ToolCallEnd"
-    FINISH_STOP = "Finish(stop)"
-    FINISH_LENGTH = "Finish(length)"
-    FINISH_STEERED = "Finish(steered)"
-    FAIL = "Fail"
-    CANCEL = "Cancel"
-
-
-_S = State
-_K = _Kind
-_BETWEEN_CALLS: Final = (_S.IN_PROGRESS, _S.IN_MESSAGE, _S.IN_REASONING)
-_OPEN_STATES: Final = (*_BETWEEN_CALLS, _S.IN_TOOL_CALL)
-
-_TRANSITIONS: Final[Mapping[tuple[State, _Kind], State]] = {
-    (_S.QUEUED, _K.START): _S.IN_PROGRESS,
-    (_S.QUEUED, _K.FAIL): _S.FAILED,
-    (_S.QUEUED, _K.CANCEL): _S.CANCELLED,
-    **{(s, _K.DELTA): _S.IN_MESSAGE for s in _BETWEEN_CALLS},
-    **{(s, _K.EMPTY_DELTA): s for s in _BETWEEN_CALLS},
-    **{(s, _K.REASONING): _S.IN_REASONING for s in _BETWEEN_CALLS},
-    **{(s, _K.EMPTY_REASONING): s for s in _BETWEEN_CALLS},
-    **{(s, _K.CALL_BEGIN): _S.IN_TOOL_CALL for s in _BETWEEN_CALLS},
-    **{(s, _K.FINISH_STOP): _S.COMPLETED for s in _BETWEEN_CALLS},
-    (_S.IN_TOOL_CALL, _K.CALL_ARGS): _S.IN_TOOL_CALL,
-    (_S.IN_TOOL_CALL, _K.CALL_END): _S.IN_PROGRESS,
-    **{(s, _K.FINISH_LENGTH): _S.INCOMPLETE for s in _OPEN_STATES},
-    **{(s, _K.FINISH_STEERED): _S.INCOMPLETE for s in _OPEN_STATES},
-    **{(s, _K.FAIL): _S.FAILED for s in _OPEN_STATES},
-    **{(s, _K.CANCEL): _S.CANCELLED for s in _OPEN_STATES},
-}
-
-_STATUS: Final[Mapping[State, ResponseStatus]] = {
-    _S.QUEUED: "queued",
-    _S.IN_PROGRESS: "in_progress",
-    _S.IN_MESSAGE: "in_progress",
-    _S.IN_REASONING: "in_progress",
-    _S.IN_TOOL_CALL: "in_progress",
-    _S.COMPLETED: "completed",
-    _S.INCOMPLETE: "incomplete",
-    _S.FAILED: "failed",
-    _S.CANCELLED: "cancelled",
-}
-
-_TERMINAL_EVENT: Final[Mapping[State, str]] = {
-    _S.COMPLETED: "response.completed",
-    _S.INCOMPLETE: "response.incomplete",
-    _S.FAILED: "response.failed",
-    _S.CANCELLED: "response.cancelled",
-}
-
-_ZERO_USAGE: Final = Usage(0, 0)
-
-
-def _kind(inp: MachineInput) -> _Kind:
-    """Classify an input; also rejects values the type checker cannot (closed Literals)."""
-    match inp:
-        case Start(compaction=compaction) if compaction is None or _is_compacted(compaction):
-            return _K.START
-        case TextDelta(text=text, logprobs=logprobs) if all(map(is_part_logprob, logprobs)):
-            if text:
-                return _K.DELTA
-            if not logprobs:
-                return _K.EMPTY_DELTA
-        case ReasoningDelta(text=text):
-            return _K.REASONING if text else _K.EMPTY_REASONING
-        case ToolCallBegin(name=name, call_id=call_id) if name and call_id != "":
-            return _K.CALL_BEGIN
-        case ToolCallArgs():
-            return _K.CALL_ARGS
-        case ToolCallEnd():
-            return _K.CALL_END
-        case Finish(reason="stop"):
-            return _K.FINISH_STOP
-        case Finish(reason="length"):
-            return _K.FINISH_LENGTH
-        case Finish(reason="steered"):
-            return _K.FINISH_STEERED
-        case Fail(code=code) if code in RESPONSE_ERROR_CODES:
-            return _K.FAIL
-        case Cancel():
-            return _K.CANCEL
-    raise ProtocolError(f"malformed input {inp!r}")
-
-
-def _is_compacted(step: Compacted) -> bool:
-    item = step.item
-    counts = (step.input_tokens_before, step.input_tokens_after)
-    return (
-        set(item) == {"id", "type", "encrypted_content"}
-        and item["type"] == "compaction"
-        and all(isinstance(item[key], str) and item[key] for key in ("id", "encrypted_content"))
-        and all(type(count) is int and count >= 0 for count in counts)
-    )
-
-
-_ItemType = Literal["message", "reasoning", "function_call", "custom_tool_call", "tool_search_call"]
-_CALLS: Final = ("function_call", "custom_tool_call", "tool_search_call")
-
-
-@dataclass(slots=True)
-class _OpenItem:
-    """The one output item being streamed; ``chunks`` are its text or arguments so far."""
-
-    type: _ItemType
-    id: str
-    index: int
-    chunks: list[str] = field(default_factory=list)
-    logprobs: list[JsonObject] = field(default_factory=list)  # part-shaped (messages only)
-    call_id: str = ""
-    name: str = ""
-    namespace: str | None = None
-    execution: Literal["server", "client"] = "server"  # a tool_search_call's
-
-    @property
-    def text(self) -> str:
-        return "".join(self.chunks)
-
-    def part(self) -> JsonObject:
-        if self.type == "message":
-            return output_text_part(self.text, self.logprobs)
-        return reasoning_text_part(self.text)
-
-    def item(self, status: ItemStatus) -> JsonObject:
-        """A fresh JSON copy of the item as it stands, with ``status``."""
-        if self.type == "tool_search_call":
-            return tool_search_call_item(
-                self.id,
-                call_id=self.call_id,
-                execution=self.execution,
-                arguments=self.text if status != "in_progress" else "",
-                status=status,
-            )
-        if self.type == "custom_tool_call":
-            return custom_tool_call_item(
-                self.id,
-                call_id=self.call_id,
-                name=self.name,
-                text=self.text,
-                namespace=self.namespace,
-            )
-        if self.type == "function_call":
-            return function_call_item(
-                self.id,
-                call_id=self.call_id,
-                name=self.name,
-                arguments=self.text,
-                status=status,
-                namespace=self.namespace,
-            )
-        builder = message_item if self.type == "message" else reasoning_item
-        return builder(self.id, status, [self.part()])
-
-    def where(self) -> JsonObject:
-        where: JsonObject = {"item_id": self.id, "output_index": self.index}
-        if self.type not in _CALLS:
-            where["content_index"] = 0
-        return where
-
-
-_DELTA_EVENT: Final = {
-    "message": "response.output_text.delta",
-    "reasoning": "response.reasoning_text.delta",
-    "function_call": "response.function_call_arguments.delta",
-    "custom_tool_call": "response.custom_tool_call_input.delta",
-}
-_ID_PREFIX: Final = {
-    "message": "msg",
-    "reasoning": "rs",
-    "function_call": "fc",
-    "custom_tool_call": "ctc",
-    "tool_search_call": "tsc",
-}
-_ITEM_STATE: Final = {
-    "message": _S.IN_MESSAGE,
-    "reasoning": _S.IN_REASONING,
-    "function_call": _S.IN_TOOL_CALL,
-    "custom_tool_call": _S.IN_TOOL_CALL,
-    "tool_search_call": _S.IN_TOOL_CALL,
-}
 
 
 # --- The machine -------------------------------------------------------------------------------
@@ -473,7 +158,7 @@ class ResponseMachine:
         self._state = State.QUEUED
         self._seq = 0
         self._done_items: list[JsonObject] = []
-        self._open: _OpenItem | None = None
+        self._open: OpenItem | None = None
         self._closed_text = ""  # text of messages already closed or abandoned (for output_text)
         self._usage: Usage | None = None
         self._error: JsonObject | None = None
@@ -496,11 +181,11 @@ class ResponseMachine:
 
     @property
     def status(self) -> ResponseStatus:
-        return _STATUS[self._state]
+        return STATUS[self._state]
 
     @property
     def terminal(self) -> bool:
-        return self._state in _TERMINAL_EVENT
+        return self._state in TERMINAL_EVENT
 
     @property
     def next_sequence_number(self) -> int:
@@ -520,7 +205,7 @@ class ResponseMachine:
         """Whether the output holds a ``function_call`` item, closed or still open (a call
         abandoned by ``Fail`` is not in the output and does not count)."""
         return self._state is State.IN_TOOL_CALL or any(
-            item["type"] in _CALLS for item in self._done_items
+            item["type"] in CALLS for item in self._done_items
         )
 
     @property
@@ -550,8 +235,8 @@ class ResponseMachine:
 
     def feed(self, inp: MachineInput) -> list[JsonObject]:
         """Apply one input; return the events to publish. Raises ProtocolError, changing nothing."""
-        kind = _kind(inp)
-        target = _TRANSITIONS.get((self._state, kind))
+        kind = classify(inp)
+        target = TRANSITIONS.get((self._state, kind))
         if target is None:
             raise ProtocolError(f"{kind.value} is illegal in state {self._state.value}")
         # From here on nothing raises: the move is committed while events are built.
@@ -573,7 +258,7 @@ class ResponseMachine:
                 name=name, call_id=call_id, namespace=namespace, custom=custom, search=search
             ):
                 events += self._close("completed")
-                item_type: _ItemType = "custom_tool_call" if custom else "function_call"
+                item_type: ItemType = "custom_tool_call" if custom else "function_call"
                 if search is not None:
                     item_type = "tool_search_call"
                 events += self._open_item(item_type, name, call_id, namespace)
@@ -609,10 +294,10 @@ class ResponseMachine:
                 events += self._opening(in_progress=False)
                 events += self._close("incomplete")
                 self._usage = usage
-        assert self._open is None or _ITEM_STATE[self._open.type] is target
+        assert self._open is None or ITEM_STATE[self._open.type] is target
         self._state = target
-        if target in _TERMINAL_EVENT:
-            events.append(self._event(_TERMINAL_EVENT[target], response=self.snapshot()))
+        if target in TERMINAL_EVENT:
+            events.append(self._event(TERMINAL_EVENT[target], response=self.snapshot()))
         return events
 
     # -- event builders (they mutate; called only after the move is known legal) --
@@ -680,22 +365,22 @@ class ResponseMachine:
 
     def _open_item(
         self,
-        type_: _ItemType,
+        type_: ItemType,
         name: str = "",
         call_id: str | None = None,
         namespace: str | None = None,
     ) -> list[JsonObject]:
         assert self._open is None
-        item_id = self._id_factory(_ID_PREFIX[type_])
-        if type_ in _CALLS and call_id is None:
+        item_id = self._id_factory(ID_PREFIX[type_])
+        if type_ in CALLS and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
-        opened = _OpenItem(
+        opened = OpenItem(
             type_, item_id, index, call_id=call_id or "", name=name, namespace=namespace
         )
         self._open = opened
         added = opened.item("in_progress")
-        if type_ in _CALLS:
+        if type_ in CALLS:
             return [
                 self._event("response.output_item.added", output_index=opened.index, item=added)
             ]
@@ -715,7 +400,7 @@ class ResponseMachine:
             return []  # no SDK type for a tool search's argument deltas
         extra: JsonObject = {} if logprobs is None else {"logprobs": logprobs}
         return [
-            self._event(_DELTA_EVENT[self._open.type], **self._open.where(), delta=delta, **extra)
+            self._event(DELTA_EVENT[self._open.type], **self._open.where(), delta=delta, **extra)
         ]
 
     def _close(self, item_status: ItemStatus) -> list[JsonObject]:
@@ -748,7 +433,7 @@ class ResponseMachine:
                 events.append(
                     self._event("response.custom_tool_call_input.done", **where, input=opened.text)
                 )
-        if opened.type not in _CALLS:
+        if opened.type not in CALLS:
             events.append(self._event("response.content_part.done", **where, part=opened.part()))
         done = opened.item(item_status)
         if opened.type == "reasoning" and self._seal is not None:
@@ -774,7 +459,7 @@ class ResponseMachine:
         if terminal:
             output, usage = json_copy(self._done_items), self._usage
         elif background:
-            output, usage = [], _ZERO_USAGE
+            output, usage = [], ZERO_USAGE
         else:
             output, usage = json_copy(self._done_items), None
             if self._open is not None:

@@ -1,0 +1,71 @@
+"""Input items as internal frozen values (``items.py`` parses and writes them; re-exported
+there): messages, function calls and their outputs, reasoning, and compaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
+
+from .objects import Execution
+
+JsonObject = dict[str, Any]
+Role = Literal["system", "developer", "user", "assistant"]
+ROLES: Final[tuple[str, ...]] = get_args(Role)
+
+
+Phase = Literal["commentary", "final_answer"]
+PHASES: Final[tuple[str, ...]] = get_args(Phase)
+
+
+@dataclass(frozen=True, slots=True)
+class InputMessage:
+    role: Role
+    text: str
+    # An assistant message's ``phase`` as the client sent it (issue 28): kept and listed back
+    # (``input_items``, replays); it does not change the rendering, nor what equals what.
+    phase: Phase | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
+    namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
+    custom: bool = False  # a ``custom_tool_call`` (issue 13)
+    # A ``tool_search_call`` (issue 13): its execution; ``name`` is ``tool_search``.
+    search: Execution | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallOutput:
+    call_id: str
+    output: str  # a ``tool_search_output``: what the model reads (the loaded tools' names)
+    custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
+    # A ``tool_search_output`` (issue 13): its execution and its ``tools`` (JSON text).
+    search: Execution | None = None
+    search_tools: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    text: str  # the reasoning text (content, else summary); "" when only encrypted
+    # The item's ``encrypted_content`` as sent (issue 13): opened at the HTTP edge, where the
+    # server secret is (``protocol.sealed``), never trusted unopened.
+    encrypted: str | None = None
+
+
+TurnItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
+"""An item of a conversation's turns (everything but a compaction item)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary standing in for the earlier turns, then the turns it kept (``compaction.py``)."""
+
+    summary: str
+    retained: tuple[TurnItem, ...]
+
+
+InputItem = TurnItem | Compaction
