@@ -135,15 +135,14 @@ def llm_comply(fmt: str, base: str) -> dict[str, Any]:
 # Codex's smallest prompt: with `shell_tool = false` Codex offers no exec_command / write_stdin
 # (1,300 of the bundled model's tokens); the MCP round trip needs neither. The bundled model is
 # trained on the requests this profile makes (tests/fixtures/codex-0.169.0-small-*.json).
-CODEX_PROFILE = """\
-model = "{model}"
-model_provider = "mlx"
+# The small profile's settings, shared by both ways of pointing Codex at the server.
+CODEX_SMALL = """\
 model_instructions_file = "{instructions}"
 include_permissions_instructions = false
 include_environment_context = false
 include_apps_instructions = false
 web_search = "disabled"
-
+{extra}
 [features]
 goals = false
 view_image = false
@@ -154,7 +153,14 @@ include_instructions = false
 
 [agents]
 enabled = false
-
+"""
+CODEX_PROFILE = (
+    """\
+model = "{model}"
+model_provider = "mlx"
+"""
+    + CODEX_SMALL
+    + """
 [model_providers.mlx]
 name = "mlx-responses"
 base_url = "{base}/v1"
@@ -163,6 +169,7 @@ wire_api = "responses"
 request_max_retries = 0
 stream_max_retries = 0
 """
+)
 
 # One MCP server: Codex sends its tools as the namespace tool `mcp__weather`.
 CODEX_MCP = """
@@ -182,7 +189,7 @@ def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
         instructions = Path(home) / "instructions.md"
         instructions.write_text("You are a coding agent. Use the tools when asked.\n")
-        profile = CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base)
+        profile = CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base, extra="")
         if mcp:
             profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
         (Path(home) / "small.config.toml").write_text(profile)
@@ -206,26 +213,13 @@ def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
 # Codex with its built-in `openai` provider and only the base URL changed (issue 28): it talks
 # over the WebSocket (a warm-up, then turns continuing it) and compacts remotely with a
 # `compaction_trigger` create. The same small profile as above, without a provider entry.
-CODEX_BUILTIN_PROFILE = """\
+CODEX_BUILTIN_PROFILE = (
+    """\
 model = "{model}"
 openai_base_url = "{base}/v1"
-model_instructions_file = "{instructions}"
-include_permissions_instructions = false
-include_environment_context = false
-include_apps_instructions = false
-web_search = "disabled"
-{extra}
-[features]
-goals = false
-view_image = false
-shell_tool = false
-
-[skills]
-include_instructions = false
-
-[agents]
-enabled = false
 """
+    + CODEX_SMALL
+)
 
 
 def codex_builtin(
