@@ -38,6 +38,9 @@ class EventLog:
         self.owner = owner
         self.key = scoped(owner, response_id)
         self._snapshot = snapshot
+        # The Response as it was created: what a background create answers ("queued", spec
+        # 000), however far its job has got by the time the route answers.
+        self.created: JsonObject = snapshot()
         self._events: list[JsonObject] = []
         self._sse: list[bytes] = []  # the first len(_sse) events, SSE-encoded (filled lazily)
         self._closed = False

@@ -99,7 +99,7 @@ async def _create_background(create: CreateRequest) -> Response:
         )
     # The supervisor's answer is the only job-limit check (a second one here could race it).
     log = await open_response(create)
-    return json_response(log.snapshot())
+    return json_response(log.created)
 
 
 async def cancel_response(response_id: str) -> Response:
