@@ -492,7 +492,7 @@ def websocket_checks(base: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))  # tests/ is a package of the repository, not installed
     from tests.websocket_compliance import run_checks
 
-    return run_checks(base, "local", MODEL)
+    return run_checks(base, "local", MODEL, background_key=True)  # the server's --background-key
 
 
 def main() -> int:

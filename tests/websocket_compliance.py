@@ -99,6 +99,9 @@ class Server:
     base_url: str  # http://host:port (no /v1)
     api_key: str
     model: str
+    # The server runs with --background-key always (make conformance): every Response says
+    # `background`, as Open Responses requires.
+    background_key: bool = False
 
     @property
     def ws_url(self) -> str:
@@ -141,7 +144,7 @@ def turn(socket: ClientConnection, body: Event) -> Turn:
             return result
 
 
-def valid_completed(result: Turn, what: str) -> list[str]:
+def valid_completed(result: Turn, what: str, server: Server) -> list[str]:
     """Upstream ``streamingEvents`` + ``streamingSchema`` + the response schema +
     ``completedStatus``."""
     errors = [f"{what}: {e}" for e in result.errors]
@@ -150,7 +153,9 @@ def valid_completed(result: Turn, what: str) -> list[str]:
     if result.final is None:
         return [*errors, f"{what}: no terminal response event (got {result.events[-1]!r:.300})"]
     try:
-        final = assert_stream_invariants([(e["type"], e) for e in result.events])
+        final = assert_stream_invariants(
+            [(e["type"], e) for e in result.events], background_key=server.background_key
+        )
     except AssertionError as exc:
         return [*errors, f"{what}: {exc}"]
     if final.get("status") != "completed":
@@ -172,7 +177,7 @@ def websocket_response(server: Server) -> list[str]:
         result = turn(
             socket, server.create(input=[{"type": "message", "role": "user", "content": HELLO}])
         )
-    return valid_completed(result, "Turn 1")
+    return valid_completed(result, "Turn 1", server)
 
 
 def websocket_sequential_responses(server: Server) -> list[str]:
@@ -181,7 +186,7 @@ def websocket_sequential_responses(server: Server) -> list[str]:
     with server.socket() as socket:
         first = turn(socket, server.create(store=False, input=HELLO))
         second = turn(socket, server.create(store=False, input=GOODBYE))
-    return valid_completed(first, "Turn 1") + valid_completed(second, "Turn 2")
+    return valid_completed(first, "Turn 1", server) + valid_completed(second, "Turn 2", server)
 
 
 def websocket_continuation(server: Server) -> list[str]:
@@ -197,7 +202,7 @@ def websocket_continuation(server: Server) -> list[str]:
             socket,
             server.create(store=False, previous_response_id=first.final["id"], input=GOODBYE),
         )
-    errors = valid_completed(second, "Turn 2")
+    errors = valid_completed(second, "Turn 2", server)
     final = second.final or {}
     if not errors and final.get("previous_response_id") != first.final["id"]:
         errors.append("Turn 2 does not name the first response as previous_response_id")
@@ -231,7 +236,7 @@ def websocket_reconnect_store_false_recovery(server: Server) -> list[str]:
             "Expected previous_response_not_found after reconnecting a store:false chain but "
             f"got {reconnect.error_code or 'no error code'}"
         )
-    return errors + valid_completed(recovery, "Recovery turn")
+    return errors + valid_completed(recovery, "Recovery turn", server)
 
 
 def websocket_previous_response_not_found(server: Server) -> list[str]:
@@ -331,7 +336,7 @@ def websocket_compact_new_chain(server: Server) -> list[str]:
     )
     with server.socket() as socket:
         result = turn(socket, body)
-    return valid_completed(result, "WebSocket turn")
+    return valid_completed(result, "WebSocket turn", server)
 
 
 CHECKS: dict[str, Callable[[Server], list[str]]] = {
@@ -345,10 +350,12 @@ CHECKS: dict[str, Callable[[Server], list[str]]] = {
 }
 
 
-def run_checks(base_url: str, api_key: str, model: str) -> dict[str, Any]:
+def run_checks(
+    base_url: str, api_key: str, model: str, *, background_key: bool = False
+) -> dict[str, Any]:
     """Every check, one after another (one model: no parallel turns); a summary like
     ``conformance.llm_comply``'s."""
-    server = Server(base_url, api_key, model)
+    server = Server(base_url, api_key, model, background_key)
     results: dict[str, list[str]] = {}
     for name, check in CHECKS.items():
         try:
