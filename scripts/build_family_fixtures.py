@@ -7,7 +7,10 @@ real chat template (``chat_template.jinja``, committed, never written here) and 
 the documented prompts, rendered by that template, whose greedy completions (a tool call,
 reasoning, plain text, in the family's notation) the weights reproduce. As the bundled model
 (``scripts/build_tiny_model.py``): a seeded random init, then full-batch Adam on those chats with
-the loss on the completion tokens only.
+the loss on the completion tokens only. A family with ``codex`` turns (gpt-oss) is also trained
+on the prompts the server renders with its template for Codex CLI's captured MCP requests
+(``scripts/codex_prompts.py``), checked under unseen dates and wall times, and what was checked
+is written to ``codex_prompts.json`` (``make conformance`` runs Codex on it; docs/models.md).
 
 Run: ``.venv/bin/python scripts/build_family_fixtures.py [FAMILY ...]`` (all by default). Each
 family is built in a temporary folder and checked through ``mlx_lm.load``; only a family whose
