@@ -7,7 +7,10 @@ real chat template (``chat_template.jinja``, committed, never written here) and 
 the documented prompts, rendered by that template, whose greedy completions (a tool call,
 reasoning, plain text, in the family's notation) the weights reproduce. As the bundled model
 (``scripts/build_tiny_model.py``): a seeded random init, then full-batch Adam on those chats with
-the loss on the completion tokens only.
+the loss on the completion tokens only. A family with ``codex`` turns (gpt-oss) is also trained
+on the prompts the server renders with its template for Codex CLI's captured MCP requests
+(``scripts/codex_prompts.py``), checked under unseen dates and wall times, and what was checked
+is written to ``codex_prompts.json`` (``make conformance`` runs Codex on it; docs/models.md).
 
 Run: ``.venv/bin/python scripts/build_family_fixtures.py [FAMILY ...]`` (all by default). Each
 family is built in a temporary folder and checked through ``mlx_lm.load``; only a family whose
@@ -58,7 +61,9 @@ from tokenizers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from family_specs import FAMILIES, Family, Prompt
+from codex_prompts import WALL_TIME
+from codex_prompts import render as render_codex
+from family_specs import FAMILIES, CodexTurn, Family, Prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
@@ -69,6 +74,8 @@ BUILT_FILES = (
     "tokenizer_config.json",
     "prompts.json",
 )
+# Written only for a family trained on Codex's turns (``Family.codex``).
+CODEX_FILE = "codex_prompts.json"
 SEED = 20260401
 LEARNING_RATE = 1e-2
 WARMUP_STEPS = 20
@@ -251,6 +258,64 @@ def examples(family: Family, wrapper: Any, dates: list[str | None]) -> list[list
     return result
 
 
+# --- Codex's turns -------------------------------------------------------------------------
+
+
+def codex_prompt(family: Family, turn: CodexTurn, wall_time: str | None = None) -> Prompt:
+    """``turn``'s captured request as the server renders it for ``family`` (scripts/
+    codex_prompts.py), with its tool output's wall time replaced by ``wall_time``."""
+    body = json.loads((ROOT / "tests" / "fixtures" / turn.fixture).read_text(encoding="utf-8"))
+    assert family.codex_format is not None, family.name
+    rendered = render_codex(body, family.codex_format)
+    messages = rendered["messages"]
+    if wall_time is not None:
+        last = messages[-1]
+        captured = f"Wall time: {WALL_TIME} seconds"
+        assert captured in last["content"], turn.fixture
+        content = last["content"].replace(captured, f"Wall time: {wall_time} seconds")
+        messages = [*messages[:-1], {**last, "content": content}]
+    return Prompt(turn.name, messages, rendered["tools"], turn.completion, turn.stop)
+
+
+def codex_rounds(family: Family, wrapper: Any, dates: list[str | None]) -> list[list[Example]]:
+    """Per trained date (one a step), every Codex turn rendered under it; a turn with wall
+    times takes the next one each round."""
+    rounds = []
+    for number, date in enumerate(dates):
+        round_ = []
+        for turn in family.codex:
+            wall = turn.wall_times[number % len(turn.wall_times)] if turn.wall_times else None
+            prompt = codex_prompt(family, turn, wall)
+            completion = wrapper.encode(prompt.completion, add_special_tokens=False)
+            assert wrapper.decode(completion) == prompt.completion, prompt.completion
+            ids = render(wrapper, prompt, date)
+            stop = wrapper.convert_tokens_to_ids(prompt.stop)
+            round_.append((ids + completion + [stop], len(ids)))
+        rounds.append(round_)
+    return rounds
+
+
+def codex_checks(
+    family: Family, trained: list[str | None], unseen: list[str | None]
+) -> list[tuple[Prompt, str | None, str | None]]:
+    """What the build checks of Codex's turns: (prompt, date, wall time). A turn without wall
+    times under every date; one with them under each trained wall time at the unseen dates,
+    and each unseen wall time at the unseen dates and the first trained one."""
+    checks: list[tuple[Prompt, str | None, str | None]] = []
+    for turn in family.codex:
+        if not turn.wall_times:
+            prompt = codex_prompt(family, turn)
+            checks += [(prompt, date, None) for date in [*trained, *unseen]]
+            continue
+        for wall in turn.wall_times:
+            prompt = codex_prompt(family, turn, wall)
+            checks += [(prompt, date, wall) for date in unseen]
+        for wall in turn.check_wall_times:
+            prompt = codex_prompt(family, turn, wall)
+            checks += [(prompt, date, wall) for date in [*trained[:1], *unseen]]
+    return checks
+
+
 def render(wrapper: Any, prompt: Prompt, date: str | None) -> list[int]:
     with today(date):
         return list(
@@ -317,6 +382,68 @@ def min_margin(model: nn.Module, data: list[Example]) -> float:
     return worst
 
 
+def greedy(model: Any, tokenizer: Any, ids: list[int], max_tokens: int) -> tuple[str, str | None]:
+    """The greedy completion of ``ids``: its text and the token it stopped on."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    tokens = [
+        response.token
+        for response in stream_generate(
+            model, tokenizer, ids, max_tokens=max_tokens, sampler=make_sampler(temp=0.0)
+        )
+    ]
+    stop = tokenizer.convert_ids_to_tokens(tokens[-1]) if tokens else None
+    return tokenizer.decode(tokens[:-1]), stop
+
+
+def check_codex(
+    family: Family,
+    out: Path,
+    trained: list[str | None],
+    unseen: list[str | None],
+    model: Any,
+    tokenizer: Any,
+) -> int:
+    """Check Codex's turns through the loaded model; write what was checked (``CODEX_FILE``)."""
+    if not family.codex:
+        return 0
+    failures = 0
+    checked: dict[str, list[str]] = {}
+    for prompt, date, wall in codex_checks(family, trained, unseen):
+        completion = tokenizer.encode(prompt.completion, add_special_tokens=False)
+        ids = render(tokenizer, prompt, date)
+        text, stop = greedy(model, tokenizer, ids, len(completion) + 10)
+        ok = text == prompt.completion and stop == prompt.stop
+        failures += not ok
+        checked.setdefault(prompt.name, []).append(f"{date} {wall or ''}".strip())
+        if not ok:
+            print(f"  {prompt.name} @ {date} {wall or ''}: FAIL {text!r} then {stop!r}")
+    records = []
+    for turn in family.codex:
+        prompt = codex_prompt(family, turn)
+        completion = tokenizer.encode(prompt.completion, add_special_tokens=False)
+        records.append(
+            {
+                "name": turn.name,
+                "fixture": f"tests/fixtures/{turn.fixture}",
+                "messages": prompt.messages,
+                "tools": prompt.tools,
+                "completion": prompt.completion,
+                "stop": prompt.stop,
+                "completion_tokens": len(completion),
+                "prompt_tokens": len(render(tokenizer, prompt, unseen[0] if unseen else None)),
+                **({"wall_time": WALL_TIME} if turn.wall_times else {}),
+                **({"trained_wall_times": list(turn.wall_times)} if turn.wall_times else {}),
+                **({"checked_wall_times": list(turn.check_wall_times)} if turn.wall_times else {}),
+                "checked": len(checked.get(turn.name, [])),
+            }
+        )
+    write_json(out / CODEX_FILE, records)
+    print(f"  Codex's turns: {sum(map(len, checked.values()))} checked, {failures} failure(s)")
+    return failures
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -343,6 +470,11 @@ def build(family: Family, out: Path, steps: int) -> int:
     unseen_dates: list[str | None] = list(family.dates[-2:])
     per_prompt = examples(family, wrapper, trained_dates)
     rounds = [list(round_) for round_ in zip(*per_prompt, strict=True)]
+    if family.codex:
+        codex = codex_rounds(family, wrapper, trained_dates)
+        rounds = [documented + extra for documented, extra in zip(rounds, codex, strict=True)]
+        lengths = [start for _ids, start in codex[0]]
+        print(f"{family.name}: Codex's turns, prompt tokens {lengths}", flush=True)
     train_data = [ex for round_ in rounds for ex in round_]
     mx.random.seed(SEED)
     model = make_model(config)
@@ -387,6 +519,7 @@ def build(family: Family, out: Path, steps: int) -> int:
             }
         )
     write_json(out / "prompts.json", records)
+    failures += check_codex(family, out, trained_dates, unseen_dates, loaded, loaded_tokenizer)
     if margin < MIN_MARGIN:
         print(f"  min logit margin {margin:.2f} is below {MIN_MARGIN}: train longer")
         failures += 1
@@ -407,7 +540,7 @@ def build_into(family: Family, target: Path, steps: int) -> int:
         if failures:
             return failures
         target.mkdir(parents=True, exist_ok=True)
-        for name in BUILT_FILES:
+        for name in (*BUILT_FILES, *([CODEX_FILE] if family.codex else [])):
             shutil.copyfile(Path(tmp) / name, target / name)
         if not (target / "chat_template.jinja").exists():
             shutil.copyfile(Path(tmp) / "chat_template.jinja", target / "chat_template.jinja")

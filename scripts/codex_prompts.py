@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlx_responses import formats
 from mlx_responses.http.schemas import parse_create_request
 from mlx_responses.model.chat import to_chat
 from mlx_responses.protocol.history import input_items, items_from_json
@@ -54,13 +55,22 @@ TURNS: dict[str, tuple[str, str]] = {
 WALL_TIME = "0.0028"
 
 
-def render(body: dict[str, Any]) -> dict[str, Any]:
-    """A Codex request body as the server hands it to the chat template."""
+def render(body: dict[str, Any], tool_format: str | None = None) -> dict[str, Any]:
+    """A Codex request body as the server hands it to the chat template; with ``tool_format``
+    (a model family's format, ``scripts/build_family_fixtures.py``), as the server does for a
+    model of that format (its ``Replay``: where reasoning goes, arguments, descriptions)."""
     request = parse_create_request(body, drop_unsupported_tools=True, default_temperature=0)
     if request.tool_choice.mode == "none" or dict(request.template_kwargs):
         raise ValueError("expected tool_choice auto and no template kwargs")
-    messages = to_chat(request.config.instructions, items_from_json(input_items(request.input)))
-    return {"messages": messages, "tools": [tool.for_template() for tool in request.tools]}
+    items = items_from_json(input_items(request.input))
+    tools = [tool.for_template() for tool in request.tools]
+    if tool_format is None:
+        return {"messages": to_chat(request.config.instructions, items), "tools": tools}
+    replay = formats.get(tool_format).replay
+    return {
+        "messages": to_chat(request.config.instructions, items, replay),
+        "tools": replay.template_tools(tools),
+    }
 
 
 def codex_prompts() -> list[dict[str, Any]]:

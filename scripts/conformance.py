@@ -27,12 +27,22 @@ What it runs (docs/clients.md, "Conformance"):
 6. The Open Responses WebSocket compliance tests (7; the upstream suite runs on Bun, llm-comply
    has none): equivalent checks of the same names and rules, tests/websocket_compliance.py.
 
+7. Codex's MCP round trip on the gpt-oss fixture (tests/fixtures/families/gpt-oss, harmony):
+   a second server (`--model` the fixture, `--alias gpt-oss-tiny`), the same `codex exec` run
+   and the same requirements as 5. The fixture is trained on the server's rendering of the same
+   captured requests with its template (scripts/build_family_fixtures.py, `Family.codex` in
+   scripts/family_specs.py): the first turn answers with harmony's call
+   `<|channel|>commentary to=functions.mcp__weather__get_weather <|constrain|>json<|message|>`,
+   the follow-up on the `final` channel. Without the fixture's codex_prompts.json the check is
+   listed under `not_run`.
+
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +52,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +193,18 @@ MCP_SERVER = ROOT / "conformance" / "weather_mcp.py"
 # The bundled model's Codex turns (scripts/build_tiny_model.py); without them it never calls a
 # tool under Codex's prompt.
 CODEX_TRAINED = ROOT / "src" / "model" / "bundled" / "codex_prompts.json"
+# The gpt-oss family fixture, trained on the same Codex turns in harmony (docs/models.md).
+GPT_OSS = ROOT / "tests" / "fixtures" / "families" / "gpt-oss"
+GPT_OSS_MODEL = "gpt-oss-tiny"
 
 
-def codex_exec(base: str, prompt: str, *, mcp: bool) -> list[dict[str, Any]]:
-    """``codex exec --json`` with the smallest profile; its JSON events."""
+def codex_exec(base: str, prompt: str, *, mcp: bool, model: str = MODEL) -> list[dict[str, Any]]:
+    """``codex exec --json`` with the smallest profile, asking for ``model``; its JSON
+    events."""
     with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
         instructions = Path(home) / "instructions.md"
         instructions.write_text("You are a coding agent. Use the tools when asked.\n")
-        profile = CODEX_PROFILE.format(model=MODEL, instructions=instructions, base=base, extra="")
+        profile = CODEX_PROFILE.format(model=model, instructions=instructions, base=base, extra="")
         if mcp:
             profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
         (Path(home) / "small.config.toml").write_text(profile)
@@ -405,12 +420,12 @@ def codex_turn(base: str) -> dict[str, Any]:
     }
 
 
-def codex_tool_round_trip(base: str) -> dict[str, Any]:
+def codex_tool_round_trip(base: str, model: str = MODEL) -> dict[str, Any]:
     """The model calls the MCP tool (a namespaced function_call), Codex runs it on its MCP
     server and sends the output back, the model answers: one turn, two requests."""
     if not CODEX.exists():
         return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
-    events = codex_exec(base, "What is the weather in Paris?", mcp=True)
+    events = codex_exec(base, "What is the weather in Paris?", mcp=True, model=model)
     calls = _items(events, "mcp_tool_call")
     messages = [item.get("text") for item in _items(events, "agent_message")]
     kinds = [event.get("type") for event in events]
@@ -495,13 +510,15 @@ def websocket_checks(base: str) -> dict[str, Any]:
     return run_checks(base, "local", MODEL, background_key=True)  # the server's --background-key
 
 
-def main() -> int:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def serving(extra: list[str], log_name: str) -> Iterator[str]:
+    """``mlx-responses serve`` on a free port with Codex's settings and ``extra`` arguments,
+    logging to ``RESULTS/log_name``; yields its base URL and stops it afterwards."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     data_dir = tempfile.mkdtemp(prefix="data-", dir=RESULTS)
     env = {**os.environ, "MLX_RESPONSES_DATA_DIR": data_dir}
-    log = (RESULTS / "server.log").open("wb")
+    log = (RESULTS / log_name).open("wb")
     server = subprocess.Popen(
         [
             str(VENV_BIN / "mlx-responses"),
@@ -515,9 +532,7 @@ def main() -> int:
             # Codex never sends a temperature: greedy answers make its turn reproducible.
             "--default-temperature",
             "0",
-            # Open Responses requires `background` on every Response (issue 28).
-            "--background-key",
-            "always",
+            *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -525,6 +540,35 @@ def main() -> int:
     )
     try:
         wait_ready(base, server)
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def gpt_oss_checks(summary: dict[str, Any]) -> None:
+    """Codex's MCP round trip on the gpt-oss fixture (harmony), on a server of its own."""
+    name = "codex exec on the gpt-oss fixture (MCP tool round trip)"
+    if not (GPT_OSS / "codex_prompts.json").exists():
+        summary.setdefault("not_run", {})[name] = (
+            f"the gpt-oss fixture was not trained on Codex's prompt ({GPT_OSS}/codex_prompts.json "
+            "is missing)"
+        )
+        return
+    extra = ["--model", str(GPT_OSS), "--alias", GPT_OSS_MODEL]
+    with serving(extra, "server-gpt-oss.log") as base:
+        summary[name] = codex_tool_round_trip(base, GPT_OSS_MODEL)
+
+
+def main() -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    # Open Responses requires `background` on every Response (issue 28).
+    with serving(["--background-key", "always"], "server.log") as base:
         summary: dict[str, Any] = {
             "llm-comply open-responses": llm_comply("open-responses", base),
             "llm-comply anthropic": llm_comply("anthropic", base),
@@ -547,14 +591,7 @@ def main() -> int:
                 "codex tool round trip": "the bundled model was not trained on Codex's prompt "
                 f"({CODEX_TRAINED} is missing)"
             }
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    gpt_oss_checks(summary)
     text = json.dumps(summary, indent=2)
     (RESULTS / "summary.json").write_text(text + "\n")
     print(text)

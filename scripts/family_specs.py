@@ -54,6 +54,22 @@ class Prompt:
 
 
 @dataclass(frozen=True, slots=True)
+class CodexTurn:
+    """One of Codex CLI's captured requests (``tests/fixtures/<fixture>``), rendered as the server
+    renders it for the family (``scripts/codex_prompts.py``, the family's format's ``Replay``)
+    and answered greedily with ``completion`` then ``stop``. With ``wall_times``, the tool
+    output's ``Wall time: <captured> seconds`` line is trained under each (one a step) and checked
+    also under ``check_wall_times``."""
+
+    name: str
+    fixture: str
+    completion: str
+    stop: str
+    wall_times: tuple[str, ...] = ()
+    check_wall_times: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     name: str
     source: str  # where the committed chat template comes from
@@ -70,6 +86,10 @@ class Family:
     dates: list[str] = field(default_factory=list)
     text_config: bool = False  # the architecture nests its text settings (Gemma 4)
     steps: int = 300  # Adam steps (more where 300 leave a thin logit margin)
+    # Codex CLI's turns the fixture is also trained on (``make conformance`` runs Codex's MCP
+    # round trip on it), rendered with ``codex_format``'s replay; not documented prompts.
+    codex: tuple[CodexTurn, ...] = ()
+    codex_format: str | None = None
 
 
 def tool_call_message(arguments: object, **extra: Any) -> dict[str, Any]:
@@ -92,6 +112,14 @@ def tool_result_messages(arguments: object, **extra: Any) -> list[dict[str, Any]
 
 ANSWER = "It is sunny and 18 degrees in Paris."
 ARGS = {"city": "Paris"}
+
+# Codex's `Wall time: d.dddd seconds` line differs on every run (digits are single tokens): the
+# same values as the bundled model's build (scripts/build_tiny_model.py, CODEX_WALL_TIMES).
+CODEX_WALL_TIMES = (
+    *("0.0119", "0.0034", "0.0258", "0.0571", "0.1042"),
+    *("0.0007", "0.0463", "0.0890", "0.2316", "0.0075"),
+)
+CODEX_CHECK_WALL_TIMES = ("0.0028", "0.0021", "0.0156", "0.0735", "0.3389", "1.0402")
 
 # gpt-oss (harmony). Every `<|...|>` marker is a special token, as in o200k_harmony; the
 # streaming detokenizer keeps special tokens' text, so the parser sees them.
@@ -166,6 +194,27 @@ GPT_OSS = Family(
     # every gpt-oss prompt.
     dates=[f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)]
     + ["2026-12-02", "2027-07-19"],
+    # Codex CLI's MCP round trip (`make conformance`): the first turn calls the namespaced MCP
+    # tool in harmony's own form (no analysis message, so Codex's follow-up carries no reasoning
+    # and is the captured one), the follow-up answers on the final channel.
+    codex=(
+        CodexTurn(
+            "codex_mcp_call",
+            "codex-0.169.0-small-mcp-turn.json",
+            "<|channel|>commentary to=functions.mcp__weather__get_weather "
+            '<|constrain|>json<|message|>{"city": "Paris"}',
+            "<|call|>",
+        ),
+        CodexTurn(
+            "codex_mcp_answer",
+            "codex-0.169.0-small-mcp-tool-result.json",
+            "<|channel|>final<|message|>" + ANSWER,
+            "<|return|>",
+            wall_times=CODEX_WALL_TIMES,
+            check_wall_times=CODEX_CHECK_WALL_TIMES,
+        ),
+    ),
+    codex_format="harmony",
 )
 
 
