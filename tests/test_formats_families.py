@@ -8,6 +8,7 @@ with argument deltas that join to the final arguments.
 from __future__ import annotations
 
 import json
+import keyword
 from collections.abc import Callable
 from typing import Any
 
@@ -321,12 +322,19 @@ words = (
 scalars = st.one_of(words, st.integers(-1000, 1000), st.booleans())
 
 
+# Pythonic calls are Python: a keyword cannot name a function or an argument there (LFM2
+# could not write `if()` as a call, and mlx-lm's parser does not read it either).
+py_idents = idents.filter(lambda s: not keyword.iskeyword(s))
+py_names = st.one_of(py_idents, st.builds(lambda a, b: f"{a}.{b}", py_idents, py_idents))
+
+
 def call_lists(family: str) -> st.SearchStrategy[list[Call]]:
     values: st.SearchStrategy[Any] = scalars
     if family not in KV_FAMILIES:
         values = st.one_of(scalars, st.lists(scalars, max_size=3), st.none())
-    args = st.dictionaries(idents, values, max_size=3)
-    return st.lists(st.tuples(names, args), min_size=1, max_size=3)
+    pythonic = family == "pythonic"
+    args = st.dictionaries(py_idents if pythonic else idents, values, max_size=3)
+    return st.lists(st.tuples(py_names if pythonic else names, args), min_size=1, max_size=3)
 
 
 def schemas_for(cs: list[Call]) -> dict[str, Any]:
