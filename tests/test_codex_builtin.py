@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 
-from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
+from .conftest import MODEL, START_DEADLINE, output_text, server_settings, wait_until
 from .test_websocket import Event, in_thread, sdk, strict, until_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,15 +35,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def frame(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((FIXTURES / f"codex-0.171.0-ws-{name}.json").read_text())
     return data
-
-
-def text_of(final: Event) -> str:
-    return "".join(
-        part["text"]
-        for item in final["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    )
 
 
 async def test_codex_builtin_provider_mcp_round_trip_over_the_socket(
@@ -76,7 +67,7 @@ async def test_codex_builtin_provider_mcp_round_trip_over_the_socket(
     assert [(c["namespace"], c["name"], json.loads(c["arguments"])) for c in calls] == [
         ("mcp__weather", "get_weather", {"city": "Paris"})
     ]
-    assert text_of(strict(answered)) == "It is sunny and 18 degrees in Paris."
+    assert output_text(strict(answered)) == "It is sunny and 18 degrees in Paris."
     # The request log has a line per create (and the connection's open), as HTTP requests do.
     lines = [
         json.loads(r.getMessage().removeprefix("request "))
@@ -113,7 +104,7 @@ async def test_stream_false_on_the_socket_is_refused_and_logged(
     refused, accepted = await in_thread(run)
     assert refused[-1]["type"] == "error"
     assert refused[-1]["error"]["param"] == "stream"
-    assert text_of(strict(accepted)) == "hello"
+    assert output_text(strict(accepted)) == "hello"
     # The close is logged once the server has seen the client go: wait for it.
 
     def closes() -> list[str]:

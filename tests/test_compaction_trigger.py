@@ -14,7 +14,7 @@ from mlx_responses.protocol.compaction import SUMMARY_PREFIX
 from mlx_responses.server import ServerHandle
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
-from .conftest import MODEL, wait_until
+from .conftest import MODEL, output_text, wait_until
 from .rawhttp import open_stream
 from .test_lifetime import assert_nothing_left, start
 from .test_websocket import Event, in_thread, sdk, strict, until_terminal
@@ -34,15 +34,6 @@ def summary_of(item: dict[str, Any]) -> str:
     decoded = json.loads(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4)))
     summary: str = decoded["summary"]
     return summary
-
-
-def text_of(final: dict[str, Any]) -> str:
-    return "".join(
-        part["text"]
-        for item in final["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    )
 
 
 async def post(http: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
@@ -71,7 +62,7 @@ async def test_a_trigger_answers_one_compaction_item_and_the_continuation_render
     assert continued.status_code == 200, continued.text
     assert expected.status_code == 200, expected.text
     assert continued.json()["usage"]["input_tokens"] == expected.json()["usage"]["input_tokens"]
-    assert text_of(continued.json()) == text_of(expected.json())
+    assert output_text(continued.json()) == output_text(expected.json())
 
 
 async def test_a_streamed_trigger_sends_the_compaction_events(server: ServerHandle) -> None:
