@@ -185,7 +185,8 @@ KIMI_K3 = Format(
     priority=80,
 )
 """Kimi K3's ``<|open|>...<|sep|>`` markup (XTML), recognised from the vocabulary as mlx-lm
-does: typed arguments are read and forced; its single-JSON-block argument form is not read."""
+does: typed arguments and the single JSON object block are read, and a forced call may write
+either."""
 
 for _fmt in (*FAMILY_FORMATS, KIMI_K3):
     register(_fmt)

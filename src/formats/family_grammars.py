@@ -16,10 +16,11 @@ Invariants:
   parameter is compact JSON valid against its schema (``%json``).
 - A custom tool's call has one parameter, ``input``: its Lark grammar's text raw (``@custom_i``),
   a string matching its regex, or any text.
-- Limits (documented in ``docs/models.md``): a string parameter's ``pattern``/``minLength``/
-  ``maxLength`` are not enforced in the key/value and Gemma formats, and a parameter whose
-  schema allows both strings and other types is written as JSON, which a key/value parser
-  reads back as the JSON text.
+- A raw string value also matches its schema's ``pattern`` (searched, as JSON Schema does,
+  unless anchored), ``minLength`` and ``maxLength`` (``string_constraints``), in llguidance's
+  regex syntax intersected (``&``) with the format's own value regex.
+- Limits (documented in ``docs/models.md``): a parameter whose schema allows both strings and
+  other types is written as JSON, which a key/value parser reads back as the JSON text.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "muse_spark_grammar",
     "pythonic_grammar",
     "qwen3_coder_grammar",
+    "string_constraints",
 ]
 
 
@@ -138,13 +140,17 @@ class _Rules:
         self.literal = literal
         self.lines: list[str] = []
 
-    def raw_text(self, name: str, p: _Params, pattern: str | None = None) -> str:
-        """A raw string value and what closes it, as one expression."""
+    def raw_text(
+        self, name: str, p: _Params, pattern: str | None = None, also: Sequence[str] = ()
+    ) -> str:
+        """A raw string value and what closes it, as one expression; the value also matches
+        each regex of ``also`` (a schema's pattern and length bounds)."""
         body = pattern if pattern is not None else ("(\\S(.*\\S)?)?" if p.trim else ".*")
         end = p.quote or p.close
         closer = self.literal(end) if (p.quote or p.close_is_marker) else lark_string(end)
         stops = "|".join(_regex_text(s) for s in (*p.stops, end))
-        self.lines.append(f"B_{name}: /(?s:{body})/ & ~/(?s:.*({stops}).*)/")
+        terms = [f"/(?s:{body})/", *(f"/{r}/" for r in also), f"~/(?s:.*({stops}).*)/"]
+        self.lines.append(f"B_{name}: " + " & ".join(terms))
         if closer.startswith("<["):  # a special token: text can never run into it
             return f"B_{name} {closer}"
         self.lines.append(f"V_{name}: B_{name} {closer}")
@@ -164,7 +170,7 @@ class _Rules:
             return f"{quote} ({alts}) {quote or close}".strip()
         if kind == "string" or (isinstance(kind, list) and "string" in kind and not p.quote):
             opener = self.literal(p.quote) + " " if p.quote else ""
-            return opener + self.raw_text(name, p)
+            return opener + self.raw_text(name, p, also=string_constraints(schema))
         if kind == "boolean":
             return f'("true" | "false") {close}'.strip()
         self.lines.append(f"j_{name}: {_json_rule(schema, strict)}")
@@ -189,6 +195,48 @@ class _Rules:
 
     def _close(self, p: _Params) -> str:
         return self.literal(p.close) if p.close_is_marker else lark_string(p.close)
+
+
+def _regex_slashes(regex: str) -> str:
+    """``regex`` inside Lark's ``/.../``: a bare ``/`` would end it."""
+    out, escaped = [], False
+    for c in regex:
+        out.append("\\/" if c == "/" and not escaped else c)
+        escaped = c == "\\" and not escaped
+    return "".join(out)
+
+
+def string_constraints(schema: Mapping[str, Any]) -> list[str]:
+    """Regexes (llguidance syntax) a string value must match for ``schema``'s ``pattern``,
+    ``minLength`` and ``maxLength``, as JSON Schema means them: a pattern is searched for
+    anywhere in the value unless anchored (``^``/``$``), lengths count characters."""
+    out = []
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and pattern:
+        inner = pattern
+        start = inner.startswith("^")
+        if start:
+            inner = inner[1:]
+        end = inner.endswith("$") and not _escaped_at(inner, len(inner) - 1)
+        if end:
+            inner = inner[:-1]
+        lead = "" if start else "(?s:.*)"
+        trail = "" if end else "(?s:.*)"
+        out.append(f"{lead}(?:{_regex_slashes(inner)}){trail}")
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    low = low if isinstance(low, int) and not isinstance(low, bool) and low > 0 else 0
+    high = high if isinstance(high, int) and not isinstance(high, bool) and high >= 0 else None
+    if low or high is not None:
+        out.append(f"(?s:.{{{low},{'' if high is None else high}}})")
+    return out
+
+
+def _escaped_at(text: str, i: int) -> bool:
+    """Whether ``text[i]`` follows an odd run of backslashes."""
+    n = 0
+    while i - n - 1 >= 0 and text[i - n - 1] == "\\":
+        n += 1
+    return n % 2 == 1
 
 
 def _string_choices(schema: Mapping[str, Any]) -> list[str] | None:
@@ -254,14 +302,24 @@ def _markup(literal: Literal) -> Literal:
 
 
 def _per_param_grammar(
-    p: _Params, head: Callable[[str, Literal], str], tail: Callable[[Literal], str]
+    p: _Params,
+    head: Callable[[str, Literal], str],
+    tail: Callable[[Literal], str],
+    json_block: tuple[str, str] | None = None,
 ) -> Callable[[Sequence[ForcedTool], Literal], str]:
+    """``json_block``: (open, close) around one JSON object of all arguments, which a function
+    call may write instead of its parameters one at a time (Kimi K3's ``<|open|>json``)."""
+
     def build(tools: Sequence[ForcedTool], token_literal: Literal) -> str:
         literal = _markup(token_literal)
         rules = _Rules(literal)
         lines = [f"start: {_alternatives(tools)}"]
         for i, tool in enumerate(tools):
             params = _param_list(rules, i, tool, p)
+            if json_block is not None and tool.syntax == "function":
+                rules.lines.append(f"o_{i}: {_json_rule(tool.parameters, tool.strict)}")
+                whole = f"{literal(json_block[0])} o_{i} {literal(json_block[1])}"
+                params = f"(({params}) | {whole})" if params else f"({whole})?"
             lines.append(f"call_{i}: {head(tool.name, literal)} {params} {tail(literal)}")
         return "\n".join(lines + rules.lines) + "\n"
 
@@ -390,7 +448,8 @@ pythonic_grammar = _per_param_grammar(
 
 # Kimi K3's XTML: ``<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>`` then
 # ``<|open|>argument key="k"<|sep|>v<|close|>argument<|sep|>`` per parameter (values are not
-# stripped; the schema types them), ``<|close|>call<|sep|><|close|>tools<|sep|>``.
+# stripped; the schema types them), or all arguments as one ``<|open|>json type="object"<|sep|>
+# {...}<|close|>json<|sep|>`` block (compact JSON), ``<|close|>call<|sep|><|close|>tools<|sep|>``.
 kimi_k3_grammar = _per_param_grammar(
     _Params(
         head=lambda k, lit: lit(f'<|open|>argument key="{k}"<|sep|>'),
@@ -400,4 +459,5 @@ kimi_k3_grammar = _per_param_grammar(
     ),
     lambda name, lit: lit(f'<|open|>tools<|sep|><|open|>call tool="{name}" index="1"<|sep|>'),
     lambda lit: lit("<|close|>call<|sep|><|close|>tools<|sep|>"),
+    json_block=('<|open|>json type="object"<|sep|>', "<|close|>json<|sep|>"),
 )

@@ -8,7 +8,7 @@ GLM-4.x (and Laguna), LongCat, MiniMax M2, Muse Spark, MiniCPM 5.
 - MiniCPM 5: ``<function name="NAME"><param name="k">v</param></function>``, no wrapper; a
   value may be a CDATA block.
 - Kimi K3: its XTML markup (``KIMI_K3``), calls and typed arguments in ``<|open|>``/``<|close|>``
-  tags.
+  tags, or all of a call's arguments as one JSON object block (``json_open``).
 
 Invariants (on top of ``tool_format_base``'s):
 - A call starts once its name is complete; arguments are JSON built from each parameter when it
@@ -62,6 +62,10 @@ class KvSyntax:
     name_attr: str = "name"  # the header attribute naming the function
     key_attr: str = "name"  # the parameter header attribute naming the key
     strip: bool = True  # values lose surrounding whitespace (mlx-lm's reading)
+    # A block holding all arguments as one JSON object: ``json_open`` + header up to
+    # ``key_close``, the object, ``json_close`` (Kimi K3's ``<|open|>json ...``); empty: none.
+    json_open: str = ""
+    json_close: str = ""
 
 
 GLM = KvSyntax(
@@ -143,11 +147,15 @@ KIMI_K3 = KvSyntax(
     name_attr="tool",
     key_attr="key",
     strip=False,
+    json_open="<|open|>json",
+    json_close="<|close|>json<|sep|>",
 )
 """Kimi K3's XTML: ``<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
 <|open|>argument key="k" type="string"<|sep|>v<|close|>argument<|sep|><|close|>call<|sep|>
-<|close|>tools<|sep|>``; a value's ``type`` attribute types it (``string`` stays text). The
-alternative single ``<|open|>json ...<|sep|>{...}<|close|>json<|sep|>`` block is not read."""
+<|close|>tools<|sep|>``; a value's ``type`` attribute types it (``string`` stays text). A call
+may instead carry its arguments as one block, ``<|open|>json type="object"<|sep|>{...}
+<|close|>json<|sep|>``: its members become the arguments when it closes (a block that is not a
+JSON object adds none, as mlx-lm drops it)."""
 
 _ATTR = re.compile(r"""\b(\w+)\s*=\s*("[^"]*"|'[^']*'|[^\s"'<>]+)""")
 _CDATA = re.compile(r"^\s*<!\[CDATA\[(.*?)\]\]>\s*$", re.DOTALL)
@@ -174,7 +182,7 @@ def clean_value(raw: str, strip: bool = True) -> str:
     return raw.strip() if strip else raw
 
 
-_BETWEEN, _HEADER, _BODY, _KEY, _VALUE_WAIT, _VALUE = range(6)
+_BETWEEN, _HEADER, _BODY, _KEY, _VALUE_WAIT, _VALUE, _JSON_HEAD, _JSON = range(8)
 
 
 class KvRegion(ToolRegion):
@@ -250,6 +258,12 @@ class KvRegion(ToolRegion):
                 self._parts = []
                 self._state = _VALUE_WAIT if s.value_open else _VALUE
                 continue
+            if state in (_JSON_HEAD, _JSON):
+                done = self._json_block(buf, pos, final, out)
+                if isinstance(done, Step):
+                    return done
+                pos = done
+                continue
             if state == _VALUE:
                 stops = (s.value_close, s.call_close)
                 text, end, stop = take_until(buf, pos, stops, final)
@@ -289,6 +303,8 @@ class KvRegion(ToolRegion):
                 continue
             if state == _BODY:
                 wanted: tuple[str, ...] = (s.key_open, s.call_close)
+                if s.json_open:
+                    wanted += (s.json_open,)
             else:
                 wanted = tuple(m for m in (s.invoke_open, s.region_close) if m)
             hit = next((m for m in wanted if buf.startswith(m, pos)), "")
@@ -311,6 +327,9 @@ class KvRegion(ToolRegion):
             elif hit == s.call_close and state == _BODY:
                 if self._end_of_call(out):
                     return Step(pos, out, done=True)
+            elif hit == s.json_open and state == _BODY:
+                self._parts = []
+                self._state = _JSON_HEAD
             elif hit == s.invoke_open:
                 self._parts = []
                 self._state = _HEADER
@@ -334,6 +353,52 @@ class KvRegion(ToolRegion):
         self._state = _BETWEEN
         return not self._syntax.region_close
 
+    def _json_block(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | Step:
+        """Inside a JSON arguments block: its header, then the object up to ``json_close``.
+        Returns where scanning goes on, or the region's ``Step`` when it stops here."""
+        s = self._syntax
+        if self._state == _JSON_HEAD:
+            text, end, stop = take_until(buf, pos, (s.key_close,), final)
+            self._parts.append(text)
+            if stop is None:
+                if final or len("".join(self._parts)) > _HEADER_MAX:
+                    self._close_call(out)
+                    return Step(end, out, done=True)
+                return Step(end, out)
+            self._parts = []
+            self._state = _JSON
+            return end
+        text, end, stop = take_until(buf, pos, (s.json_close, s.call_close), final)
+        self._parts.append(text)
+        if stop is None and not final:
+            return Step(end, out)
+        self._emit_object(out)
+        if stop is None:  # cut short: the call ends with what was written
+            self._close_call(out)
+            return Step(end, out, done=True)
+        if stop == s.call_close:
+            if self._end_of_call(out):
+                return Step(end, out, done=True)
+            return end
+        self._state = _BODY
+        return end
+
+    def _emit_object(self, out: list[ParsedEvent]) -> None:
+        raw, self._parts = "".join(self._parts), []
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self._send_pair(str(key), item, out)
+
+    def _send_pair(self, key: str, typed: object, out: list[ParsedEvent]) -> None:
+        assert self._stream is not None
+        pair = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
+        self._stream.send(pair if self._params == 0 else ", " + pair, out)
+        self._params += 1
+
     def _emit_param(self, out: list[ParsedEvent]) -> None:
         assert self._stream is not None
         value = clean_value("".join(self._parts), self._syntax.strip)
@@ -346,9 +411,7 @@ class KvRegion(ToolRegion):
         if self._key_type is not None and not isinstance(schema, Mapping):
             schema = {"type": self._key_type}  # the model's own typing (Kimi K3's type="...")
         typed = xml_param_value(value, schema if isinstance(schema, Mapping) else None)
-        pair = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        self._stream.send(pair if self._params == 0 else ", " + pair, out)
-        self._params += 1
+        self._send_pair(key, typed, out)
 
     def _close_call(self, out: list[ParsedEvent]) -> None:
         if self._stream is None:
