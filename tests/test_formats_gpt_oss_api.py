@@ -155,34 +155,48 @@ async def test_replay_renders_the_templates_tokens(client: AsyncOpenAI) -> None:
 async def test_forced_named_required_and_lark_calls_are_valid_by_construction(
     client: AsyncOpenAI,
 ) -> None:
+    """gpt-oss reasons before a forced call (docs/models.md): its analysis comes first as a
+    reasoning item, then the call the grammar forces."""
+    asked = question("tool_call")
     with trio.fail_after(DEADLINE):
         named = await client.responses.create(
             model=ALIAS,
-            input=question("hello"),
+            input=asked,
             tools=[WEATHER, LARK],  # type: ignore[list-item]
             tool_choice={"type": "function", "name": "get_weather"},
             **GREEDY,
         )
         required = await client.responses.create(
             model=ALIAS,
-            input=question("hello"),
+            input=asked,
             tools=[WEATHER],  # type: ignore[list-item]
             tool_choice="required",
             **GREEDY,
         )
         shout = await client.responses.create(
             model=ALIAS,
-            input=question("hello"),
+            input=asked,
             tools=[WEATHER, LARK],  # type: ignore[list-item]
             tool_choice={"type": "custom", "name": "shout"},
             **GREEDY,
         )
+    for response in (named, required, shout):
+        assert response.status == "completed"
+        reasoning, _ = response.output
+        assert reasoning.type == "reasoning"
+        assert response.output_text == ""
+    # The trained prompt (its one tool) gives the trained analysis exactly; the others, whose
+    # prompt lists a tool it was not trained with, reason in the tiny model's own words.
+    reasoning = required.output[0]
+    assert reasoning.type == "reasoning"
+    assert reasoning.content is not None
+    assert reasoning.content[0].text == "Look up the weather."
     for response in (named, required):
-        (call,) = response.output
+        call = response.output[1]
         assert call.type == "function_call"
         assert call.name == "get_weather"
         assert isinstance(json.loads(call.arguments)["city"], str)
-    (custom,) = shout.output
+    custom = shout.output[1]
     assert custom.type == "custom_tool_call"
     assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
 

@@ -29,7 +29,7 @@ from mlx_responses.formats import (
     coalesce,
 )
 from mlx_responses.formats.grammars import ToolGrammarBuilder
-from mlx_responses.formats.harmony import HARMONY
+from mlx_responses.formats.harmony import ANALYSIS_MAX_TOKENS, HARMONY
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.model.chat import to_chat
 from mlx_responses.protocol.items import (
@@ -232,6 +232,7 @@ def walk(tokenizer: Any, grammar: str, rng: random.Random) -> str | None:
     matcher = LLMatcher(ll, grammar, log_level=0)
     assert not matcher.is_error(), matcher.get_error()
     ids: list[int] = []
+    special = set(tokenizer.all_special_ids)
     for _ in range(120):
         if matcher.is_stopped() or (matcher.is_accepting() and rng.random() < 0.02):
             break
@@ -240,7 +241,9 @@ def walk(tokenizer: Any, grammar: str, rng: random.Random) -> str | None:
         allowed = [int(t) for t in np.flatnonzero(bits) if int(t) != ll.eos_token]
         if not allowed:
             break
-        token = rng.choice(allowed)
+        # Markers now and then, so that free text (the analysis message) also ends.
+        markers = [t for t in allowed if t in special]
+        token = rng.choice(markers if markers and rng.random() < 0.2 else allowed)
         assert matcher.consume_token(token)
         ids.append(token)
     if not matcher.is_accepting():
@@ -268,7 +271,9 @@ def test_the_forced_grammar_only_generates_calls_the_parser_reads_back(
     events = parse([text])
     check_call_grammar(events)
     (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
-    assert [e for e in events if isinstance(e, TextChunk | ReasoningChunk)] == []
+    assert [e for e in events if isinstance(e, TextChunk)] == []
+    # the analysis message, if any, comes first
+    assert all(isinstance(e, ReasoningChunk) for e in events[: events.index(end)][:-2])
     names = [t["name"] for t in tools]
     assert end.name == (name or end.name)
     assert end.name in names
@@ -302,6 +307,42 @@ def test_the_forced_grammar_refuses_other_calls(tokenizer: Any) -> None:
     assert not accepts(good.replace("get_weather", "shout"))
     assert not accepts(good.replace("Oslo", "Rome"))
     assert not accepts(good.replace("<|call|>", ""))
+    # one analysis message may come first; no other message, and only one
+    analysis = "<|channel|>analysis<|message|>Oslo, then.<|end|><|start|>assistant"
+    assert accepts(analysis + good)
+    assert not accepts(analysis + analysis + good)
+    assert not accepts(analysis.replace("analysis", "final") + good)
+    assert not accepts(analysis.replace("<|end|>", "<|return|>") + good)
+
+
+def test_an_analysis_message_before_the_forced_call_is_a_reasoning_item() -> None:
+    text = (
+        "<|channel|>analysis<|message|>The user wants Oslo's weather.<|end|><|start|>assistant"
+        ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|>'
+    )
+    for pieces in ([text], list(text)):
+        events = parse(pieces)
+        assert events[0] == ReasoningChunk("The user wants Oslo's weather.")
+        (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
+        assert (end.name, json.loads(end.arguments)) == ("get_weather", {"city": "Oslo"})
+        assert not [e for e in events if isinstance(e, TextChunk)]
+
+
+def test_the_analysis_before_a_forced_call_is_bounded(tokenizer: Any) -> None:
+    """Past ``ANALYSIS_MAX_TOKENS`` of reasoning only ``<|end|>`` may follow: the call comes."""
+    ll = llguidance.hf.from_tokenizer(tokenizer)
+    grammar = builder(tokenizer).build([WEATHER], "get_weather", "harmony", HARMONY.call_grammar)
+    matcher = LLMatcher(ll, grammar, log_level=0)
+    head = tokenizer.encode("<|channel|>analysis<|message|>", add_special_tokens=False)
+    word = tokenizer.encode(" the", add_special_tokens=False)[:1]
+    for token in head + word * ANALYSIS_MAX_TOKENS:
+        assert matcher.consume_token(token)
+    assert not matcher.consume_token(word[0])
+    matcher = LLMatcher(ll, grammar, log_level=0)
+    for token in head + word * ANALYSIS_MAX_TOKENS:
+        assert matcher.consume_token(token)
+    for token in tokenizer.encode("<|end|><|start|>assistant", add_special_tokens=False):
+        assert matcher.consume_token(token)
 
 
 # --- replay through the gpt-oss template ------------------------------------------------------

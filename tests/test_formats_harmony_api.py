@@ -53,6 +53,12 @@ SHOUT: dict[str, Any] = {
 MARKERS = re.compile(r"<\|(start|channel|message|end|call|return|constrain)\|>|to=functions")
 
 
+def without_reasoning(output: list[Any]) -> list[Any]:
+    """A forced call's output: an analysis message may precede the call (docs/models.md); the
+    bundled model does not know harmony, so what it reasons is its own."""
+    return [item for item in output if item.type != "reasoning"]
+
+
 @pytest.fixture
 async def harmony_server(nursery: trio.Nursery) -> ServerHandle:
     with trio.fail_after(START_DEADLINE):
@@ -93,7 +99,7 @@ async def test_a_streamed_forced_call_sends_argument_deltas_and_no_marker_text(
     final = events[-1]
     assert final.type == "response.completed"
     response = final.response
-    (call,) = response.output
+    (call,) = without_reasoning(response.output)
     assert call.type == "function_call"
     assert call.name == "get_weather"
     assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
@@ -124,7 +130,7 @@ async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
             temperature=0,
         )
         # The call and its output replayed, with the tool that has no description.
-        (call,) = required.output
+        (call,) = without_reasoning(required.output)
         replay = await client.responses.create(
             model=MODEL,
             input=[
@@ -140,7 +146,7 @@ async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
     assert call.type == "function_call"
     assert call.name in ("get_weather", "get_time")
     json.loads(call.arguments)
-    (custom,) = shout.output
+    (custom,) = without_reasoning(shout.output)
     assert custom.type == "custom_tool_call"
     assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
     assert replay.status in ("completed", "incomplete")

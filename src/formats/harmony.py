@@ -38,7 +38,7 @@ from .base import (
 from .format import Detection, Format, ParseOptions, Parser, Replay, register
 from .grammars import ForcedTool, argument_rules, lark_string
 
-__all__ = ["HARMONY", "HarmonyParser", "harmony_grammar"]
+__all__ = ["ANALYSIS_MAX_TOKENS", "HARMONY", "HarmonyParser", "harmony_grammar"]
 
 START = "<|start|>"
 CHANNEL = "<|channel|>"
@@ -191,11 +191,36 @@ class HarmonyParser:
         self._kind = "text"
 
 
+ANALYSIS_MAX_TOKENS = 1024
+"""The longest analysis message a forced call's grammar lets precede the call: past it the
+message is closed and the call follows, so a forced call always comes."""
+
+_MARKERS = (START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN)
+
+
 def harmony_grammar(tools: Sequence[ForcedTool], literal: Callable[[str], str]) -> str:
-    """After ``<|start|>assistant``: `` to=functions.NAME<|channel|>commentary json
-    <|message|>{...}<|call|>``, the form the gpt-oss template replays calls in."""
+    """After ``<|start|>assistant``: optionally one ``<|channel|>analysis<|message|>...<|end|>
+    <|start|>assistant`` message (gpt-oss reasons before a call, as OpenAI's reasoning models
+    do before a forced one; at most ``ANALYSIS_MAX_TOKENS``), then `` to=functions.NAME
+    <|channel|>commentary json<|message|>{...}<|call|>``, the form the gpt-oss template replays
+    calls in."""
     alternatives = " | ".join(f"call_{i}" for i in range(len(tools)))
-    lines = [f"start: ({alternatives}) {literal(CALL)}"]
+    lines = [f"start: analysis? ({alternatives}) {literal(CALL)}"]
+    # Reasoning text never holds a marker (as text, where the tokenizer lacks the token).
+    markers = "|".join(re.escape(m) for m in _MARKERS)
+    lines.append(f"REASONING: /(?s:.*)/ & ~/(?s:.*({markers}).*)/")
+    end = literal(END)
+    if end.startswith("<["):  # a special token: text can never run into it
+        lines.append(f"thought[max_tokens={ANALYSIS_MAX_TOKENS}]: REASONING")
+        thought = f"thought {end}"
+    else:
+        lines.append(f"THOUGHT: REASONING {end}")
+        lines.append(f"thought[max_tokens={ANALYSIS_MAX_TOKENS}]: THOUGHT")
+        thought = "thought"
+    lines.append(
+        f"analysis: {literal(CHANNEL)} {lark_string('analysis')} {literal(MESSAGE)} {thought} "
+        f"{literal(START)} {lark_string('assistant')}"
+    )
     for i, tool in enumerate(tools):
         lines.append(
             f"call_{i}: {lark_string(' to=' + _FUNCTIONS + tool.name)} {literal(CHANNEL)} "
