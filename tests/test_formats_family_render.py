@@ -1,7 +1,7 @@
 """Replay through each family's real chat template (``tests/fixtures/families/<family>/
 chat_template.jinja``, from llama.cpp's ``models/templates/``: GLM-4.6, moonshotai-Kimi-K2,
-MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder, LFM2.5-8B-A1B; see
-docs/models.md).
+MiniMax-M2, google-gemma-4-31B-it, deepseek-ai-DeepSeek-V3.1, Qwen3-Coder, LFM2.5-8B-A1B,
+Kimi-K3; Muse Glimmer's from vLLM's ``examples/``; see docs/models.md).
 
 A replayed turn (reasoning, function call, its output) goes through ``model.chat.to_chat`` with
 the family format's ``Replay``: it must render, render exactly as the chat messages the family's
@@ -37,9 +37,11 @@ FAMILIES = {
     "deepseek-v3.1": "deepseek_v3",
     "qwen3-coder": "qwen3_coder",
     "lfm2.5": "pythonic",
+    "kimi-k3": "kimi_k3",
+    "muse-glimmer": "muse_spark",
 }
 
-KEEPS_REASONING = {"glm-4.6", "minimax-m2", "gemma-4", "lfm2.5"}
+KEEPS_REASONING = {"glm-4.6", "minimax-m2", "gemma-4", "lfm2.5", "kimi-k3", "muse-glimmer"}
 
 ARGS = {"city": "Paris", "days": 2}
 TOOLS = [
@@ -183,3 +185,10 @@ def test_a_tool_without_a_description_renders(family: str) -> None:
     )
     # DeepSeek V3.1's template does not list tools at all
     assert ("ping" in text) == ("tools" in template(family))
+
+
+@pytest.mark.parametrize(("effort", "strength"), [("none", "low"), ("high", "high")])
+def test_muse_reads_the_effort_as_its_reasoning_strength(effort: str, strength: str) -> None:
+    kwargs = dict(formats.get("muse_spark").replay.template_kwargs(effort, {}))
+    text = render("muse-glimmer", [{"role": "user", "content": "hi"}], **kwargs)
+    assert f"Reasoning strength: {strength}." in text

@@ -15,10 +15,20 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlx_responses import formats
+from mlx_responses.formats import (
+    ParsedEvent,
+    ReasoningChunk,
+    TextChunk,
+    coalesce,
+    reasoning_opens_in_prompt,
+)
+from mlx_responses.formats.format import ParseOptions
 from tests.test_formats_families import Call, calls, chunkings, parse, texts
 from tests.test_formats_families import idents as names
 from tests.test_formats_family_grammars import WEATHER, accepts, tools_and_call
 from tests.test_formats_family_grammars import parse as parse_forced
+from tests.test_formats_family_render import TOOLS, template, tokenizer
 
 OPEN_JSON = '<|open|>json type="object"<|sep|>'
 CLOSE_JSON = "<|close|>json<|sep|>"
@@ -152,3 +162,96 @@ def test_what_the_grammar_writes_as_a_json_block_reads_back(
     text = forced(tool["name"], args)
     assert accepts("kimi_k3", special, [tool], tool["name"], text), text
     assert parse_forced("kimi_k3", text, [tool]) == [(tool["name"], args)]
+
+
+# -- through Kimi K3's real template (tests/fixtures/families/kimi-k3: llama.cpp's Kimi-K3.jinja)
+
+
+def render_k3(messages: list[dict[str, Any]], prompt: bool = True, **kwargs: Any) -> str:
+    text = tokenizer().apply_chat_template(
+        messages,
+        tools=TOOLS,
+        chat_template=template("kimi-k3"),
+        tokenize=False,
+        add_generation_prompt=prompt,
+        **kwargs,
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def k3_parse(pieces: list[str], *, starts_in_reasoning: bool) -> list[ParsedEvent]:
+    parser = formats.get("kimi_k3").new_parser(
+        ParseOptions(
+            tools_enabled=True,
+            reasoning=True,
+            starts_in_reasoning=starts_in_reasoning,
+            tool_schemas={"get_weather": TOOLS[0]["function"]["parameters"]},
+        )
+    )
+    events: list[ParsedEvent] = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    return coalesce(events + parser.finish())
+
+
+def test_the_prompt_opens_the_think_block_unless_effort_is_none() -> None:
+    fmt = formats.get("kimi_k3")
+    assert fmt.reasons  # its reasoning is its own markup: the model reasons
+    chat = [{"role": "user", "content": "hi"}]
+    thinking = render_k3(chat, **fmt.replay.template_kwargs("high", {}))
+    assert thinking.endswith("<|open|>think<|sep|>")
+    assert "`thinking_effort=high`" in thinking
+    assert reasoning_opens_in_prompt(thinking)
+    plain = render_k3(chat, **fmt.replay.template_kwargs("none", {}))
+    assert plain.endswith("<|open|>response<|sep|>")
+    assert not reasoning_opens_in_prompt(plain)
+    assert "`thinking_effort=max`" in render_k3(chat, **fmt.replay.template_kwargs("xhigh", {}))
+
+
+def test_a_turn_as_the_template_writes_it_reads_as_reasoning_text_and_a_call() -> None:
+    """What the model writes after the prompt's ``<|open|>think<|sep|>``: the rest of the
+    assistant message the template renders, its framing never shown."""
+    args = {"city": "Paris", "days": 2}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}
+    turn = {
+        "role": "assistant",
+        "content": "Checking.",
+        "reasoning_content": "The user wants the weather.",
+        "tool_calls": [call],
+    }
+    rendered = render_k3([{"role": "user", "content": "Weather?"}, turn], prompt=False)
+    assert rendered.endswith("<|close|>message<|sep|><|end_of_msg|>")
+    opened = '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>'
+    written = rendered[rendered.index(opened) + len(opened) :]
+    for pieces in ([written], list(written)):
+        events = k3_parse(pieces, starts_in_reasoning=True)
+        assert events[0] == ReasoningChunk("The user wants the weather.")
+        assert texts(events) == ["Checking."]
+        assert calls(events) == [("get_weather", args)]
+
+
+def test_a_response_without_thinking_shows_no_framing() -> None:
+    text = "<|open|>response<|sep|>Hello there.<|close|>response<|sep|><|close|>message<|sep|>"
+    for pieces in ([text], list(text)):
+        events = k3_parse(pieces, starts_in_reasoning=False)
+        assert events == [TextChunk("Hello there.")]
+
+
+def test_the_template_s_json_block_for_string_arguments_reads_back() -> None:
+    """The template writes arguments given as a string as its JSON block."""
+    args = {"city": "Paris", "days": 2}
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps(args)},
+    }
+    rendered = render_k3(
+        [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+    )
+    assert OPEN_JSON in rendered
+    tools_at = rendered.index("<|open|>tools<|sep|>")
+    assert calls(parse(rendered[tools_at:], "kimi_k3")) == [("get_weather", args)]

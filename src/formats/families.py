@@ -26,7 +26,7 @@ from .family_regions import REGIONS
 from .format import Detection, Format, ParseOptions, Parser, Replay, register
 from .json_sections import DEEPSEEK_V3
 
-__all__ = ["FAMILY_FORMATS", "GEMMA4_THINK", "KIMI_K3"]
+__all__ = ["FAMILY_FORMATS", "GEMMA4_THINK", "KIMI_K3", "KIMI_K3_FRAMING"]
 
 GEMMA4_THINK = ("<|channel>thought", "<channel|>")
 
@@ -45,10 +45,21 @@ def _thinking_kwarg(
     return kwargs
 
 
+def _effort_as(key: str) -> Callable[[str | None], Mapping[str, Any]]:
+    """``reasoning.effort`` passed on as ``{key: effort}``."""
+
+    def kwargs(effort: str | None) -> Mapping[str, Any]:
+        return {} if effort is None else {key: effort}
+
+    return kwargs
+
+
 _ENABLE_THINKING = Replay(effort_kwargs=_thinking_kwarg("enable_thinking"))
 
 
-def _parser(family: str, think: tuple[str, str] | None = None) -> Callable[[ParseOptions], Parser]:
+def _parser(
+    family: str, think: tuple[str, str] | None = None, hidden: tuple[str, ...] = ()
+) -> Callable[[ParseOptions], Parser]:
     regions = REGIONS[family]
 
     def new_parser(options: ParseOptions) -> Parser:
@@ -59,6 +70,7 @@ def _parser(family: str, think: tuple[str, str] | None = None) -> Callable[[Pars
             reasoning=options.reasoning,
             starts_in_reasoning=options.starts_in_reasoning,
             tool_schemas=options.tool_schemas,
+            hidden=hidden,
             **extra,
         )
 
@@ -86,8 +98,22 @@ def _is_pythonic(d: Detection) -> bool:
     )
 
 
+_XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
+
+
 def _is_kimi_k3(d: Detection) -> bool:
-    return all(t in d.vocab for t in ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"))
+    # mlx-lm reads the vocabulary only; the template (llama.cpp's Kimi-K3.jinja) names them too
+    return all(t in d.vocab for t in _XTML) or all(t in d.template for t in _XTML)
+
+
+def _kimi_k3_effort(effort: str | None) -> Mapping[str, Any]:
+    """Its template's ``thinking`` (on by default) and ``thinking_effort`` (low, medium, high,
+    max): ``none``/``minimal`` turn thinking off, ``xhigh`` is ``max``."""
+    if effort is None:
+        return {}
+    if effort in ("none", "minimal"):
+        return {"thinking": False}
+    return {"thinking": True, "thinking_effort": "max" if effort == "xhigh" else effort}
 
 
 FAMILY_FORMATS: tuple[Format, ...] = (
@@ -173,20 +199,36 @@ FAMILY_FORMATS: tuple[Format, ...] = (
         _template_has("<atem:function_calls>"),
         _parser("muse_spark"),
         call_grammar=g.muse_spark_grammar,
+        # Muse's template (vLLM's tool_chat_template_muse_glimmer.jinja) reads
+        # ``tool.description`` unguarded and ``reasoning_effort`` as the request names it.
+        replay=Replay(default_description="", effort_kwargs=_effort_as("reasoning_effort")),
         priority=55,
     ),
+)
+
+KIMI_K3_FRAMING = (
+    "<|open|>response<|sep|>",
+    "<|close|>response<|sep|>",
+    "<|close|>message<|sep|>",
+    "<|end_of_msg|>",
 )
 
 KIMI_K3 = Format(
     "kimi_k3",
     _is_kimi_k3,
-    _parser("kimi_k3", think=("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
+    _parser(
+        "kimi_k3", think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"), hidden=KIMI_K3_FRAMING
+    ),
     call_grammar=g.kimi_k3_grammar,
+    replay=Replay(effort_kwargs=_kimi_k3_effort),
     priority=80,
+    reasons=True,  # its think block is part of the markup; mlx-lm finds no thinking tokens
 )
 """Kimi K3's ``<|open|>...<|sep|>`` markup (XTML), recognised from the vocabulary as mlx-lm
-does: typed arguments and the single JSON object block are read, and a forced call may write
-either."""
+does (or its template): an assistant message is ``<|open|>think<|sep|>`` reasoning (the
+generation prompt opens it), ``<|open|>response<|sep|>`` text (the framing is never shown),
+then calls; typed arguments and the single JSON object block are read, and a forced call may
+write either."""
 
 for _fmt in (*FAMILY_FORMATS, KIMI_K3):
     register(_fmt)

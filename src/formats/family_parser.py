@@ -30,6 +30,7 @@ class FamilyParser(StreamParser):
         starts_in_reasoning: bool = False,
         tool_schemas: ToolSchemas | None = None,
         think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+        hidden: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
             tool_format="none",
@@ -38,10 +39,11 @@ class FamilyParser(StreamParser):
             starts_in_reasoning=starts_in_reasoning,
             tool_schemas=tool_schemas,
             think=think,
+            hidden=hidden,
         )
         self._regions = dict(regions) if tools_enabled else {}
         self._tool_markers = tuple(self._regions)
-        self._markers = (think if reasoning else ()) + self._tool_markers
+        self._markers = (think if reasoning else ()) + self._tool_markers + hidden
 
     def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
         return self._regions[marker](shown_if_reverted, self._new_index, self._schemas)

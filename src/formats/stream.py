@@ -60,6 +60,7 @@ from .regions import (
 )
 
 __all__ = [
+    "REASONING_OPENERS",
     "ParsedEvent",
     "ReasoningChunk",
     "StreamParser",
@@ -87,10 +88,15 @@ _TOOL_MARKERS: dict[TagFormat, tuple[str, ...]] = {
 }
 
 
+# Reasoning openers a generation prompt may end with: ``<think>``, Kimi K3's think block.
+REASONING_OPENERS = (THINK_OPEN, "<|open|>think<|sep|>")
+
+
 def reasoning_opens_in_prompt(rendered_prompt_text: str) -> bool:
-    """True when the generation prompt ends inside ``<think>`` (Qwen3-2507 thinking, DeepSeek
-    R1...): the output then begins with reasoning and carries no opening tag."""
-    return rendered_prompt_text.rstrip().endswith(THINK_OPEN)
+    """True when the generation prompt ends inside reasoning (``<think>``: Qwen3-2507 thinking,
+    DeepSeek R1...; Kimi K3's ``<|open|>think<|sep|>``): the output then begins with reasoning
+    and carries no opening tag."""
+    return rendered_prompt_text.rstrip().endswith(REASONING_OPENERS)
 
 
 def coalesce(events: list[ParsedEvent]) -> list[ParsedEvent]:
@@ -126,16 +132,19 @@ class StreamParser:
         starts_in_reasoning: bool = False,
         tool_schemas: ToolSchemas | None = None,
         think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+        hidden: tuple[str, ...] = (),
     ) -> None:
         """``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
         types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``.
         ``think``: the markers around reasoning (Gemma 4 writes ``<|channel>thought``...
-        ``<channel|>``)."""
+        ``<channel|>``). ``hidden``: markers of the format's own framing around visible text
+        (Kimi K3's ``<|open|>response<|sep|>``), never shown, like a stray ``</think>``."""
         self._format: TagFormat = tool_format if tools_enabled else "none"
         self._schemas = tool_schemas
         self._tool_markers = _TOOL_MARKERS[self._format]
         self._think_open, self._think_close = think
-        self._markers = (think if reasoning else ()) + self._tool_markers
+        self._hidden = hidden
+        self._markers = (think if reasoning else ()) + self._tool_markers + hidden
         self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
@@ -250,7 +259,7 @@ class StreamParser:
         if marker == self._think_open:
             self._text(out, before)
             self._in_reasoning = self._reasoning_lead = True
-        elif marker == self._think_close:
+        elif marker == self._think_close or marker in self._hidden:
             self._text(out, before)
             self._skip_ws = True
         else:
