@@ -85,7 +85,40 @@ GENERATIONS: dict[str, str] = {
         f"{TEXT}<|tool_call_start|>[get_weather(city='Paris', unit='celsius', days=3)]"
         "<|tool_call_end|>"
     ),
+    "function_gemma": (
+        f"{TEXT}<start_function_call>call:get_weather"
+        "{city:<escape>Paris<escape>,unit:<escape>celsius<escape>,days:3}<end_function_call>"
+    ),
+    "longcat": (
+        f"<longcat_think>{REASONING}</longcat_think>{TEXT}<longcat_tool_call>get_weather\n"
+        "<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>Paris</longcat_arg_value>\n"
+        "<longcat_arg_key>unit</longcat_arg_key>\n<longcat_arg_value>celsius</longcat_arg_value>\n"
+        "<longcat_arg_key>days</longcat_arg_key>\n<longcat_arg_value>3</longcat_arg_value>\n"
+        "</longcat_tool_call>"
+    ),
+    "minicpm5": (
+        f'<think>{REASONING}</think>{TEXT}<function name="get_weather">'
+        '<param name="city">Paris</param><param name="unit">celsius</param>'
+        '<param name="days">3</param></function>'
+    ),
+    "muse_spark": (
+        f"<think>{REASONING}</think>{TEXT}<atem:function_calls>\n"
+        '<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris</atem:parameter>\n'
+        '<atem:parameter name="unit">celsius</atem:parameter>\n'
+        '<atem:parameter name="days">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+    ),
+    # As Kimi K3's template writes a turn after the prompt's ``<|open|>think<|sep|>`` (here
+    # with the opener, so that the sample parses without the prompt).
+    "kimi_k3": (
+        f"<|open|>think<|sep|>{REASONING}<|close|>think<|sep|><|open|>response<|sep|>{TEXT}"
+        '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"'
+        '<|sep|><|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+        '<|open|>argument key="unit" type="string"<|sep|>celsius<|close|>argument<|sep|>'
+        '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>"
+    ),
 }
+_THINK_OPENERS = ("<think>", "<|channel>", "<longcat_think>", "<|open|>think<|sep|>")
 
 
 def pieces(tokenizer: Any, text: str) -> list[str]:
@@ -106,7 +139,7 @@ def pieces(tokenizer: Any, text: str) -> list[str]:
 def _options(name: str) -> formats.ParseOptions:
     text = GENERATIONS[name]
     return formats.ParseOptions(
-        tools_enabled=True, reasoning="<think>" in text or "<|channel>" in text
+        tools_enabled=True, reasoning=any(opener in text for opener in _THINK_OPENERS)
     )
 
 
