@@ -41,7 +41,7 @@ SPECIAL: dict[str, list[str]] = {
     ],
     "longcat": ["<longcat_tool_call>", "</longcat_tool_call>"],
     "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>"],
-    "muse_spark": ["<atem:function_calls>", "</atem:function_calls>"],
+    "muse_spark": ["<atem:function_calls>", "</atem:function_calls>", "<|message|>"],
     "minicpm5": [],
     "kimi_k2": [
         "<|tool_calls_section_begin|>",
@@ -131,8 +131,9 @@ def write_call(family: str, name: str, params: Params) -> str:
             else ("atem:", "atem:function_calls")
         )
         body = "".join(f'<{p}parameter name="{k}">{_kv(v)}</{p}parameter>\n' for k, v in params)
-        # MiniMax's prompt opens reasoning: its forced call closes it first
-        lead = "</think>\n\n" if family == "minimax_m2" else ""
+        # MiniMax's prompt opens reasoning: its forced call closes it first; Muse's call is a
+        # message addressed to the function
+        lead = "</think>\n\n" if family == "minimax_m2" else f" to={name}<|message|>"
         return f'{lead}<{block}>\n<{p}invoke name="{name}">\n{body}</{p}invoke>\n</{block}>'
     if family == "minicpm5":
         body = "".join(f'<param name="{k}">{_kv(v)}</param>' for k, v in params)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import family_grammars as g
+from . import muse
 from .family_parser import FamilyParser
 from .family_regions import REGIONS
 from .format import Detection, Format, ParseOptions, Parser, Replay, register
@@ -197,12 +198,15 @@ FAMILY_FORMATS: tuple[Format, ...] = (
     Format(
         "muse_spark",
         _template_has("<atem:function_calls>"),
-        _parser("muse_spark"),
+        # Addressed messages (``muse``): ``to=self`` reasoning, ``to=user`` text, ``to=NAME``
+        # an ATEM call.
+        _parser("muse_spark", think=muse.THINK, hidden=muse.FRAMING),
         call_grammar=g.muse_spark_grammar,
         # Muse's template (vLLM's tool_chat_template_muse_glimmer.jinja) reads
         # ``tool.description`` unguarded and ``reasoning_effort`` as the request names it.
         replay=Replay(default_description="", effort_kwargs=_effort_as("reasoning_effort")),
         priority=55,
+        reasons=True,  # its ``to=self`` messages, whatever the vocabulary
     ),
 )
 

@@ -356,11 +356,13 @@ longcat_grammar = _glm_like("longcat_")
 
 
 def _invoke_like(
-    prefix: str, block_open: str, block_close: str, opened: str = ""
+    prefix: str, block_open: str, block_close: str, opened: str = "", addressed: bool = False
 ) -> Callable[[Sequence[ForcedTool], Literal], str]:
     """``opened``: the reasoning close written first, for a template whose generation prompt
     always opens reasoning (MiniMax M2's ends in ``<think>``): the call then follows an empty
-    reasoning block instead of landing inside it."""
+    reasoning block instead of landing inside it. ``addressed``: the block is the body of a
+    message addressed to the function, `` to=NAME<|message|>`` (Muse, as its template writes a
+    call after the prompt's ``<|start|>assistant``)."""
     params = _Params(
         head=lambda k, lit: _s(f'<{prefix}parameter name="{k}">'),
         close=f"</{prefix}parameter>",
@@ -372,6 +374,8 @@ def _invoke_like(
 
     def head(name: str, lit: Literal) -> str:
         lead = f"{lit(opened)} {_s(chr(10) * 2)} " if opened else ""
+        if addressed:
+            lead += f"{_s(' to=' + name)} {lit('<|message|>')} "
         invoke = f"\n<{prefix}invoke name={json.dumps(name)}>\n"
         return f"{lead}{lit(block_open)} {_s(invoke)}"
 
@@ -383,7 +387,9 @@ def _invoke_like(
 
 
 minimax_grammar = _invoke_like("", "<minimax:tool_call>", "</minimax:tool_call>", opened="</think>")
-muse_spark_grammar = _invoke_like("atem:", "<atem:function_calls>", "</atem:function_calls>")
+muse_spark_grammar = _invoke_like(
+    "atem:", "<atem:function_calls>", "</atem:function_calls>", addressed=True
+)
 
 minicpm5_grammar = _per_param_grammar(
     _Params(

@@ -43,7 +43,7 @@ class FamilyParser(StreamParser):
         )
         self._regions = dict(regions) if tools_enabled else {}
         self._tool_markers = tuple(self._regions)
-        self._markers = (think if reasoning else ()) + self._tool_markers + hidden
+        self._markers = (think if reasoning else ()) + hidden + self._tool_markers
 
     def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
         return self._regions[marker](shown_if_reverted, self._new_index, self._schemas)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import partial
 
-from . import pythonic
+from . import muse, pythonic
 from .base import NewIndex
 from .family_parser import RegionFactory
 from .gemma import FUNCTION_GEMMA, GEMMA4, GemmaRegion
@@ -22,7 +22,10 @@ REGIONS: Mapping[str, Mapping[str, RegionFactory]] = {
     "glm47": {GLM.region_open: partial(KvRegion, GLM)},
     "longcat": {LONGCAT.region_open: partial(KvRegion, LONGCAT)},
     "minimax_m2": {MINIMAX_M2.region_open: partial(KvRegion, MINIMAX_M2)},
-    "muse_spark": {MUSE_SPARK.region_open: partial(KvRegion, MUSE_SPARK)},
+    "muse_spark": {
+        MUSE_SPARK.region_open: partial(KvRegion, MUSE_SPARK),
+        muse.ADDRESSED: muse.AddressedRegion,
+    },
     "minicpm5": {MINICPM5.region_open: partial(KvRegion, MINICPM5)},
     "kimi_k2": {KIMI_K2.section_open: partial(SectionJsonRegion, KIMI_K2)},
     "deepseek_v3": {DEEPSEEK_V3.section_open: partial(SectionJsonRegion, DEEPSEEK_V3)},

@@ -144,7 +144,7 @@ class StreamParser:
         self._tool_markers = _TOOL_MARKERS[self._format]
         self._think_open, self._think_close = think
         self._hidden = hidden
-        self._markers = (think if reasoning else ()) + self._tool_markers + hidden
+        self._markers = (think if reasoning else ()) + hidden + self._tool_markers
         self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
@@ -246,6 +246,15 @@ class StreamParser:
             j = buf.find(m)
             if j >= 0 and (i < 0 or j < i):
                 i, marker = j, m
+        # A marker that is the start of a longer one (Muse's `` to=`` and `` to=user<|message|>``)
+        # waits until the longer one is decided, so chunking never matters.
+        if i >= 0 and not final:
+            rest = buf[i:]
+            if any(len(m) > len(rest) and m.startswith(rest) for m in self._markers):
+                end = len(buf[:i].rstrip()) if self._tool_markers else i
+                self._text(out, buf[:end])
+                self._buf = buf[end:]
+                return False
         if i < 0:
             end = len(buf)
             if not final:
@@ -259,9 +268,11 @@ class StreamParser:
         if marker == self._think_open:
             self._text(out, before)
             self._in_reasoning = self._reasoning_lead = True
-        elif marker == self._think_close or marker in self._hidden:
+        elif marker == self._think_close:
             self._text(out, before)
             self._skip_ws = True
+        elif marker in self._hidden:  # framing: dropped, what follows kept as written
+            self._text(out, before)
         else:
             text = before.rstrip()
             self._text(out, text)
