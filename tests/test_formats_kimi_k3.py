@@ -255,3 +255,20 @@ def test_the_template_s_json_block_for_string_arguments_reads_back() -> None:
     assert OPEN_JSON in rendered
     tools_at = rendered.index("<|open|>tools<|sep|>")
     assert calls(parse(rendered[tools_at:], "kimi_k3")) == [("get_weather", args)]
+
+
+def test_a_forced_call_may_close_the_think_block_the_prompt_opened() -> None:
+    """As the template writes a turn: the think block and an empty response closed, then the
+    call; the parser reads it after the prompt's ``<|open|>think<|sep|>`` or its
+    ``<|open|>response<|sep|>`` (thinking off)."""
+    call = forced("get_weather", {"city": "Paris"})
+    closed = "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>" + call
+    for special in (False, True):
+        for text in (call, closed, "<|close|>response<|sep|>" + call):
+            assert accepts("kimi_k3", special, [WEATHER], "get_weather", text), text
+        assert not accepts("kimi_k3", special, [WEATHER], None, "<|close|>think<|sep|>" + call)
+    for starts_in_reasoning, text in ((True, closed), (False, "<|close|>response<|sep|>" + call)):
+        for pieces in ([text], list(text)):
+            events = k3_parse(pieces, starts_in_reasoning=starts_in_reasoning)
+            assert calls(events) == [("get_weather", {"city": "Paris"})]
+            assert not [e for e in events if isinstance(e, TextChunk | ReasoningChunk)]

@@ -463,7 +463,13 @@ kimi_k3_grammar = _per_param_grammar(
         stops=("<|close|>call<|sep|>",),
         trim=False,
     ),
-    lambda name, lit: lit(f'<|open|>tools<|sep|><|open|>call tool="{name}" index="1"<|sep|>'),
+    lambda name, lit: (
+        # Its prompt opens the think block (or, thinking off, the response): a call may close
+        # them first, as the template writes a turn; the parser reads either way.
+        f"(({lit('<|close|>think<|sep|><|open|>response<|sep|>')})? "
+        f"{lit('<|close|>response<|sep|>')})? "
+        + lit(f'<|open|>tools<|sep|><|open|>call tool="{name}" index="1"<|sep|>')
+    ),
     lambda lit: lit("<|close|>call<|sep|><|close|>tools<|sep|>"),
     json_block=('<|open|>json type="object"<|sep|>', "<|close|>json<|sep|>"),
 )
