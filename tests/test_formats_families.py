@@ -469,7 +469,13 @@ def test_the_vocabulary_is_the_fallback() -> None:
 
 @pytest.mark.parametrize(
     ("named", "name"),
-    [("glm47", "glm47"), ("laguna", "glm47"), ("kimi_k2", "kimi_k2"), ("deepseek", "deepseek_v3")],
+    [
+        ("glm47", "glm47"),
+        ("laguna", "glm47"),
+        ("kimi_k2", "kimi_k2"),
+        ("deepseek", "deepseek_v3"),
+        *((n, n) for n in ("function_gemma", "longcat", "minicpm5", "muse_spark", "kimi_k3")),
+    ],
 )
 def test_tool_parser_type_names_the_format(named: str, name: str) -> None:
     assert formats.detect(formats.Detection("<tool_call>", tool_parser_type=named)).name == name

@@ -24,7 +24,9 @@ One ``Format`` per family (``format.py``), registered by name in a registry:
 
 To add a family: a module here building a ``Format`` and calling ``register`` at import, then
 one import line below. ``tagged`` holds today's four tag formats (Hermes, Qwen3-Coder XML,
-Llama 3 JSON, Mistral, parsed by ``stream.StreamParser``); ``harmony`` is gpt-oss's.
+Llama 3 JSON, Mistral, parsed by ``stream.StreamParser``); ``harmony`` is gpt-oss's;
+``families`` registers the other families (their regions in ``family_regions``, their forced-call
+grammars in ``family_grammars``; ``muse`` reads Muse's addressed messages).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ Replay, from each family's template: GLM, MiniMax, Kimi K2 read ``reasoning_cont
 writes a call's id as its header, so replayed ids become ``functions.NAME:N``; DeepSeek
 V3.x joins ``arguments`` into the prompt as a string (a dict fails to render); ``reasoning.effort``
 becomes ``enable_thinking`` (DeepSeek: ``thinking``, off without an effort, as its template
-defaults): ``none``/``minimal`` off, any other on.
+defaults): ``none``/``minimal`` off, any other on. Kimi K3's template reads ``thinking`` and
+``thinking_effort``, Muse's ``reasoning_effort``; both formats carry their reasoning in their own
+markup (``reasons``): Kimi K3's think block, Muse's ``to=self`` messages (``muse``).
 """
 
 from __future__ import annotations
