@@ -92,21 +92,26 @@ class Family:
     codex_format: str | None = None
 
 
-def tool_call_message(arguments: object, **extra: Any) -> dict[str, Any]:
+def tool_call_message(arguments: object, call_id: str = "call_1", **extra: Any) -> dict[str, Any]:
     """The assistant turn that called get_weather for Paris, as the chat messages carry it."""
     call = {
-        "id": "call_1",
+        "id": call_id,
         "type": "function",
         "function": {"name": "get_weather", "arguments": arguments},
     }
     return {"role": "assistant", "content": "", "tool_calls": [call], **extra}
 
 
-def tool_result_messages(arguments: object, **extra: Any) -> list[dict[str, Any]]:
+def tool_result_messages(
+    arguments: object, call_id: str = "call_1", **extra: Any
+) -> list[dict[str, Any]]:
+    """The call and its output, as the server replays them: ``call_id`` is the id the family's
+    replay writes (Kimi K2's own ``functions.NAME:N``), ``extra`` the reasoning its template
+    keeps before the call."""
     return [
         *WEATHER,
-        tool_call_message(arguments, **extra),
-        {"role": "tool", "tool_call_id": "call_1", "content": WEATHER_RESULT},
+        tool_call_message(arguments, call_id, **extra),
+        {"role": "tool", "tool_call_id": call_id, "content": WEATHER_RESULT},
     ]
 
 
@@ -336,6 +341,8 @@ KIMI_K2 = Family(
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
         ANSWER,
+        # The server replays a call's id as Kimi's own (its template answers `Return of <id>`).
+        call_id="functions.get_weather:0",
     ),
 )
 
@@ -530,6 +537,9 @@ QWEN3 = Family(
         '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         "<think>\n\n</think>\n\n" + ANSWER,
         arguments='{"city": "Paris"}',
+        # Qwen3's template keeps the reasoning of a turn after the last user message: the
+        # call's, as the server replays it.
+        reasoning_content="Look up the weather.",
     ),
 )
 
