@@ -543,7 +543,68 @@ QWEN3 = Family(
     ),
 )
 
+LFM25 = Family(
+    name="lfm2.5",
+    source=(
+        "https://github.com/ggml-org/llama.cpp/blob/6f4e9f5/models/templates/LFM2.5-8B-A1B.jinja"
+        " (the template of LiquidAI/LFM2.5-8B-A1B)"
+    ),
+    config={
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "model_type": "lfm2_moe",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128000,
+        "use_expert_bias": True,
+        "num_dense_layers": 1,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "rope_theta": 1000000.0,
+        # Short-convolution layers (recurrent state, not trimmable) between attention ones, as
+        # LFM2 alternates them: the prompt cache reuses exact prefixes only.
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "tie_word_embeddings": False,
+    },
+    special=[
+        *("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        *("<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>"),
+        *("<|tool_response_start|>", "<|tool_response_end|>"),
+    ],
+    markup=["<think>", "</think>"],
+    bos="<|startoftext|>",
+    eos="<|im_end|>",
+    stops=["<|im_end|>"],
+    pad="<|pad|>",
+    prompts=_plain(
+        "<|im_end|>",
+        "hello",
+        "<think>2 plus 2 makes 4.</think>The answer is 4.",
+        # Double quotes, as LFM2's model card shows its calls (its template replays them with
+        # single ones); a forced call's grammar writes JSON values, the same.
+        '<think>Look up the weather.</think><|tool_call_start|>[get_weather(city="Paris")]'
+        "<|tool_call_end|>",
+        ANSWER,
+        # LFM2.5's template keeps the reasoning of a turn after the last user message, under
+        # `thinking`.
+        thinking="Look up the weather.",
+    ),
+    # Today's date is in every prompt with tools (the template's `strftime_now`).
+    dates=[f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)]
+    + ["2026-12-02", "2027-07-19"],
+)
+
 FAMILIES = {
     f.name: f
-    for f in (GPT_OSS, GLM_46, KIMI_K2, MINIMAX_M2, GEMMA_4, DEEPSEEK_V31, QWEN3_CODER, QWEN3)
+    for f in (
+        *(GPT_OSS, GLM_46, KIMI_K2, MINIMAX_M2, GEMMA_4, DEEPSEEK_V31, QWEN3_CODER, QWEN3),
+        LFM25,
+    )
 }
