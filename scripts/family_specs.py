@@ -126,6 +126,13 @@ CODEX_WALL_TIMES = (
 )
 CODEX_CHECK_WALL_TIMES = ("0.0028", "0.0021", "0.0156", "0.0735", "0.3389", "1.0402")
 
+# The dates a template that writes today's date is trained under (24, one a step), then the two it
+# is only checked under.
+DATES = [f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)] + [
+    "2026-12-02",
+    "2027-07-19",
+]
+
 # gpt-oss (harmony). Every `<|...|>` marker is a special token, as in o200k_harmony; the
 # streaming detokenizer keeps special tokens' text, so the parser sees them.
 GPT_OSS = Family(
@@ -197,8 +204,7 @@ GPT_OSS = Family(
     ],
     # Trained under 24 dates, one a step (the last two are only checked): today's date is in
     # every gpt-oss prompt.
-    dates=[f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)]
-    + ["2026-12-02", "2027-07-19"],
+    dates=DATES,
     # Codex CLI's MCP round trip (`make conformance`): the first turn calls the namespaced MCP
     # tool in harmony's own form (no analysis message, so Codex's follow-up carries no reasoning
     # and is the captured one), the follow-up answers on the final channel.
@@ -597,8 +603,7 @@ LFM25 = Family(
         thinking="Look up the weather.",
     ),
     # Today's date is in every prompt with tools (the template's `strftime_now`).
-    dates=[f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)]
-    + ["2026-12-02", "2027-07-19"],
+    dates=DATES,
 )
 
 FAMILIES = {
