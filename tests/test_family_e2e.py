@@ -5,8 +5,9 @@
   schema, a Lark custom tool's input matches its grammar.
 - A replay of reasoning + ``function_call`` + ``function_call_output`` runs exactly the token ids
   the family's own chat template gives for the equivalent chat messages (its reasoning key, its
-  arguments as an object or a string). The ids are the ones the model actor is handed: the test
-  records every ``ModelHandle.submit`` of the in-process server (the real call, passed through).
+  arguments as an object or a string), sent as items or through stored history
+  (``previous_response_id``). The ids are the ones the model actor is handed: the test records
+  every ``ModelHandle.submit`` of the in-process server (the real call, passed through).
 - A ``store: false`` agent loop reuses at least 90% of the previous prompt that the template
   leaves unchanged, and answers as a server with the cache off.
 - ``/v1/messages``: the fixture's own ``tool_use``, its ``tool_result`` replayed, the trained
@@ -243,17 +244,37 @@ async def test_a_replay_runs_the_templates_own_token_ids(
         with trio.fail_after(DEADLINE):
             counted = await http.post("/v1/responses/input_tokens", json=body)
             reply = await http.post("/v1/responses", json=body)
+            # The same through stored history: the model's own call, then its output by
+            # previous_response_id.
+            asked = {**body, "input": question, "store": True}
+            first = (await http.post("/v1/responses", json=asked)).json()
+            (call,) = [i for i in first["output"] if i["type"] == "function_call"]
+            answer = {"type": "function_call_output", "call_id": call["call_id"], "output": result}
+            follow = {**body, "input": [answer], "previous_response_id": first["id"]}
+            followed = await http.post("/v1/responses", json=follow)
     assert counted.status_code == 200, counted.text
     assert reply.status_code == 200, reply.text
+    assert followed.status_code == 200, followed.text
     expected = template_ids(
         family,
         equivalent_chat(family, question, result, THOUGHT, "call_1"),
         prompts["tool_call"]["tools"],
     )
-    assert len(prompts_seen) == 1
+    assert len(prompts_seen) == 3
     assert_same_ids(family, prompts_seen[0], expected)
     assert counted.json()["input_tokens"] == len(expected)
     assert reply.json()["usage"]["input_tokens"] == len(expected)
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    thought = "".join(
+        part["text"]
+        for item in first["output"]
+        if item["type"] == "reasoning"
+        for part in item.get("content") or []
+    )
+    chat = equivalent_chat(family, question, result, thought or None, call["call_id"])
+    assert_same_ids(
+        family, prompts_seen[2], template_ids(family, chat, prompts["tool_call"]["tools"])
+    )
 
 
 TURNS = ["tool_call", None, "hello"]
