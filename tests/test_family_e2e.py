@@ -32,7 +32,6 @@ from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
 from mlx_responses.actors.model import GenerationRequest
-from mlx_responses.model.inbound import SequenceSpec
 from mlx_responses.server import ServerHandle
 
 from .conftest import MODEL, output_text
@@ -65,9 +64,11 @@ THOUGHT = "Look up the weather."
 ANSWER = "It is sunny and 18 degrees in Paris."
 # How each family's template reads an assistant turn (docs/models.md): the key its reasoning
 # goes under, and whether it wants the arguments as a JSON string (DeepSeek concatenates them).
-# Kimi K2's templates write the call id as the call's header, so its ids are its own
-# ``functions.NAME:N``; every other family takes the client's id as it is.
-REASONING_KEY = {"gpt-oss": "thinking"}
+# Kimi K2's template heads a call ``functions.NAME:N`` and answers ``## Return of <id>``, so the
+# server replays call ids as that; every other family takes the client's id as it is.
+# (transformers' ``apply_chat_template`` fills ``reasoning_content`` and ``thinking`` from each
+# other, so the key is documentation here; the reasoning itself is what is compared).
+REASONING_KEY = {"gpt-oss": "thinking", "lfm2.5": "thinking"}
 ARGUMENTS_AS_STRING = {"deepseek-v3.1"}
 CALL_ID = {"kimi-k2": "functions.get_weather:0"}
 # The template kwargs a request without any renders with (docs/models.md): mlx-lm's, whose
@@ -92,7 +93,7 @@ def record_prompts(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> lis
     seen: list[tuple[int, ...]] = []
     real: Callable[[GenerationRequest], Awaitable[Any]] = server.actors.model.submit
 
-    async def submit(request: SequenceSpec) -> Any:
+    async def submit(request: GenerationRequest) -> Any:
         seen.append(request.prompt)
         return await real(request)
 
