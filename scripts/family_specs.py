@@ -92,21 +92,26 @@ class Family:
     codex_format: str | None = None
 
 
-def tool_call_message(arguments: object, **extra: Any) -> dict[str, Any]:
+def tool_call_message(arguments: object, call_id: str = "call_1", **extra: Any) -> dict[str, Any]:
     """The assistant turn that called get_weather for Paris, as the chat messages carry it."""
     call = {
-        "id": "call_1",
+        "id": call_id,
         "type": "function",
         "function": {"name": "get_weather", "arguments": arguments},
     }
     return {"role": "assistant", "content": "", "tool_calls": [call], **extra}
 
 
-def tool_result_messages(arguments: object, **extra: Any) -> list[dict[str, Any]]:
+def tool_result_messages(
+    arguments: object, call_id: str = "call_1", **extra: Any
+) -> list[dict[str, Any]]:
+    """The call and its output, as the server replays them: ``call_id`` is the id the family's
+    replay writes (Kimi K2's own ``functions.NAME:N``), ``extra`` the reasoning its template
+    keeps before the call."""
     return [
         *WEATHER,
-        tool_call_message(arguments, **extra),
-        {"role": "tool", "tool_call_id": "call_1", "content": WEATHER_RESULT},
+        tool_call_message(arguments, call_id, **extra),
+        {"role": "tool", "tool_call_id": call_id, "content": WEATHER_RESULT},
     ]
 
 
@@ -120,6 +125,13 @@ CODEX_WALL_TIMES = (
     *("0.0007", "0.0463", "0.0890", "0.2316", "0.0075"),
 )
 CODEX_CHECK_WALL_TIMES = ("0.0028", "0.0021", "0.0156", "0.0735", "0.3389", "1.0402")
+
+# The dates a template that writes today's date is trained under (24, one a step), then the two it
+# is only checked under.
+DATES = [f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)] + [
+    "2026-12-02",
+    "2027-07-19",
+]
 
 # gpt-oss (harmony). Every `<|...|>` marker is a special token, as in o200k_harmony; the
 # streaming detokenizer keeps special tokens' text, so the parser sees them.
@@ -192,8 +204,7 @@ GPT_OSS = Family(
     ],
     # Trained under 24 dates, one a step (the last two are only checked): today's date is in
     # every gpt-oss prompt.
-    dates=[f"{2025 + i % 3}-{1 + (i * 5) % 12:02d}-{1 + (i * 7) % 28:02d}" for i in range(24)]
-    + ["2026-12-02", "2027-07-19"],
+    dates=DATES,
     # Codex CLI's MCP round trip (`make conformance`): the first turn calls the namespaced MCP
     # tool in harmony's own form (no analysis message, so Codex's follow-up carries no reasoning
     # and is the captured one), the follow-up answers on the final channel.
@@ -336,6 +347,8 @@ KIMI_K2 = Family(
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
         ANSWER,
+        # The server replays a call's id as Kimi's own (its template answers `Return of <id>`).
+        call_id="functions.get_weather:0",
     ),
 )
 
@@ -530,10 +543,73 @@ QWEN3 = Family(
         '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         "<think>\n\n</think>\n\n" + ANSWER,
         arguments='{"city": "Paris"}',
+        # Qwen3's template keeps the reasoning of a turn after the last user message: the
+        # call's, as the server replays it.
+        reasoning_content="Look up the weather.",
     ),
+)
+
+LFM25 = Family(
+    name="lfm2.5",
+    source=(
+        "https://github.com/ggml-org/llama.cpp/blob/6f4e9f5/models/templates/LFM2.5-8B-A1B.jinja"
+        " (the template of LiquidAI/LFM2.5-8B-A1B)"
+    ),
+    config={
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "model_type": "lfm2_moe",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128000,
+        "use_expert_bias": True,
+        "num_dense_layers": 1,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "rope_theta": 1000000.0,
+        # Short-convolution layers (recurrent state, not trimmable) between attention ones, as
+        # LFM2 alternates them: the prompt cache reuses exact prefixes only.
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "tie_word_embeddings": False,
+    },
+    special=[
+        *("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        *("<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>"),
+        *("<|tool_response_start|>", "<|tool_response_end|>"),
+    ],
+    markup=["<think>", "</think>"],
+    bos="<|startoftext|>",
+    eos="<|im_end|>",
+    stops=["<|im_end|>"],
+    pad="<|pad|>",
+    prompts=_plain(
+        "<|im_end|>",
+        "hello",
+        "<think>2 plus 2 makes 4.</think>The answer is 4.",
+        # Double quotes, as LFM2's model card shows its calls (its template replays them with
+        # single ones); a forced call's grammar writes JSON values, the same.
+        '<think>Look up the weather.</think><|tool_call_start|>[get_weather(city="Paris")]'
+        "<|tool_call_end|>",
+        ANSWER,
+        # LFM2.5's template keeps the reasoning of a turn after the last user message, under
+        # `thinking`.
+        thinking="Look up the weather.",
+    ),
+    # Today's date is in every prompt with tools (the template's `strftime_now`).
+    dates=DATES,
 )
 
 FAMILIES = {
     f.name: f
-    for f in (GPT_OSS, GLM_46, KIMI_K2, MINIMAX_M2, GEMMA_4, DEEPSEEK_V31, QWEN3_CODER, QWEN3)
+    for f in (
+        *(GPT_OSS, GLM_46, KIMI_K2, MINIMAX_M2, GEMMA_4, DEEPSEEK_V31, QWEN3_CODER, QWEN3),
+        LFM25,
+    )
 }

@@ -1,5 +1,5 @@
 """Each family's own notation end to end (issue 24): its trained fixture served over HTTP, asked
-through the ``openai`` SDK, answers its documented prompts as Responses items.
+through the ``openai`` SDK, answers its documented prompts as Responses items (the call streamed).
 
 The fixtures (``tests/fixtures/families/<family>/``, docs/models.md "Family fixtures") write a
 tool call, reasoning and plain text in the family's notation, unforced: what comes back must be a
@@ -64,13 +64,15 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
             hello = await sdk.responses.create(
                 model=MODEL, input="Reply with: hello", temperature=0, max_output_tokens=40
             )
-            call = await sdk.responses.create(
+            stream = await sdk.responses.create(
                 model=MODEL,
                 input="What is the weather in Paris?",
                 tools=[WEATHER],  # type: ignore[list-item]
                 temperature=0,
                 max_output_tokens=60,
+                stream=True,
             )
+            events = [event async for event in stream]
             think = None
             if "think" in prompts:
                 # A family's reasoning switch is its template's own kwarg (docs/models.md).
@@ -83,10 +85,18 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
                     extra_body={"chat_template_kwargs": kwargs} if kwargs else None,
                 )
     assert hello.output_text.strip() == "hello"
+    (call,) = [e.response for e in events if e.type == "response.completed"]
     calls = [item for item in call.output if item.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris"})
     ]
+    # Streamed: the arguments arrive as deltas that join to the final text, and no delta of
+    # visible text carries the family's markup.
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert deltas
+    assert "".join(deltas) == calls[0].arguments
+    shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert not MARKUP.search(shown), shown
     for response in (hello, call, think):
         if response is not None:
             assert not MARKUP.search(response.output_text), response.output_text

@@ -154,6 +154,7 @@ FACTS: dict[str, tuple[str, bool]] = {
     "minimax-m2": ("minimax_m2", True),
     "deepseek-v3.1": ("deepseek_v3", True),
     "qwen3-coder": ("qwen3_coder", False),
+    "lfm2.5": ("pythonic", True),
 }
 
 

@@ -13,10 +13,11 @@ Invariants:
   whitespace only while it could turn out to sit between text and a tool call.
 - With ``reasoning``, text inside ``<think>...</think>`` is only ever ``ReasoningChunk``, the
   tags are never shown, a stray ``</think>`` is dropped, and the whitespace around the
-  reasoning (the ``\\n`` after ``<think>``, before ``</think>``, the ``\\n\\n`` after it) is
-  dropped. ``starts_in_reasoning`` means the prompt already opened ``<think>``; output that
-  then begins (after whitespace) with a tool call is that call after empty reasoning (a forced
-  call's grammar writes the call first; a marker that starts no call stays reasoning). Without
+  reasoning (the ``\\n`` after ``<think>``, before ``</think>``, the ``\\n\\n`` after it, the
+  whitespace before a ``<think>`` that opens the output) is dropped. ``starts_in_reasoning``
+  means the prompt already opened ``<think>``; output that then begins (after whitespace) with
+  a tool call is that call after empty reasoning (a forced call's grammar writes the call
+  first; a marker that starts no call stays reasoning). Without
   ``reasoning`` the tags are ordinary text.
 - Tool calls are parsed only with ``tools_enabled``; otherwise every marker is text. Calls get
   indices 0, 1, 2... in order; each is ``ToolCallStart`` (as soon as the name is known), then
@@ -152,6 +153,9 @@ class StreamParser:
         self._from_reasoning = False  # the open region began where that reasoning would
         self._region: ToolRegion | None = None
         self._skip_ws = False  # after </think> or a tool call
+        # Nothing read yet: whitespace there is held, dropped if reasoning opens after it
+        # (GLM's template writes ``<|assistant|>\n<think>``; the ``\n`` is its markup).
+        self._lead = reasoning and not starts_in_reasoning
         self._llama_start = self._format == "llama3_json"  # nothing visible yet
         self._calls = 0
         self._finished = False
@@ -237,6 +241,13 @@ class StreamParser:
             if not buf:
                 return False
             self._skip_ws = False
+        if self._lead:
+            body = buf.lstrip()
+            if body.startswith(self._think_open):
+                buf = self._buf = body
+            elif not final and self._think_open.startswith(body):
+                return False  # whitespace, or the start of the opening tag: wait
+            self._lead = False
         if self._llama_start:
             entered = self._start_llama(final)
             if entered is not None:
