@@ -26,6 +26,7 @@ from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from .common import decode_json_body, runtime, tenant
 from .file_inputs import inline_file_inputs
+from .image_inputs import inline_image_inputs
 from .lifetime import presence
 
 
@@ -44,8 +45,11 @@ async def read_body() -> object:
 
 
 async def read_create_body() -> object:
-    """The body, with ``input_file`` parts already turned into text."""
-    return await inline_file_inputs(await read_body(), runtime().files, tenant())
+    """The body, with ``input_file`` parts already turned into text and ``input_image`` parts
+    accepted (``image_inputs.py``)."""
+    rt = runtime()
+    body = await inline_file_inputs(await read_body(), rt.files, tenant())
+    return await inline_image_inputs(body, rt.files, tenant(), rt.model.vision)
 
 
 async def open_response(create: CreateRequest) -> EventLog:

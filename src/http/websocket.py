@@ -55,6 +55,7 @@ from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
+from .image_inputs import inline_image_inputs
 from .pipeline import open_response
 from .request_log import log_socket
 from .schemas import parse_create_request
@@ -323,6 +324,9 @@ class _Connection:
         started = time.perf_counter()
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
+            inlined = await inline_image_inputs(
+                inlined, self._runtime.files, self._owner, self._runtime.model.vision
+            )
             assert isinstance(inlined, dict)
             response_log = await open_response(
                 self._request(dataclasses.replace(order, body=inlined))

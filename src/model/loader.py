@@ -15,6 +15,7 @@ from typing import Any
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
+from .vision import VisionModel, is_vision_model, load_vision
 
 DEFAULT_CONTEXT_WINDOW = 4096
 
@@ -33,6 +34,12 @@ class LoadedModel:
     # MLX's version and default device in words, asked once here on the generation thread
     # (the only thread that calls MLX), so the start-up line and /status never call it.
     device: str = ""
+    # A vision-language model's image side (mlx-vlm; ``vision.py``); None: text-only.
+    vision: VisionModel | None = None
+
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        return ("text", "image") if self.vision is not None else ("text",)
 
 
 def resolve_model_path(path_or_id: str) -> str:
@@ -112,6 +119,8 @@ def load_model(path: str) -> LoadedModel:
     model, tokenizer = load(path, tokenizer_config={"tool_parser_type": None} if hidden else None)[
         :2
     ]
+    folder = _local_folder(path)
+    vision = load_vision(folder) if folder is not None and is_vision_model(folder) else None
     try:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):
@@ -125,7 +134,21 @@ def load_model(path: str) -> LoadedModel:
         has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
         device=device_words(),
+        vision=vision,
     )
+
+
+def _local_folder(path: str) -> str | None:
+    """The folder mlx-lm loaded ``path`` from (a hub id's snapshot; it keeps every JSON file,
+    so an image processor's config too)."""
+    if Path(path).is_dir():
+        return path
+    try:
+        from mlx_lm.utils import _download
+
+        return str(_download(path))
+    except Exception:
+        return None
 
 
 def device_words() -> str:
