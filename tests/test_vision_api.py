@@ -78,3 +78,140 @@ async def test_a_data_url_image_is_answered_and_counted(nursery: trio.Nursery) -
     assert extra == 9 + 2, (with_image.usage, text_only.usage)
     assert counted.status_code == 200, counted.text
     assert counted.json()["input_tokens"] == with_image.usage.input_tokens
+
+
+def first_text(response: Any) -> str:
+    return str(response.output_text)
+
+
+async def test_every_route_an_image_arrives_by_reaches_the_model(nursery: trio.Nursery) -> None:
+    """A file id, a tool's output (Codex's view_image), a previous_response_id chain and a
+    conversation each carry the image: each answers as the same image sent inline does."""
+    server = await start(nursery, FIXTURE)
+    red = png(COLOURS["red"])
+    ask: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_output_tokens": 8}
+    async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0) as sdk:
+        with trio.fail_after(DEADLINE):
+            inline = await sdk.responses.create(input=[image_message(data_url(red))], **ask)
+            uploaded = await sdk.files.create(file=("red.png", red, "image/png"), purpose="vision")
+            by_file = await sdk.responses.create(
+                input=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_image", "file_id": uploaded.id, "detail": "auto"},
+                            {"type": "input_text", "text": QUESTION},
+                        ],
+                    }
+                ],
+                **ask,
+            )
+            # The image as a tool's output, then the same question on the next turn.
+            tool_turn = await sdk.responses.create(
+                input=[
+                    {"role": "user", "content": "Look at the picture."},
+                    {
+                        "type": "function_call",
+                        "call_id": "call_1",
+                        "name": "view_image",
+                        "arguments": '{"path": "red.png"}',
+                    },
+                    {
+                        "type": "function_call_output",
+                        "call_id": "call_1",
+                        "output": [{"type": "input_image", "image_url": data_url(red)}],
+                    },
+                    {"role": "user", "content": QUESTION},
+                ],
+                **ask,
+            )
+            first = await sdk.responses.create(input=[image_message(data_url(red))], **ask)
+            chained = await sdk.responses.create(
+                previous_response_id=first.id, input="And again: " + QUESTION, **ask
+            )
+            items = await sdk.responses.input_items.list(first.id)
+            conversation = await sdk.conversations.create(items=[])
+            in_conversation = await sdk.responses.create(
+                conversation=conversation.id, input=[image_message(data_url(red))], **ask
+            )
+            next_in_conversation = await sdk.responses.create(
+                conversation=conversation.id, input="And again: " + QUESTION, **ask
+            )
+    assert first_text(by_file) == first_text(inline)
+    assert by_file.usage is not None
+    assert inline.usage is not None
+    assert by_file.usage.input_tokens == inline.usage.input_tokens
+    assert tool_turn.status in ("completed", "incomplete")
+    assert tool_turn.usage is not None
+    assert tool_turn.usage.input_tokens > inline.usage.input_tokens  # the image is in the prompt
+    # The chain replays the stored image: the prompt holds it (the first turn's tokens and more).
+    assert chained.usage is not None
+    assert chained.usage.input_tokens > inline.usage.input_tokens
+    assert chained.usage.input_tokens_details.cached_tokens >= inline.usage.input_tokens - 1
+    listed = items.data[0].model_dump()
+    assert [part["type"] for part in listed["content"]] == ["input_image", "input_text"]
+    assert listed["content"][0]["image_url"] == data_url(red)
+    assert first_text(in_conversation) == first_text(inline)
+    assert next_in_conversation.usage is not None
+    assert next_in_conversation.usage.input_tokens > inline.usage.input_tokens
+
+
+async def test_bad_images_are_refused_naming_the_part_and_nothing_is_stored(
+    nursery: trio.Nursery,
+) -> None:
+    server = await start(nursery, FIXTURE)
+    huge = io.BytesIO()
+    Image.new("1", (8000, 6000)).save(huge, "PNG")  # 48M pixels, a small file
+    cases = {
+        "data:image/png;base64,aGVsbG8gd29ybGQ=": "input[0].content[0].image_url",  # not an image
+        "data:image/png;base64,!!!": "input[0].content[0].image_url",
+        data_url(huge.getvalue()): "input[0].content[0].image_url",
+        "https://example.com/red.png": "input[0].content[0].image_url",
+    }
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            refused = {
+                url: await http.post(
+                    "/v1/responses", json={"model": MODEL, "input": [image_message(url)]}
+                )
+                for url in cases
+            }
+            missing_file = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": [
+                        {"role": "user", "content": [{"type": "input_image", "file_id": "file-x"}]}
+                    ],
+                },
+            )
+            bad_detail = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "input_image",
+                                    "image_url": data_url(png((1, 2, 3))),
+                                    "detail": "huge",
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
+            health = (await http.get("/health")).json()
+    for url, param in cases.items():
+        reply = refused[url]
+        assert reply.status_code == 400, (url[:40], reply.text)
+        assert reply.json()["error"]["param"] == param
+    assert missing_file.status_code == 400
+    assert missing_file.json()["error"]["param"] == "input[0].content[0].file_id"
+    assert bad_detail.status_code == 400
+    assert bad_detail.json()["error"]["param"] == "input[0].content[0].detail"
+    # Refused before any model work: nothing was prefilled, nothing generated or stored.
+    assert server.model.statistics().prompt_tokens_processed == 0
+    assert health["batch"]["sequences_finished"] == 0, health["batch"]
