@@ -13,12 +13,13 @@ import io
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx
 import trio
 from openai import AsyncOpenAI
 from PIL import Image
 
-from .conftest import MODEL
+from .conftest import MODEL, output_text, wait_until
 from .test_api_prompt_cache_templates import start
 
 DEADLINE = 120
@@ -215,3 +216,146 @@ async def test_bad_images_are_refused_naming_the_part_and_nothing_is_stored(
     # Refused before any model work: nothing was prefilled, nothing generated or stored.
     assert server.model.statistics().prompt_tokens_processed == 0
     assert health["batch"]["sequences_finished"] == 0, health["batch"]
+
+
+async def test_anthropic_messages_take_image_blocks(nursery: trio.Nursery) -> None:
+    server = await start(nursery, FIXTURE)
+    red = base64.b64encode(png(COLOURS["red"])).decode("ascii")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": red}}
+    async with anthropic.AsyncAnthropic(
+        base_url=server.base_url, api_key="x", max_retries=0, timeout=60
+    ) as sdk:
+        async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x") as openai_sdk:
+            with trio.fail_after(DEADLINE):
+                message = await sdk.messages.create(
+                    model=MODEL,
+                    max_tokens=8,
+                    extra_body={"temperature": 0},
+                    messages=[
+                        {"role": "user", "content": [block, {"type": "text", "text": QUESTION}]}  # type: ignore[list-item]
+                    ],
+                )
+                counted = await sdk.messages.count_tokens(
+                    model=MODEL,
+                    messages=[
+                        {"role": "user", "content": [block, {"type": "text", "text": QUESTION}]}  # type: ignore[list-item]
+                    ],
+                )
+                responses = await openai_sdk.responses.create(
+                    model=MODEL,
+                    input=[image_message(data_url(png(COLOURS["red"])))],  # type: ignore[list-item]
+                    temperature=0,
+                    max_output_tokens=8,
+                )
+    text = "".join(b.text for b in message.content if b.type == "text")
+    assert text == responses.output_text
+    assert responses.usage is not None
+    assert message.usage.input_tokens == counted.input_tokens == responses.usage.input_tokens
+
+
+async def test_image_and_text_requests_batch_together_each_as_alone(
+    nursery: trio.Nursery,
+) -> None:
+    server = await start(nursery, FIXTURE)
+    asks: list[list[dict[str, Any]] | str] = [
+        [image_message(data_url(png(COLOURS["red"])))],
+        [image_message(data_url(png(COLOURS["blue"], side=112)))],
+        "Reply with: hello",
+        "Say something short.",
+    ]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+
+        async def run(ask: list[dict[str, Any]] | str) -> str:
+            body = {"model": MODEL, "input": ask, "temperature": 0, "max_output_tokens": 24}
+            reply = await http.post("/v1/responses", json=body)
+            assert reply.status_code == 200, reply.text
+            return output_text(reply.json())
+
+        with trio.fail_after(DEADLINE):
+            solo = [await run(ask) for ask in asks]
+            together: list[str | None] = [None] * len(asks)
+
+            async def one(i: int) -> None:
+                together[i] = await run(asks[i])
+
+            async with trio.open_nursery() as n:
+                for i in range(len(asks)):
+                    n.start_soon(one, i)
+    assert together == solo
+    stats = server.model.statistics()
+    assert stats.active == 0
+    assert stats.peak_decoding >= 2  # they shared the batch
+
+
+async def test_a_cancelled_image_request_leaves_the_batch_empty(nursery: trio.Nursery) -> None:
+    server = await start(nursery, FIXTURE)
+    model = server.model
+    # A schema that forces a long answer, so the request is still decoding when cancelled.
+    long_text = {
+        "type": "json_schema",
+        "name": "long",
+        "schema": {
+            "type": "object",
+            "properties": {"a": {"type": "string", "minLength": 4000}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
+    body = {
+        "model": MODEL,
+        "input": [image_message(data_url(png(COLOURS["green"])))],
+        "background": True,
+        "max_output_tokens": 3000,
+        "text": {"format": long_text},
+    }
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            started = (await http.post("/v1/responses", json=body)).json()
+            await wait_until(lambda: model.statistics().tokens_generated > 5)
+            cancelled = await http.post(f"/v1/responses/{started['id']}/cancel")
+            await model.wait_idle()
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    stats = model.statistics()
+    assert stats.sequences_cancelled == 1
+    assert stats.active == 0
+
+
+async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nursery) -> None:
+    """A replay with the same image is served from the cache past the image; the same text
+    with another image is not (it shares only the text before the image) and answers as that
+    image alone does (tenants stay apart as for text: the cache is keyed by tenant first)."""
+    server = await start(nursery, FIXTURE)
+    cold = await start(nursery, FIXTURE, prompt_cache_bytes=0)
+
+    async def create(base_url: str, history: list[dict[str, Any]], key: str = "") -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+            reply = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": history,
+                    "temperature": 0,
+                    "max_output_tokens": 8,
+                    "store": False,
+                },
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+            )
+        assert reply.status_code == 200, reply.text
+        data: dict[str, Any] = reply.json()
+        return data
+
+    red, blue = data_url(png(COLOURS["red"])), data_url(png(COLOURS["blue"]))
+    with trio.fail_after(DEADLINE):
+        first = await create(server.base_url, [image_message(red)])
+        replay = [image_message(red), *first["output"], {"role": "user", "content": QUESTION}]
+        again = await create(server.base_url, replay)
+        other = await create(server.base_url, [image_message(blue)])
+        other_cold = await create(cold.base_url, [image_message(blue)])
+    image_end = first["usage"]["input_tokens"] - 20  # well past the image's 11 tokens
+    assert again["usage"]["input_tokens_details"]["cached_tokens"] > image_end
+    # The blue square shares the system prompt and the user turn's opening, not the image.
+    shared = other["usage"]["input_tokens_details"]["cached_tokens"]
+    assert shared < first["usage"]["input_tokens"] - 20, other["usage"]
+    assert output_text(other) == output_text(other_cold)
