@@ -9,6 +9,7 @@ mlx-vlm's processor and vision tower take the image.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import trio
 from openai import AsyncOpenAI
 from PIL import Image
 
-from .conftest import MODEL, output_text, wait_until
+from mlx_responses.server import ServerHandle, serve
+
+from .conftest import MODEL, START_DEADLINE, output_text, server_settings, wait_until
 from .test_api_prompt_cache_templates import start
 
 DEADLINE = 120
@@ -359,3 +362,51 @@ async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nurser
     shared = other["usage"]["input_tokens_details"]["cached_tokens"]
     assert shared < first["usage"]["input_tokens"] - 20, other["usage"]
     assert output_text(other) == output_text(other_cold)
+
+
+async def test_image_urls_are_fetched_only_when_allowed_and_detail_low_costs_less(
+    nursery: trio.Nursery,
+) -> None:
+    settings = server_settings()
+    settings = dataclasses.replace(
+        settings,
+        model=dataclasses.replace(settings.model, model_path=str(FIXTURE)),
+        fetch_image_urls=True,
+    )
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    big = png((200, 30, 30), side=560)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+
+        async def count(part: dict[str, Any]) -> int:
+            reply = await http.post(
+                "/v1/responses/input_tokens",
+                json={"model": MODEL, "input": [{"role": "user", "content": [part]}]},
+            )
+            assert reply.status_code == 200, reply.text
+            return int(reply.json()["input_tokens"])
+
+        with trio.fail_after(DEADLINE):
+            uploaded = (
+                await http.post(
+                    "/v1/files",
+                    files={"file": ("big.png", big, "image/png")},
+                    data={"purpose": "vision"},
+                )
+            ).json()
+            # The server's own file content route stands in for a web server.
+            url = f"{server.base_url}/v1/files/{uploaded['id']}/content"
+            fetched = await count({"type": "input_image", "image_url": url})
+            inline = await count({"type": "input_image", "image_url": data_url(big)})
+            low = await count({"type": "input_image", "image_url": data_url(big), "detail": "low"})
+            unreachable = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": [image_message("http://127.0.0.1:9/nothing.png")],
+                },
+            )
+    assert fetched == inline
+    assert low < inline  # "low" caps the processor's pixel budget: fewer image tokens
+    assert unreachable.status_code == 400
+    assert unreachable.json()["error"]["param"] == "input[0].content[0].image_url"

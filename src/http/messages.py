@@ -47,7 +47,7 @@ from ..protocol.objects import JsonObject, Usage
 from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sse_response, tenant
 from .image_inputs import inline_message_images
-from .pipeline import open_response, read_body
+from .pipeline import image_sources, open_response, read_body
 from .server_defaults import with_default_temperature
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
@@ -133,8 +133,7 @@ def _encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder
 
 async def _message_body() -> object:
     """The body, with its image blocks accepted (``image_inputs.py``)."""
-    rt = runtime()
-    return await inline_message_images(await read_body(), rt.files, tenant(), rt.model.vision)
+    return await inline_message_images(await read_body(), image_sources())
 
 
 @_anthropic_errors

@@ -230,8 +230,11 @@ class VisionModel:
         if detail != "low":
             return {}
         image_processor = self.processor.image_processor
+        budget = getattr(image_processor, "max_pixels", None)
+        if isinstance(budget, int):  # mlx-vlm's Qwen-VL processors
+            return {"max_pixels": min(budget, LOW_DETAIL_PIXELS)}
         size = getattr(image_processor, "size", None)
-        if isinstance(size, Mapping) and "longest_edge" in size:
+        if isinstance(size, Mapping) and "longest_edge" in size:  # Hugging Face's
             low = min(int(size["longest_edge"]), LOW_DETAIL_PIXELS)
             return {"size": {**size, "longest_edge": low}}
         return {}
