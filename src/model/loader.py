@@ -120,7 +120,9 @@ def load_model(path: str) -> LoadedModel:
         :2
     ]
     folder = _local_folder(path)
-    vision = load_vision(folder) if folder is not None and is_vision_model(folder) else None
+    vision = None
+    if folder is not None and is_vision_model(folder):
+        vision = load_vision(folder, model)
     try:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):

@@ -50,6 +50,9 @@ _WRAPPED: Final = {
     "qwen3_vl": ("<|vision_start|>", "<|vision_end|>"),
     "qwen3_vl_moe": ("<|vision_start|>", "<|vision_end|>"),
 }
+# Multimodal RoPE (Qwen2-VL's row/column positions): prefilled through mlx-vlm's own language
+# model, which numbers them so (``vision_prefill``), sharing mlx-lm's weights.
+MROPE: Final = frozenset({"qwen2_vl", "qwen2_5_vl"})
 # ``detail: "low"``: at most this many pixels where the processor has a pixel budget.
 LOW_DETAIL_PIXELS: Final = 256 * 28 * 28
 
@@ -164,6 +167,7 @@ class VisionModel:
     def __init__(self, model: Any, processor: Any, model_type: str) -> None:
         self.model = model  # mlx-vlm's model (lazy: only the tower and embeddings are read)
         self.processor = processor
+        self.mrope = model_type in MROPE
         tokenizer = processor.tokenizer
         self.placeholder: str = processor.image_token
         opening, closing = _WRAPPED.get(model_type, ("", ""))
@@ -289,16 +293,22 @@ class VisionModel:
         return {**message, "content": "".join(pieces)}
 
 
-def load_vision(path: str) -> VisionModel:
-    """mlx-vlm's model (lazily: the language model's weights it also holds are never read)
-    and processor for ``path``. Call it on the generation thread."""
+def load_vision(path: str, text_model: Any) -> VisionModel:
+    """mlx-vlm's model (lazily: the language-model weights it also holds are never read) and
+    processor for ``path``. Call it on the generation thread, with mlx-lm's ``text_model``."""
+    from mlx.utils import tree_flatten
     from mlx_vlm.utils import load_model as load_vlm
     from mlx_vlm.utils import load_processor
 
     model = load_vlm(Path(path), lazy=True)
     processor = load_processor(path, add_detokenizer=False)
     config = json.loads((Path(path) / "config.json").read_text())
-    return VisionModel(model, processor, str(config.get("model_type", "")))
+    vision = VisionModel(model, processor, str(config.get("model_type", "")))
+    if vision.mrope:
+        # Its language model prefills image spans: the same arrays as mlx-lm's, not a copy.
+        weights = tree_flatten(text_model.language_model.parameters())
+        model.language_model.load_weights(weights, strict=True)
+    return vision
 
 
 def image_runs(prompt: Sequence[int]) -> list[tuple[int, int, int]]:

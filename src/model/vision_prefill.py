@@ -109,7 +109,8 @@ def vision_prefill(
     end = runs[-1][1] if runs else 0
     if reused >= end:
         return VisionStart(real, reused, cache, reused)
-    if any(start < reused < stop for start, stop, _ in runs):
+    if vision.mrope or any(start < reused < stop for start, stop, _ in runs):
+        # M-RoPE numbers positions from the prompt's start: its images are prefilled whole.
         cache, reused = None, 0
     todo = [run for run in runs if run[0] >= reused]
     arrays = _stacked(vision, _images(vision, todo))
@@ -124,9 +125,35 @@ def vision_prefill(
     embeddings = getattr(features, "inputs_embeds", features)
     if cache is None:
         cache = make_prompt_cache(model)
+    positions = _mrope_positions(vision, ids, arrays) if vision.mrope else None
     length = end - reused
     for a in range(0, length, step):
         b = min(a + step, length)
-        model(ids[:, a:b], cache=cache, input_embeddings=embeddings[:, a:b])
+        if positions is None:
+            model(ids[:, a:b], cache=cache, input_embeddings=embeddings[:, a:b])
+        else:
+            vision.model.language_model.model(
+                ids[:, a:b],
+                inputs_embeds=embeddings[:, a:b],
+                cache=cache,
+                position_ids=positions[:, :, a:b],
+            )
         mx.eval([layer.state for layer in cache])
     return VisionStart(real, end, cache, reused)
+
+
+def _mrope_positions(vision: VisionModel, ids: Any, arrays: dict[str, Any]) -> Any:
+    """Qwen2-VL's multimodal positions of ``ids`` (the prompt up to its last image), moved so
+    that the text after the last image sits at its own index.
+
+    mlx-lm's text model numbers every later token by its index in the cache; M-RoPE numbers it
+    by its index plus the prompt's ``rope_deltas`` (an image of h x w merged patches takes h*w
+    tokens but only max(h, w) positions). Rotary attention sees only differences of positions,
+    so moving every prefilled position by minus that delta gives every later token exactly the
+    differences M-RoPE gives it."""
+    import mlx.core as mx
+
+    positions, deltas = vision.model.language_model.get_rope_index(
+        ids, arrays.get("image_grid_thw"), None, mx.ones(ids.shape)
+    )
+    return positions - mx.reshape(deltas, (1, -1, 1))
