@@ -190,6 +190,9 @@ class ModelHandle:
 
         vision = self.vision
         if vision is None:
+            if any(has_images(str(message.get("content"))) for message in chat):
+                # A history a vision model stored, replayed to a text-only one.
+                raise invalid_request("The input holds images; this model is text-only.", "input")
             return await trio.to_thread.run_sync(plain, chat)
         # Images become the model's image tokens (model/vision.py); a refused one is a 400.
         try:

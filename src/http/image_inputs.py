@@ -159,7 +159,9 @@ async def inline_image_inputs(body: object, sources: ImageSources | None) -> obj
     changed = False
     for i, item in enumerate(body["input"]):
         key = "output" if isinstance(item, dict) and item.get("type") in _OUTPUTS else "content"
-        parts = item.get(key) if isinstance(item, dict) else None
+        # An assistant's image stays as sent: the parser refuses it (as OpenAI does).
+        takes = isinstance(item, dict) and item.get("role") != "assistant"
+        parts = item.get(key) if takes else None
         replaced = (
             await _parts(parts, f"input[{i}].{key}", sources) if isinstance(parts, list) else None
         )
