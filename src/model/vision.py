@@ -43,6 +43,8 @@ from ..protocol.images import ImageRef, has_images, split_text
 MAX_PIXELS: Final = 40_000_000
 MAX_IMAGE_BYTES: Final = 20 << 20
 REGISTRY_ENTRIES: Final = 256
+# ... and at most this many bytes of pixel arrays (a large Qwen-VL image is tens of MB).
+REGISTRY_BYTES: Final = 1 << 30
 # Families whose template writes the image placeholder inside vision start/end marks.
 _WRAPPED: Final = {
     "qwen2_vl": ("<|vision_start|>", "<|vision_end|>"),
@@ -85,12 +87,18 @@ class Prepared:
     arrays: Mapping[str, Any]  # NumPy arrays: pixel_values and what the tower needs with them
     tokens: tuple[int, ...]  # its expansion, image positions written as ``-handle``
 
+    @property
+    def nbytes(self) -> int:
+        return sum(int(getattr(a, "nbytes", 0)) for a in self.arrays.values())
+
 
 class _Registry:
     """Prepared images by handle (and the handle of a marker's URL), newest kept."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int = REGISTRY_BYTES) -> None:
         self._lock = threading.Lock()
+        self._bytes = 0
+        self._max_bytes = max_bytes
         self._by_handle: OrderedDict[int, Prepared] = OrderedDict()
         self._by_url: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._capacity = capacity
@@ -109,12 +117,17 @@ class _Registry:
 
     def put(self, key: tuple[str, str], prepared: Prepared) -> None:
         with self._lock:
+            if prepared.handle not in self._by_handle:
+                self._bytes += prepared.nbytes
             self._by_handle[prepared.handle] = prepared
             self._by_handle.move_to_end(prepared.handle)
             self._by_url[key] = prepared.handle
             self._by_url.move_to_end(key)
-            while len(self._by_handle) > self._capacity:
-                self._by_handle.popitem(last=False)
+            # The newest always stays: its request is about to be admitted.
+            while len(self._by_handle) > 1 and (
+                len(self._by_handle) > self._capacity or self._bytes > self._max_bytes
+            ):
+                self._bytes -= self._by_handle.popitem(last=False)[1].nbytes
             while len(self._by_url) > 4 * self._capacity:
                 self._by_url.popitem(last=False)
 
