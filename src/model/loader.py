@@ -29,17 +29,18 @@ class LoadedModel:
     tool_format: str = "none"  # a registered ``formats`` name (detected at load)
     has_thinking: bool = False  # the tokenizer has ``<think>`` tags (mlx-lm's has_thinking)
     constraints: Constraints | None = None
-    # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
-    blas: BlasThreads | None = None
-    # MLX's version and default device in words, asked once here on the generation thread
-    # (the only thread that calls MLX), so the start-up line and /status never call it.
-    device: str = ""
     # A vision-language model's image side (mlx-vlm; ``vision.py``); None: text-only.
     vision: VisionModel | None = None
 
     @property
     def input_modalities(self) -> tuple[str, ...]:
         return ("text", "image") if self.vision is not None else ("text",)
+
+    # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
+    blas: BlasThreads | None = None
+    # MLX's version and default device in words, asked once here on the generation thread
+    # (the only thread that calls MLX), so the start-up line and /status never call it.
+    device: str = ""
 
 
 def resolve_model_path(path_or_id: str) -> str:
@@ -119,14 +120,14 @@ def load_model(path: str) -> LoadedModel:
     model, tokenizer = load(path, tokenizer_config={"tool_parser_type": None} if hidden else None)[
         :2
     ]
-    folder = _local_folder(path)
-    vision = None
-    if folder is not None and is_vision_model(folder):
-        vision = load_vision(folder, model)
     try:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):
         constraints = None  # a slow tokenizer: no constrained decoding (documented)
+    folder = _local_folder(path)
+    vision = None
+    if folder is not None and is_vision_model(folder):
+        vision = load_vision(folder, model)
     return LoadedModel(
         model,
         tokenizer,
@@ -135,8 +136,8 @@ def load_model(path: str) -> LoadedModel:
         tool_format=detect_format(tokenizer, parser_type).name,
         has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
-        device=device_words(),
         vision=vision,
+        device=device_words(),
     )
 
 
