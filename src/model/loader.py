@@ -10,14 +10,16 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
-from .vision import VisionModel, is_vision_model, load_vision
 
 DEFAULT_CONTEXT_WINDOW = 4096
+
+if TYPE_CHECKING:
+    from .vision import VisionModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,8 @@ def load_model(path: str) -> LoadedModel:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):
         constraints = None  # a slow tokenizer: no constrained decoding (documented)
+    from .vision import is_vision_model, load_vision
+
     folder = _local_folder(path)
     vision = None
     if folder is not None and is_vision_model(folder):
