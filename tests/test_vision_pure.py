@@ -36,7 +36,8 @@ def test_a_marker_round_trips_inside_text() -> None:
 def test_stored_items_with_images_read_back_as_they_were() -> None:
     message = InputMessage("user", marker(RED) + "What colour?")
     output = FunctionCallOutput("call_1", marker(RED))
-    for item in (message, output):
+    custom = FunctionCallOutput("call_2", "seen: " + marker(RED), custom=True)
+    for item in (message, output, custom):
         shaped = item_json(item, "id_1")
         assert read_item(shaped) == item
     listed = item_json(message, "id_1")

@@ -332,7 +332,7 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "id": item_id or new_id("ctco"),
                 "type": "custom_tool_call_output",
                 "call_id": call_id,
-                "output": output,
+                "output": image_parts(output, "input_text") if has_images(output) else output,
             }
         case FunctionCallOutput(call_id, output):
             return {
