@@ -20,6 +20,7 @@ import trio
 from openai import AsyncOpenAI
 from PIL import Image
 
+from mlx_responses.api_keys import load_api_keys
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, output_text, server_settings, wait_until
@@ -28,6 +29,7 @@ from .test_api_prompt_cache_templates import start
 DEADLINE = 120
 FIXTURE = Path(__file__).parent / "fixtures" / "vision" / "qwen2-vl"
 QUESTION = "What colour is the square?"
+ALICE, BOB = "sk-alice", "sk-bob"
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
 
 
@@ -82,6 +84,24 @@ async def test_a_data_url_image_is_answered_and_counted(nursery: trio.Nursery) -
     assert extra == 9 + 2, (with_image.usage, text_only.usage)
     assert counted.status_code == 200, counted.text
     assert counted.json()["input_tokens"] == with_image.usage.input_tokens
+
+
+async def start_with(
+    nursery: trio.Nursery, prompt_cache_bytes: int | None = None, **changes: Any
+) -> ServerHandle:
+    """The server on the fixture, with ``changes`` to its settings."""
+    model: dict[str, Any] = {}
+    if prompt_cache_bytes is not None:
+        model["prompt_cache_bytes"] = prompt_cache_bytes
+    settings = server_settings(**model)
+    settings = dataclasses.replace(
+        settings,
+        model=dataclasses.replace(settings.model, model_path=str(FIXTURE)),
+        **changes,
+    )
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
+    return server
 
 
 def first_text(response: Any) -> str:
@@ -328,9 +348,9 @@ async def test_a_cancelled_image_request_leaves_the_batch_empty(nursery: trio.Nu
 async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nursery) -> None:
     """A replay with the same image is served from the cache past the image; the same text
     with another image is not (it shares only the text before the image) and answers as that
-    image alone does (tenants stay apart as for text: the cache is keyed by tenant first)."""
-    server = await start(nursery, FIXTURE)
-    cold = await start(nursery, FIXTURE, prompt_cache_bytes=0)
+    image alone does. Another tenant's identical replay is not served from the first's."""
+    server = await start_with(nursery, api_keys=load_api_keys([ALICE, BOB]))
+    cold = await start_with(nursery, prompt_cache_bytes=0)
 
     async def create(base_url: str, history: list[dict[str, Any]], key: str = "") -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
@@ -351,13 +371,15 @@ async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nurser
 
     red, blue = data_url(png(COLOURS["red"])), data_url(png(COLOURS["blue"]))
     with trio.fail_after(DEADLINE):
-        first = await create(server.base_url, [image_message(red)])
+        first = await create(server.base_url, [image_message(red)], ALICE)
         replay = [image_message(red), *first["output"], {"role": "user", "content": QUESTION}]
-        again = await create(server.base_url, replay)
-        other = await create(server.base_url, [image_message(blue)])
+        again = await create(server.base_url, replay, ALICE)
+        elsewhere = await create(server.base_url, replay, BOB)
+        other = await create(server.base_url, [image_message(blue)], ALICE)
         other_cold = await create(cold.base_url, [image_message(blue)])
     image_end = first["usage"]["input_tokens"] - 20  # well past the image's 11 tokens
     assert again["usage"]["input_tokens_details"]["cached_tokens"] > image_end
+    assert elsewhere["usage"]["input_tokens_details"]["cached_tokens"] == 0
     # The blue square shares the system prompt and the user turn's opening, not the image.
     shared = other["usage"]["input_tokens_details"]["cached_tokens"]
     assert shared < first["usage"]["input_tokens"] - 20, other["usage"]
@@ -367,14 +389,7 @@ async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nurser
 async def test_image_urls_are_fetched_only_when_allowed_and_detail_low_costs_less(
     nursery: trio.Nursery,
 ) -> None:
-    settings = server_settings()
-    settings = dataclasses.replace(
-        settings,
-        model=dataclasses.replace(settings.model, model_path=str(FIXTURE)),
-        fetch_image_urls=True,
-    )
-    with trio.fail_after(START_DEADLINE):
-        server: ServerHandle = await nursery.start(serve, settings)
+    server = await start_with(nursery, fetch_image_urls=True)
     big = png((200, 30, 30), side=560)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
 
