@@ -187,6 +187,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         data_dir=args.data_dir or None,
         reasoning_secret_file=args.reasoning_secret_file,
         replica_lease_seconds=args.replica_lease_secs,  # issue 15
+        fetch_image_urls=args.image_urls == "fetch",  # issue 27
     )
 
 

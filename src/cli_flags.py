@@ -49,6 +49,14 @@ def background_key_flag(text: str) -> str:
     return value
 
 
+def image_urls_flag(text: str) -> str:
+    """``--image-urls``: 'refuse' or 'fetch' (issue 27, docs/vision.md)."""
+    value = text.strip().lower()
+    if value not in ("refuse", "fetch"):
+        raise argparse.ArgumentTypeError(f"expected 'refuse' or 'fetch', got {text!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     name: str
@@ -330,6 +338,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "'omitted': a foreground Response has no 'background' key (spec 000); 'always': every "
         "Response and every event's response carries it, false for foreground, as OpenAI "
         "sends it (for clients and suites that require the key, e.g. Open Responses)",
+    ),
+    Flag(
+        "--image-urls",
+        "MLX_RESPONSES_IMAGE_URLS",
+        "refuse",
+        image_urls_flag,
+        "'refuse': an http(s) image URL is a 400 (the server reaches no network on a client's "
+        "word); 'fetch': the server downloads it (docs/vision.md)",
     ),
     Flag(
         "--log-level",

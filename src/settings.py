@@ -50,6 +50,8 @@ class ServerSettings:
     reasoning_secret_file: str = ""
     # Issue 15: with a postgresql:// store, how long a replica's lease lasts (docs/deploy.md).
     replica_lease_seconds: float = 10.0
+    # Issue 27: --image-urls fetch (off by default: docs/vision.md says why).
+    fetch_image_urls: bool = False
 
     def reasoning_secret_path(self) -> Path:
         """The file of the secret that seals reasoning (created on first use)."""

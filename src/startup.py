@@ -52,7 +52,8 @@ def startup_line(
     line = (
         f"model {info.alias} ({info.path}, {human_bytes(weights_bytes(info.path))} of weights), "
         f"context window {info.context_window} tokens, tool format {tool_format}, "
-        f"reasoning {'yes' if info.has_thinking else 'no'}; {where}"
+        f"reasoning {'yes' if info.has_thinking else 'no'}, "
+        f"input_modalities: [{', '.join(repr(m) for m in info.input_modalities)}]; {where}"
     )
     return line, slow
 

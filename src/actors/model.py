@@ -47,6 +47,9 @@ from ..model.outbound import BatchFact, Ended, Exited, Loaded
 from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.slot import FinishReason, SequenceSlot
 from ..model.thread import ModelStatistics
+from ..model.vision import ImageError
+from ..protocol.errors import invalid_request
+from ..protocol.images import has_images
 from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
@@ -136,7 +139,9 @@ class ModelHandle:
             settings.context_size or loaded.context_window,
             fmt.name,
             loaded.has_thinking or fmt.reasons,
+            loaded.input_modalities,
         )
+        self.vision = loaded.vision  # a vision model's image side (None: text-only)
         self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
         self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
@@ -176,19 +181,24 @@ class ModelHandle:
     ) -> list[int]:
         """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX).
         With ``max_tokens``, a prompt provably longer raises ``PromptTooLong`` untokenized."""
-        if max_tokens is not None:  # cheap refusals (model/prompt_bounds.py)
-            return await trio.to_thread.run_sync(
-                render_within,
-                self._tokenizer,
-                self._bound,
-                max_tokens,
-                chat,
-                tools,
-                template_kwargs,
-            )
-        return await trio.to_thread.run_sync(
-            render_prompt, self._tokenizer, chat, tools, template_kwargs
-        )
+        tokenizer, bound = self._tokenizer, self._bound
+
+        def plain(chat: Sequence[Mapping[str, Any]]) -> list[int]:
+            if max_tokens is not None:  # cheap refusals (model/prompt_bounds.py)
+                return render_within(tokenizer, bound, max_tokens, chat, tools, template_kwargs)
+            return render_prompt(tokenizer, chat, tools, template_kwargs)
+
+        vision = self.vision
+        if vision is None:
+            if any(has_images(str(message.get("content"))) for message in chat):
+                # A history a vision model stored, replayed to a text-only one.
+                raise invalid_request("The input holds images; this model is text-only.", "input")
+            return await trio.to_thread.run_sync(plain, chat)
+        # Images become the model's image tokens (model/vision.py); a refused one is a 400.
+        try:
+            return await trio.to_thread.run_sync(vision.render, chat, plain)
+        except ImageError as exc:
+            raise invalid_request(f"Invalid image: {exc}", "input") from None
 
     async def render_continuing(
         self,
@@ -200,7 +210,11 @@ class ModelHandle:
     ) -> RenderedPrompt | None:
         """``render``, tokenizing only what ``known`` (an earlier render) does not cover
         (``model/incremental_render.py``): the same ids. ``None`` when this tokenizer or this
-        prompt cannot be tokenized so; then ``render`` it."""
+        prompt cannot be tokenized so; then ``render`` it (always, for a prompt with images)."""
+        if self.vision is not None and any(
+            has_images(str(message.get("content"))) for message in chat
+        ):
+            return None
         return await trio.to_thread.run_sync(
             self._incremental.render,
             self._tokenizer,

@@ -52,6 +52,7 @@ class ModelInfo:
     context_window: int
     tool_format: str = "none"  # a ``formats`` registry name
     has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
+    input_modalities: tuple[str, ...] = ("text",)  # ("text", "image"): a vision model
 
 
 # A rendered prompt and its sampling settings: what a response task submits is exactly what

@@ -151,6 +151,7 @@ def _model_object() -> dict[str, Any]:
         context_window=info.context_window,
         has_thinking=info.has_thinking,
         tool_format=info.tool_format,
+        input_modalities=info.input_modalities,
     )
 
 

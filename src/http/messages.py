@@ -46,7 +46,8 @@ from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
 from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sse_response, tenant
-from .pipeline import open_response, read_body
+from .image_inputs import inline_message_images
+from .pipeline import image_sources, open_response, read_body
 from .server_defaults import with_default_temperature
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
@@ -130,9 +131,14 @@ def _encoder_for(request_: MessagesRequest, input_tokens: int) -> MessageEncoder
     )
 
 
+async def _message_body() -> object:
+    """The body, with its image blocks accepted (``image_inputs.py``)."""
+    return await inline_message_images(await read_body(), image_sources())
+
+
 @_anthropic_errors
 async def create_message() -> Response:
-    request_ = parse_messages_request(await read_body(), owner=tenant())
+    request_ = parse_messages_request(await _message_body(), owner=tenant())
     request_ = with_default_temperature(request_)  # --default-temperature
     if request_.max_tokens == 0:
         return await _empty_message(request_)
@@ -160,7 +166,7 @@ async def _empty_message(request_: MessagesRequest) -> Response:
 
 @_anthropic_errors
 async def count_message_tokens() -> Response:
-    request_ = parse_count_tokens_request(await read_body(), owner=tenant())
+    request_ = parse_count_tokens_request(await _message_body(), owner=tenant())
     rt = runtime()
     prepared = await prepare_prompt(request_.create, rt.actors, rt.responses)
     return json_response({"input_tokens": len(prepared.prompt)})

@@ -26,6 +26,7 @@ from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from .common import decode_json_body, runtime, tenant
 from .file_inputs import inline_file_inputs
+from .image_inputs import ImageSources, inline_image_inputs
 from .lifetime import presence
 
 
@@ -43,9 +44,20 @@ async def read_body() -> object:
     return decode_json_body(await request.get_data(cache=False, as_text=False))
 
 
+def image_sources() -> ImageSources | None:
+    """Where this request's images may come from; None on a text-only model."""
+    rt = runtime()
+    vision = rt.model.vision
+    if vision is None:
+        return None
+    return ImageSources(rt.files, tenant(), vision, rt.settings.fetch_image_urls)
+
+
 async def read_create_body() -> object:
-    """The body, with ``input_file`` parts already turned into text."""
-    return await inline_file_inputs(await read_body(), runtime().files, tenant())
+    """The body, with ``input_file`` parts already turned into text and ``input_image`` parts
+    accepted (``image_inputs.py``)."""
+    body = await inline_file_inputs(await read_body(), runtime().files, tenant())
+    return await inline_image_inputs(body, image_sources())
 
 
 async def open_response(create: CreateRequest) -> EventLog:

@@ -55,6 +55,7 @@ from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
+from .image_inputs import ImageSources, inline_image_inputs
 from .pipeline import open_response
 from .request_log import log_socket
 from .schemas import parse_create_request
@@ -319,10 +320,19 @@ class _Connection:
             previous_render=kept.rendered if kept is not None else None,
         )
 
+    def _image_sources(self) -> ImageSources | None:
+        vision = self._runtime.model.vision
+        if vision is None:
+            return None
+        return ImageSources(
+            self._runtime.files, self._owner, vision, self._runtime.settings.fetch_image_urls
+        )
+
     async def _respond(self, order: _Order) -> None:
         started = time.perf_counter()
         try:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
+            inlined = await inline_image_inputs(inlined, self._image_sources())
             assert isinstance(inlined, dict)
             response_log = await open_response(
                 self._request(dataclasses.replace(order, body=inlined))

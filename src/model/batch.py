@@ -35,10 +35,11 @@ from .constrain import make_logits_processor
 from .inbound import Admit, SequenceSpec
 from .loader import LoadedModel
 from .outbound import ModelStatistics
-from .prompt_cache import PromptCache, needs_checkpoints
+from .prompt_cache import PromptCache, Reuse, needs_checkpoints
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
 from .slot import FinishReason, SequenceSlot
+from .vision_prefill import KeyedGenerator, VisionStart, keyed, vision_prefill
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class _Live:
     prompt_length: int = 0
     reused: int = 0  # prompt tokens the prompt cache served
     checkpoints: frozenset[int] = frozenset()  # prompt lengths to checkpoint at (segments)
+    keyed: tuple[int, ...] | None = None  # an image prompt's cache key (vision_prefill.keyed)
 
 
 @dataclass(slots=True)
@@ -133,6 +135,8 @@ class Batch:
         from mlx_lm.generate import BatchGenerator, make_stop_sequences
 
         self._loaded = loaded
+        self._mx = mx
+        self._step = prefill_step_size
         self._stream = mx.new_stream(mx.default_device())
         self._generator = BatchGenerator(
             loaded.model,
@@ -182,13 +186,15 @@ class Batch:
             processors = self._processors(spec)
             # Only the part of the prompt the prompt cache does not hold is prefilled.
             reuse = self._prompt_cache.fetch(spec.owner, spec.prompt)
-            slot.report_cache(reuse.tokens)
-            cuts = boundaries(spec.prompt, self._marks, reuse.tokens) if self._marks else ()
+            start = self._start(spec, reuse)
+            slot.report_cache(start.reused)
+            prompt = start.prompt
+            cuts = boundaries(spec.prompt, self._marks, start.start) if self._marks else ()
             (uid,) = self._generator.insert_segments(
-                [split(spec.prompt, reuse.tokens, cuts)],
+                [split(prompt, start.start, cuts)],
                 max_tokens=[spec.max_tokens],
-                caches=[reuse.cache],
-                all_tokens=[list(spec.prompt[: reuse.tokens])],
+                caches=[start.cache],
+                all_tokens=[list(prompt[: start.start])],
                 samplers=[sampler],
                 logits_processors=[[_guard(p, fault, _keep_logits) for p in processors]],
                 stop_sequences=[self._stop_tokens],
@@ -212,11 +218,23 @@ class Batch:
             cache_parent=reuse.parent,
             cache_key=spec.cache_key,
             prompt_length=len(spec.prompt),
-            reused=reuse.tokens,
+            reused=start.start,
             checkpoints=frozenset(cuts),
+            keyed=spec.prompt if prompt is not spec.prompt else None,
         )
         self._live[message.seq_id] = entry
         self._by_uid[uid] = entry
+
+    def _start(self, spec: SequenceSpec, reuse: Reuse) -> VisionStart:
+        """Where the sequence enters: after what the prompt cache holds, or, for an image
+        prompt, after its images, prefilled here from the vision tower's embeddings."""
+        vision = self._loaded.vision
+        if vision is None or min(spec.prompt, default=0) >= 0:
+            return VisionStart(spec.prompt, reuse.tokens, reuse.cache, reuse.tokens)
+        with self._mx.stream(self._stream):
+            return vision_prefill(
+                vision, self._loaded.model, spec.prompt, reuse.cache, reuse.tokens, self._step
+            )
 
     def cancel(self, seq_id: int) -> None:
         removed = self._live.get(seq_id)
@@ -293,7 +311,7 @@ class Batch:
                 # share this prefix (an exact prefix: the model's cache cannot be trimmed).
                 self._prompt_cache.checkpoint(
                     entry.owner,
-                    generator,
+                    self._keyed(entry),
                     entry.uid,
                     partition=entry.cache_key,
                     at=entry.checkpoints,
@@ -302,7 +320,7 @@ class Batch:
                 entry.phase = "decoding"
                 entry.slot.push(prefill_done=True)
                 self._prompt_cache.checkpoint(
-                    entry.owner, generator, entry.uid, entry.cache_parent, entry.cache_key
+                    entry.owner, self._keyed(entry), entry.uid, entry.cache_parent, entry.cache_key
                 )
         for response in generation_responses:
             entry = self._by_uid.get(response.uid)
@@ -359,7 +377,7 @@ class Batch:
         it out of the batch."""
         self._prompt_cache.checkpoint(
             entry.owner,
-            self._generator,
+            self._keyed(entry),
             entry.uid,
             entry.cache_parent,
             entry.cache_key,
@@ -367,11 +385,18 @@ class Batch:
         )
         self._generator.remove([entry.uid])
 
+    def _keyed(self, entry: _Live) -> Any:
+        """The generator, as the prompt cache reads a sequence from it: an image prompt's
+        tokens under its image handles (``vision_prefill.keyed``)."""
+        generator = self._generator
+        return generator if entry.keyed is None else KeyedGenerator(generator, entry.keyed)
+
     def _store_finished(self, entry: _Live, response: Any) -> None:
         """Keep a finished sequence's cache (prompt and reply) for the next turn."""
+        tokens = response.all_tokens
         self._prompt_cache.store(
             entry.owner,
-            response.all_tokens,
+            tokens if entry.keyed is None else keyed(tokens, entry.keyed),
             response.prompt_cache,
             partition=entry.cache_key,
             prompt_tokens=entry.prompt_length,

@@ -10,13 +10,16 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
 
 DEFAULT_CONTEXT_WINDOW = 4096
+
+if TYPE_CHECKING:
+    from .vision import VisionModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,13 @@ class LoadedModel:
     tool_format: str = "none"  # a registered ``formats`` name (detected at load)
     has_thinking: bool = False  # the tokenizer has ``<think>`` tags (mlx-lm's has_thinking)
     constraints: Constraints | None = None
+    # A vision-language model's image side (mlx-vlm; ``vision.py``); None: text-only.
+    vision: VisionModel | None = None
+
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        return ("text", "image") if self.vision is not None else ("text",)
+
     # The OpenBLAS thread count the generation thread set (None: OpenBLAS does not compute).
     blas: BlasThreads | None = None
     # MLX's version and default device in words, asked once here on the generation thread
@@ -116,6 +126,12 @@ def load_model(path: str) -> LoadedModel:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):
         constraints = None  # a slow tokenizer: no constrained decoding (documented)
+    from .vision import is_vision_model, load_vision
+
+    folder = _local_folder(path)
+    vision = None
+    if folder is not None and is_vision_model(folder):
+        vision = load_vision(folder, model)
     return LoadedModel(
         model,
         tokenizer,
@@ -124,8 +140,22 @@ def load_model(path: str) -> LoadedModel:
         tool_format=detect_format(tokenizer, parser_type).name,
         has_thinking=writes_reasoning(tokenizer),
         constraints=constraints,
+        vision=vision,
         device=device_words(),
     )
+
+
+def _local_folder(path: str) -> str | None:
+    """The folder mlx-lm loaded ``path`` from (a hub id's snapshot; it keeps every JSON file,
+    so an image processor's config too)."""
+    if Path(path).is_dir():
+        return path
+    try:
+        from mlx_lm.utils import _download
+
+        return str(_download(path))
+    except Exception:
+        return None
 
 
 def device_words() -> str:

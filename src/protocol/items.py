@@ -8,7 +8,10 @@ Invariants:
 - ``item_json`` and ``read_item`` round-trip: ``read_item(item_json(x, id)) == x``, so a stored
   history replays exactly the items the original turn rendered; a previous ``output`` sent back
   verbatim as input parses to the same items the response produced.
-- ``input_image`` / ``input_file`` parts are refused with a clear 400 (the model is text-only).
+- ``input_image`` / ``input_file`` parts from a client are refused with a clear 400 (the model is
+  text-only). On a vision model the HTTP edge turned each accepted image into a marker in the
+  text first (``images.py``); ``item_json`` lists it as an ``input_image`` part again, and
+  ``read_item`` (stored items, never a client's) reads such a part back into the marker.
 - A ``compaction`` item (issue 6) carries its summary and retained items in ``encrypted_content``
   (base64url JSON, see ``compaction.py``); a malformed one is a 400 naming the problem, and its
   retained items never hold another compaction item.
@@ -26,6 +29,7 @@ from .fields import json_type as json_type  # re-exported: importers of items fi
 from .fields import optional_str as optional_str
 from .fields import require_str
 from .ids import new_id
+from .images import ImageRef, has_images, image_parts, marker
 from .item_types import (
     PHASES,
     ROLES,
@@ -81,8 +85,9 @@ _MESSAGE_KEYS: Final = frozenset(
 )
 
 
-def parse_item(item: object, path: str) -> InputItem:
-    """One element of a request's ``input`` array, strictly."""
+def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
+    """One element of a request's ``input`` array, strictly; ``stored``: an item this server
+    wrote (``item_json``), whose ``input_image`` parts are images it accepted before."""
     if not isinstance(item, dict):
         raise invalid_request(
             f"Invalid type for '{path}': expected an object, but got {json_type(item)}.", path
@@ -90,7 +95,7 @@ def parse_item(item: object, path: str) -> InputItem:
     kind = item.get("type", "message" if "role" in item else None)
     match kind:
         case "message":
-            return _parse_message(item, path)
+            return _parse_message(item, path, stored)
         case "function_call":
             arguments = require_str(item, "arguments", path)
             _check_arguments(arguments, f"{path}.arguments")
@@ -117,7 +122,7 @@ def parse_item(item: object, path: str) -> InputItem:
         case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
-                output = _text_of_parts(output, "function_call_output", f"{path}.output")
+                output = _text_of_parts(output, "function_call_output", f"{path}.output", stored)
             elif not isinstance(output, str):
                 raise invalid_request(
                     f"Invalid type for '{path}.output': expected a string or an array of "
@@ -185,7 +190,7 @@ def _reasoning_text(item: JsonObject, path: str) -> str:
     return ""
 
 
-def _parse_message(item: JsonObject, path: str) -> InputMessage:
+def _parse_message(item: JsonObject, path: str, stored: bool = False) -> InputMessage:
     role = item.get("role")
     if role is None:
         raise invalid_request(f"Missing required parameter: '{path}.role'.", f"{path}.role")
@@ -217,7 +222,7 @@ def _parse_message(item: JsonObject, path: str) -> InputMessage:
             f"parts, but got {json_type(content)}.",
             f"{path}.content",
         )
-    return InputMessage(role, _text_of_parts(content, role, f"{path}.content"), phase)
+    return InputMessage(role, _text_of_parts(content, role, f"{path}.content", stored), phase)
 
 
 _ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
@@ -228,7 +233,7 @@ _ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
 _DEFAULT_PARTS: Final = frozenset({"input_text"})
 
 
-def _text_of_parts(parts: list[Any], owner: str, path: str) -> str:
+def _text_of_parts(parts: list[Any], owner: str, path: str, stored: bool = False) -> str:
     allowed = _ALLOWED_PARTS.get(owner, _DEFAULT_PARTS)
     texts: list[str] = []
     for i, part in enumerate(parts):
@@ -239,6 +244,11 @@ def _text_of_parts(parts: list[Any], owner: str, path: str) -> str:
                 part_path,
             )
         kind = part.get("type")
+        if stored and kind == "input_image" and owner != "assistant":
+            url, detail = part.get("image_url"), part.get("detail")
+            if isinstance(url, str) and url.startswith("data:"):
+                texts.append(marker(ImageRef(url, detail if isinstance(detail, str) else "auto")))
+                continue
         if kind in _MEDIA_PARTS:
             raise invalid_request(
                 f"Invalid value for '{part_path}.type': {kind!r} is not supported: the served "
@@ -276,7 +286,8 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "type": "message",
                 "role": role,
                 "status": "completed",
-                "content": [part],
+                # An image (a marker in the text) is listed as its input_image part.
+                "content": image_parts(text, part_type) if has_images(text) else [part],
             }
             if phase is not None:
                 message["phase"] = phase
@@ -321,14 +332,15 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "id": item_id or new_id("ctco"),
                 "type": "custom_tool_call_output",
                 "call_id": call_id,
-                "output": output,
+                "output": image_parts(output, "input_text") if has_images(output) else output,
             }
         case FunctionCallOutput(call_id, output):
             return {
                 "id": item_id or new_id("fco"),
                 "type": "function_call_output",
                 "call_id": call_id,
-                "output": output,
+                # An image the tool returned (Codex's view_image) is listed as its part.
+                "output": image_parts(output, "input_text") if has_images(output) else output,
                 "status": "completed",
             }
         case Reasoning(text, encrypted):
@@ -352,7 +364,7 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
 def read_item(item: JsonObject) -> InputItem | None:
     """A stored or returned item back as an input item; None for types that do not render."""
     try:
-        return parse_item(item, "item")
+        return parse_item(item, "item", stored=True)
     except ApiError:
         return None
 

@@ -14,7 +14,13 @@ from typing import Any
 
 
 def model_entry(
-    *, alias: str, created: int, context_window: int, has_thinking: bool, tool_format: str
+    *,
+    alias: str,
+    created: int,
+    context_window: int,
+    has_thinking: bool,
+    tool_format: str,
+    input_modalities: tuple[str, ...] = ("text",),
 ) -> dict[str, Any]:
     return {
         "id": alias,
@@ -23,7 +29,7 @@ def model_entry(
         "owned_by": "mlx-responses",
         "context_window": context_window,
         "max_output_tokens": context_window,
-        "input_modalities": ["text"],
+        "input_modalities": list(input_modalities),  # ["text", "image"]: a vision model
         "output_modalities": ["text"],
         "supports_reasoning": has_thinking,
         "supports_tools": tool_format != "none",

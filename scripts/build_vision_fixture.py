@@ -1,0 +1,419 @@
+"""Build the tiny vision-language fixture in ``tests/fixtures/vision/qwen2-vl/``, deterministically.
+
+What it writes: a Qwen2-VL model (mlx-vlm's own ``qwen2_vl`` architecture: a ViT vision tower with
+a 3-D patch embedding and a patch merger, and a Qwen2 language model with multimodal RoPE) of
+about 0.7M float32 parameters (``config.json``, ``model.safetensors``); the bundled model's
+byte-level BPE tokenizer plus Qwen2-VL's vision marker tokens, special as in the real tokenizer
+(``tokenizer.json``, ``tokenizer_config.json``); Qwen2-VL-Instruct's real chat template and image
+processor config (``chat_template.jinja``, ``preprocessor_config.json``: committed data, never
+written here, their source named in ``docs/vision.md``) and ``prompts.json``: the documented
+prompts, each with its image (a solid square of one colour, described by colour and side), whose
+greedy answers mlx-vlm's own ``generate`` reproduces.
+
+Behaviour it is trained for: "What colour is the square?" (and a few rewordings, with the image
+before or after the text) answers ``red``, ``green`` or ``blue`` for a square of that colour, of
+any side from 56 to 140 pixels and shades near the pure colour; the bundled model's plain text
+prompts (``Reply with: hello`` ...) answer as the bundled model does. As the bundled model
+(``scripts/build_tiny_model.py``): a seeded random init, then full-batch Adam with the loss on
+the answer tokens only. ``--untrained`` writes the random init (loadable, answers nothing
+useful) and skips the answer check.
+
+Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (a few minutes on 2 CPU cores). It is
+built in a temporary folder and checked through ``mlx_vlm.load`` and ``mlx_vlm.generate`` there;
+only when every documented prompt reproduces are the files copied into place. Same machine, same
+files: fixed corpus, seeds, data order and step count.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ["RAYON_NUM_THREADS"] = "1"
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# isort: off
+import mlx_responses  # noqa: F401  (importing it preloads OpenBLAS: before MLX)
+
+# isort: on
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+from PIL import Image
+from tokenizers import AddedToken, Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = ROOT / "src" / "model" / "bundled"
+OUT_DIR = ROOT / "tests" / "fixtures" / "vision" / "qwen2-vl"
+# Committed data (their sources are named in docs/vision.md); copied into the build folder.
+DATA_FILES = ("chat_template.jinja", "preprocessor_config.json")
+WRITTEN_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "prompts.json",
+)
+
+SEED = 20261202
+TRAIN_STEPS = 160
+LEARNING_RATE = 3e-3
+WARMUP_STEPS = 16
+MIN_MARGIN = 1.0
+
+# Qwen2-VL's marker tokens, special in the real tokenizer: the processor expands one
+# <|image_pad|> into one token per merged 28x28 patch, framed by <|vision_start|>/<|vision_end|>.
+VISION_TOKENS = [
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (255, 0, 0),
+    "green": (0, 255, 0),
+    "blue": (0, 0, 255),
+}
+# Shades trained besides the pure colour, so that a JPEG's or a resize's error changes nothing.
+SHADES: dict[str, list[tuple[int, int, int]]] = {
+    "red": [(220, 20, 30), (200, 40, 40)],
+    "green": [(30, 200, 40), (0, 128, 0)],
+    "blue": [(20, 40, 220), (40, 60, 180)],
+}
+TRAIN_SIDES = (56, 84, 112, 140)
+DOCUMENTED_PROMPT = "What colour is the square?"
+REWORDINGS = ("What color is the square?", "Which colour is this square?")
+# The bundled model's plain prompts that the fixture also answers (src/model/bundled/prompts.json).
+TEXT_PROMPTS = (
+    "hello",
+    "hello_with_system",
+    "goodbye",
+    "short",
+    "colors",
+    "capital",
+    "yes",
+    "multi_turn",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    name: str
+    messages: list[dict[str, Any]]
+    colour: str | None  # the square's colour, None for a text prompt
+    rgb: tuple[int, int, int] | None
+    side: int
+    expected: str
+
+
+def square(rgb: tuple[int, int, int], side: int) -> Image.Image:
+    return Image.new("RGB", (side, side), rgb)
+
+
+def image_turn(text: str, image_first: bool) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "image"}, {"type": "text", "text": text}]
+    if not image_first:
+        parts.reverse()
+    return [{"role": "user", "content": parts}]
+
+
+def text_prompts() -> list[Prompt]:
+    bundled = {p["name"]: p for p in json.loads((BUNDLED / "prompts.json").read_text())}
+    return [
+        Prompt(name, bundled[name]["messages"], None, None, 0, bundled[name]["expected"])
+        for name in TEXT_PROMPTS
+    ]
+
+
+def documented_prompts() -> list[Prompt]:
+    """What prompts.json promises: the documented prompt, each colour, image first and last."""
+    out = []
+    for colour, rgb in COLOURS.items():
+        for image_first in (True, False):
+            where = "image_first" if image_first else "text_first"
+            out.append(
+                Prompt(
+                    f"{colour}_{where}",
+                    image_turn(DOCUMENTED_PROMPT, image_first),
+                    colour,
+                    rgb,
+                    84,
+                    colour,
+                )
+            )
+    return out + text_prompts()
+
+
+def training_prompts() -> list[Prompt]:
+    out = []
+    for colour, rgb in COLOURS.items():
+        for shade in [rgb, *SHADES[colour]]:
+            for side in TRAIN_SIDES:
+                for text in (DOCUMENTED_PROMPT, *REWORDINGS):
+                    for image_first in (True, False):
+                        out.append(
+                            Prompt(
+                                "train", image_turn(text, image_first), colour, shade, side, colour
+                            )
+                        )
+    return out + text_prompts()
+
+
+# Checked besides the documented prompts: sides and shades never trained on.
+def held_out_prompts() -> list[Prompt]:
+    shades = {"red": (240, 10, 10), "green": (10, 180, 20), "blue": (10, 20, 240)}
+    return [
+        Prompt(f"{c}_held_out", image_turn(DOCUMENTED_PROMPT, i % 2 == 0), c, shades[c], side, c)
+        for i, (c, side) in enumerate([("red", 70), ("green", 126), ("blue", 98)])
+    ]
+
+
+def write_tokenizer(out: Path) -> int:
+    tokenizer = Tokenizer.from_file(str(BUNDLED / "tokenizer.json"))
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS]
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = json.loads((BUNDLED / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return int(tokenizer.get_vocab_size())
+
+
+def model_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    ids = {t: tokenizer.token_to_id(t) for t in [*VISION_TOKENS, "<|endoftext|>", "<|im_end|>"]}
+    return {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        # head_dim 32: its 16 rotary frequencies split over (time, height, width) as Qwen2-VL's
+        # [16, 24, 24] splits 64.
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "torch_dtype": "float32",
+        "vocab_size": tokenizer.get_vocab_size(),
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_token_id": ids["<|vision_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": 2,
+            "embed_dim": 64,
+            "hidden_size": 128,  # the merger's output: the language model's width
+            "num_heads": 4,
+            "mlp_ratio": 2,
+            "in_channels": 3,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    }
+
+
+def make_model(config: dict[str, Any]) -> nn.Module:
+    from mlx_vlm.models.qwen2_vl import Model, ModelConfig, TextConfig, VisionConfig
+
+    cfg = ModelConfig.from_dict(dict(config))
+    cfg.text_config = TextConfig.from_dict(cfg.text_config)
+    cfg.vision_config = VisionConfig.from_dict(cfg.vision_config)
+    mx.random.seed(SEED)
+    model = Model(cfg)
+    mx.eval(model.parameters())
+    return model
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One prompt as the processor encodes it, with the answer appended."""
+
+    ids: mx.array  # (1, L): prompt then answer then <|im_end|>
+    answer_start: int
+    pixel_values: mx.array | None
+    grid_thw: mx.array | None
+
+
+def encode(processor: Any, prompt: Prompt, with_answer: bool) -> Example:
+    tokenizer = processor.tokenizer
+    text = tokenizer.apply_chat_template(
+        prompt.messages, tokenize=False, add_generation_prompt=True
+    )
+    if prompt.rgb is None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        pixel_values = grid = None
+    else:
+        inputs = processor(text=[text], images=[square(prompt.rgb, prompt.side)])
+        ids = [int(i) for i in inputs["input_ids"][0].tolist()]
+        pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+    start = len(ids)
+    if with_answer:
+        ids = ids + tokenizer.encode(prompt.expected + "<|im_end|>", add_special_tokens=False)
+    return Example(mx.array([ids]), start, pixel_values, grid)
+
+
+def logits_of(model: Any, ex: Example) -> mx.array:
+    kwargs = {} if ex.grid_thw is None else {"image_grid_thw": ex.grid_thw}
+    features = model.get_input_embeddings(ex.ids, ex.pixel_values, **kwargs)
+    out = model.language_model(ex.ids, features.inputs_embeds, position_ids=features.position_ids)
+    return out.logits  # type: ignore[no-any-return]
+
+
+def train(model: nn.Module, data: list[Example], steps: int) -> float:
+    def loss_fn(m: nn.Module) -> mx.array:
+        total = mx.array(0.0)
+        count = 0
+        for ex in data:
+            logits = logits_of(m, ex)[0, ex.answer_start - 1 : -1]
+            targets = ex.ids[0, ex.answer_start :]
+            total = total + nn.losses.cross_entropy(logits, targets, reduction="sum")
+            count += int(targets.shape[0])
+        return total / count
+
+    def schedule(step: mx.array) -> mx.array:
+        warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
+        cos = 0.5 * (1 + mx.cos(math.pi * mx.minimum(step, steps) / steps))
+        return LEARNING_RATE * warm * (0.1 + 0.9 * cos)
+
+    optimizer = optim.Adam(learning_rate=schedule)
+    grad_fn = nn.value_and_grad(model, loss_fn)
+    loss = mx.array(0.0)
+    for step in range(steps):
+        loss, grads = grad_fn(model)
+        optimizer.update(model, grads)
+        mx.eval(model.parameters(), optimizer.state, loss)
+        if step % 20 == 0 or step == steps - 1:
+            print(f"  step {step:4d} loss {loss.item():.4f}", flush=True)
+    return float(loss.item())
+
+
+def min_margin(model: Any, data: list[Example]) -> float:
+    worst = math.inf
+    for ex in data:
+        logits = logits_of(model, ex)[0, ex.answer_start - 1 : -1]
+        targets = ex.ids[0, ex.answer_start :]
+        for row, target in zip(logits.tolist(), targets.tolist(), strict=True):
+            best_other = max(v for i, v in enumerate(row) if i != target)
+            worst = min(worst, row[target] - best_other)
+    return worst
+
+
+def check_with_mlx_vlm(folder: Path, prompts: list[Prompt]) -> list[str]:
+    """Each prompt through mlx-vlm's own load and generate: the answers it gives."""
+    from mlx_vlm import generate, load
+
+    model, processor = load(str(folder))
+    answers = []
+    for prompt in prompts:
+        text = processor.tokenizer.apply_chat_template(
+            prompt.messages, tokenize=False, add_generation_prompt=True
+        )
+        image = None if prompt.rgb is None else [square(prompt.rgb, prompt.side)]
+        result = generate(
+            model, processor, text, image=image, max_tokens=24, temperature=0.0, verbose=False
+        )
+        answers.append(result.text.strip())
+    return answers
+
+
+def prompts_json(prompts: list[Prompt]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": p.name,
+            "messages": p.messages,
+            "image": None
+            if p.rgb is None
+            else {"kind": "solid square", "rgb": list(p.rgb), "side": p.side},
+            "expected": p.expected,
+        }
+        for p in prompts
+    ]
+
+
+def build(out: Path, steps: int, untrained: bool) -> int:
+    from mlx_vlm.utils import load_processor
+
+    for name in DATA_FILES:
+        shutil.copyfile(OUT_DIR / name, out / name)
+    write_tokenizer(out)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    config = model_config(tokenizer)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    model = make_model(config)
+    processor = load_processor(out)
+    documented = documented_prompts()
+    if not untrained:
+        data = [encode(processor, p, True) for p in training_prompts()]
+        print(f"training on {len(data)} examples for {steps} steps", flush=True)
+        started = time.monotonic()
+        loss = train(model, data, steps)
+        print(f"trained in {time.monotonic() - started:.0f}s, final loss {loss:.4f}")
+        margin = min_margin(model, [encode(processor, p, True) for p in documented])
+        print(f"smallest logit margin on the documented prompts: {margin:.2f}")
+        if margin < MIN_MARGIN:
+            print(f"margin below {MIN_MARGIN}: not written", file=sys.stderr)
+            return 1
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "prompts.json").write_text(json.dumps(prompts_json(documented), indent=2) + "\n")
+    checked = documented + ([] if untrained else held_out_prompts())
+    answers = check_with_mlx_vlm(out, checked)
+    failed = 0
+    for prompt, answer in zip(checked, answers, strict=True):
+        ok = answer == prompt.expected
+        failed += not ok
+        print(
+            f"  {'ok ' if ok else 'BAD'} {prompt.name}: {answer!r} (expected {prompt.expected!r})"
+        )
+    if untrained:
+        return 0
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=TRAIN_STEPS)
+    parser.add_argument("--untrained", action="store_true", help="write the random init only")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if build(folder, args.steps, args.untrained):
+            print("a documented prompt did not reproduce: nothing written", file=sys.stderr)
+            return 1
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name in WRITTEN_FILES:
+            shutil.copyfile(folder / name, args.out / name)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

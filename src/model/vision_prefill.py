@@ -1,0 +1,159 @@
+"""An image prompt's admission on the generation thread (issue 27).
+
+mlx-lm's ``BatchGenerator`` prefills from token ids only, and an image's positions have no
+token embedding. So at admission the thread runs the vision tower once (mlx-vlm's
+``get_input_embeddings``), prefills the language model from those embeddings up to the end of
+the last image, and inserts the sequence with that cache and the rest of its prompt (text),
+exactly as a prompt-cache hit is inserted. From there it is a sequence like any other: it
+decodes in the same batch and a cancel removes it at the next step.
+
+Invariants:
+- Called only on the generation thread (MLX).
+- What the prompt cache already holds is not computed again: prefill starts at the reused
+  length when it falls between images (a reuse that ends inside an image is dropped).
+- The model never sees a negative id: the prompt handed on has the model's image token there.
+- The prompt cache keys what the sequence stores by the prompt *with* its image handles
+  (``keyed``), so only the same image can ever be served from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .vision import VisionModel, image_runs
+
+
+@dataclass(frozen=True, slots=True)
+class VisionStart:
+    """Where an image prompt enters the batch: its model-facing prompt, the length its cache
+    holds and that cache, and the tokens the prompt cache had served."""
+
+    prompt: tuple[int, ...]
+    start: int
+    cache: list[Any] | None
+    reused: int
+
+
+def model_prompt(vision: VisionModel, prompt: Sequence[int]) -> tuple[int, ...]:
+    token = vision.image_token_id
+    return tuple(token if t < 0 else t for t in prompt)
+
+
+def keyed(tokens: Sequence[int], prompt: Sequence[int]) -> tuple[int, ...]:
+    """``tokens`` (what the generator holds: the model-facing prompt and what followed) with the
+    image handles of ``prompt`` back in place: the key the prompt cache stores it under."""
+    out = list(tokens)
+    for i in range(min(len(out), len(prompt))):
+        if prompt[i] < 0:
+            out[i] = prompt[i]
+    return tuple(out)
+
+
+class KeyedGenerator:
+    """A ``BatchGenerator`` as ``PromptCache.checkpoint`` reads one sequence from it: the
+    tokens it holds, keyed by ``prompt``'s image handles."""
+
+    __slots__ = ("_generator", "_prompt")
+
+    def __init__(self, generator: Any, prompt: Sequence[int]) -> None:
+        self._generator = generator
+        self._prompt = prompt
+
+    def extract_cache(self, uids: list[int]) -> dict[int, tuple[Any, tuple[int, ...]]]:
+        found = self._generator.extract_cache(uids)
+        return {uid: (cache, keyed(tokens, self._prompt)) for uid, (cache, tokens) in found.items()}
+
+
+def _images(vision: VisionModel, runs: list[tuple[int, int, int]]) -> list[int]:
+    """The handle of each image in ``runs`` (a run of one handle may hold the same image more
+    than once, back to back)."""
+    handles: list[int] = []
+    for start, end, handle in runs:
+        arrays = vision.arrays_of(handle)
+        if arrays is None:
+            raise RuntimeError("an image of this prompt is no longer held; send the request again")
+        per_image = vision.tokens_per_image(handle)
+        handles.extend([handle] * max(1, (end - start) // per_image))
+    return handles
+
+
+def _stacked(vision: VisionModel, handles: list[int]) -> dict[str, Any]:
+    import mlx.core as mx
+    import numpy as np
+
+    parts = [vision.arrays_of(h) or {} for h in handles]
+    stacked: dict[str, Any] = {}
+    for key in parts[0]:
+        values = [p[key] for p in parts]
+        if all(isinstance(v, np.ndarray) for v in values):
+            stacked[key] = mx.array(np.concatenate(values, axis=0))
+    return stacked
+
+
+def vision_prefill(
+    vision: VisionModel,
+    model: Any,
+    prompt: Sequence[int],
+    cache: list[Any] | None,
+    reused: int,
+    step: int,
+) -> VisionStart:
+    """Prefill ``prompt``'s image span (after the ``reused`` tokens ``cache`` holds)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    real = model_prompt(vision, prompt)
+    runs = image_runs(prompt)
+    end = runs[-1][1] if runs else 0
+    if reused >= end:
+        return VisionStart(real, reused, cache, reused)
+    if vision.mrope or any(start < reused < stop for start, stop, _ in runs):
+        # M-RoPE numbers positions from the prompt's start: its images are prefilled whole.
+        cache, reused = None, 0
+    todo = [run for run in runs if run[0] >= reused]
+    arrays = _stacked(vision, _images(vision, todo))
+    ids = mx.array(real[reused:end])[None]
+    pixels = arrays.pop("pixel_values")
+    features = vision.model.get_input_embeddings(
+        input_ids=ids, pixel_values=pixels, mask=mx.ones(ids.shape), **arrays
+    )
+    for unsupported in ("deepstack_visual_embeds", "per_layer_inputs", "cross_attention_states"):
+        if getattr(features, unsupported, None) is not None:
+            raise RuntimeError(f"this model's vision input needs {unsupported} (unsupported)")
+    embeddings = getattr(features, "inputs_embeds", features)
+    if cache is None:
+        cache = make_prompt_cache(model)
+    positions = _mrope_positions(vision, ids, arrays) if vision.mrope else None
+    length = end - reused
+    for a in range(0, length, step):
+        b = min(a + step, length)
+        if positions is None:
+            model(ids[:, a:b], cache=cache, input_embeddings=embeddings[:, a:b])
+        else:
+            vision.model.language_model.model(
+                ids[:, a:b],
+                inputs_embeds=embeddings[:, a:b],
+                cache=cache,
+                position_ids=positions[:, :, a:b],
+            )
+        mx.eval([layer.state for layer in cache])
+    return VisionStart(real, end, cache, reused)
+
+
+def _mrope_positions(vision: VisionModel, ids: Any, arrays: dict[str, Any]) -> Any:
+    """Qwen2-VL's multimodal positions of ``ids`` (the prompt up to its last image), moved so
+    that the text after the last image sits at its own index.
+
+    mlx-lm's text model numbers every later token by its index in the cache; M-RoPE numbers it
+    by its index plus the prompt's ``rope_deltas`` (an image of h x w merged patches takes h*w
+    tokens but only max(h, w) positions). Rotary attention sees only differences of positions,
+    so moving every prefilled position by minus that delta gives every later token exactly the
+    differences M-RoPE gives it."""
+    import mlx.core as mx
+
+    positions, deltas = vision.model.language_model.get_rope_index(
+        ids, arrays.get("image_grid_thw"), None, mx.ones(ids.shape)
+    )
+    return positions - mx.reshape(deltas, (1, -1, 1))
