@@ -303,7 +303,7 @@ async def run_loop(
             async def one(a: int, turn: int = turn) -> None:
                 conv = convs[a]
                 conv.sent[turn] = list(conv.messages)
-                if kind == "ours":
+                if kind != "peer":  # ours, or another build of it (base)
                     ttft, total, response = await ours_turn(client, base, conv, args)
                     usage = response["usage"]
                     cached = usage["input_tokens_details"]["cached_tokens"]
