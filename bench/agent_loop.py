@@ -6,6 +6,7 @@ Run::
         [--instructions-tokens 2000] [--item-tokens 300,600] [--output-tokens 32]
         [--cold-turns 1,5,10] [--order ours,peer] [--agent-counts 1,4]
         [--ours-args "--prefill-step-size 2048"] [--no-openblas] [--skip-peer]
+        [--server-command CMD] [--base-command CMD --order ours,base,ours,base]
 
 Each turn resends the whole history with ``store: false`` (as Codex CLI does): an instruction
 block, then user messages and ``function_call`` / ``function_call_output`` pairs of
@@ -26,6 +27,12 @@ Then both servers again with ``--agents`` conversations interleaved (all agents 
 together). With OpenBLAS installed (Debian ``libopenblas0-pthread``) it is preloaded into this
 process and both servers unless ``--no-openblas``; the report says whether it was mapped.
 Results are printed and written to ``bench/results/agent-loop-<timestamp>.json``.
+
+Side by side against another build: ``--base-command`` starts a second ``mlx-responses`` (e.g.
+an older commit's venv script; the part before ``serve``), run as the kind ``base`` with the
+same flags as ours. ``--order`` may name a kind more than once, so ``ours,base,ours,base``
+alternates the two in one invocation (the machine's drift lands on both); the report then
+gives each run's wall time and median TTFT of turns 2 on, and ours over base.
 """
 
 from __future__ import annotations
@@ -296,7 +303,7 @@ async def run_loop(
             async def one(a: int, turn: int = turn) -> None:
                 conv = convs[a]
                 conv.sent[turn] = list(conv.messages)
-                if kind == "ours":
+                if kind != "peer":  # ours, or another build of it (base)
                     ttft, total, response = await ours_turn(client, base, conv, args)
                     usage = response["usage"]
                     cached = usage["input_tokens_details"]["cached_tokens"]
@@ -353,9 +360,9 @@ def spawn(
             stop_server(server)
 
 
-def ours_argv(model: str, port: int) -> list[str]:
+def ours_argv(model: str, port: int, command: Sequence[str] | None = None) -> list[str]:
     return [
-        *default_server_command(),
+        *(command or default_server_command()),
         "serve",
         "--host",
         "127.0.0.1",
@@ -486,9 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--order",
-        type=lambda s: [x for x in s.split(",") if x in ("ours", "peer")],
+        type=lambda s: [x for x in s.split(",") if x in ("ours", "peer", "base")],
         default=["ours", "peer"],
-        help="which servers run, in this order (flip it to see the machine's drift)",
+        help="which servers run, in this order (flip it to see the machine's drift); a kind "
+        "may repeat: ours,base,ours,base alternates ours with --base-command",
     )
     parser.add_argument(
         "--agent-counts",
@@ -499,9 +507,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--ours-args", default="", help="extra flags for mlx-responses serve (one string)"
     )
+    parser.add_argument(
+        "--server-command",
+        default=None,
+        help="command that starts ours, before 'serve' (default: the mlx-responses script "
+        "next to this Python)",
+    )
+    parser.add_argument(
+        "--base-command",
+        default=None,
+        help="command that starts the kind 'base' (another build of mlx-responses), before "
+        "'serve'; e.g. /work/wt/base/.venv/bin/mlx-responses",
+    )
     parser.add_argument("--no-openblas", action="store_true")
     parser.add_argument("--skip-peer", action="store_true")
     args = parser.parse_args(argv)
+    if "base" in args.order and not args.base_command:
+        parser.error("--order names 'base' but --base-command is not given")
     maybe_reexec_with_openblas(args.no_openblas)
     if args.agent_counts is None:
         args.agent_counts = sorted({1, args.agents})
@@ -525,22 +547,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     kinds = [k for k in args.order if not (args.skip_peer and k == "peer")]
     single_convs: list[Conversation] = []
+    commands = {
+        "ours": shlex.split(args.server_command) if args.server_command else None,
+        "base": shlex.split(args.base_command) if args.base_command else None,
+    }
+    seen: dict[str, int] = {}
     for kind in kinds:
+        seen[kind] = seen.get(kind, 0) + 1
         for agents in args.agent_counts:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             argv_ = (
-                [*ours_argv(model, port), *shlex.split(args.ours_args)]
-                if kind == "ours"
-                else peer_argv(model, port)
+                peer_argv(model, port)
+                if kind == "peer"
+                else [*ours_argv(model, port, commands[kind]), *shlex.split(args.ours_args)]
             )
-            log = RESULTS_DIR / f"agent-loop-{stamp}-{kind}-{agents}.log"
+            # A repeated kind's later runs are named ``ours-4-r2`` and so on.
+            name = f"{kind}-{agents}" + (f"-r{seen[kind]}" if seen[kind] > 1 else "")
+            log = RESULTS_DIR / f"agent-loop-{stamp}-{name}.log"
             record: list[Turn] = []
             with spawn(argv_, log, base, quiet_exit=kind == "peer") as server:
                 blas[kind] = maps_openblas(server.process.pid)
                 # The same filler text for every run: a fresh maker with the same seed.
                 run_maker = TextMaker(cold.tokenizer, seed=23)
-                keep = single_convs if (kind == "ours" and agents == 1) else None
+                keep = single_convs if (name == "ours-1") else None
                 wall = trio.run(
                     run_loop,
                     kind,
@@ -553,13 +583,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     record,
                     keep,
                 )
-                cache_stats = health_prompt_cache(base) if kind == "ours" else None
-            runs[f"{kind}-{agents}"] = {
+                cache_stats = health_prompt_cache(base) if kind != "peer" else None
+            runs[name] = {
                 "wall_s": wall,
                 "turns": [asdict(t) for t in record],
                 "prompt_cache": cache_stats,
             }
-            print(f"{kind} x{agents}: {wall:.1f} s for {len(record)} turns")
+            print(f"{name}: {wall:.1f} s for {len(record)} turns")
             if cache_stats:
                 print(f"  /health prompt_cache: {cache_stats}")
 
@@ -578,6 +608,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["openblas"] = blas
     print(f"OpenBLAS mapped: {blas}")
     report(runs, cold_ttft, args)
+    if "base" in kinds:
+        results["ab"] = ab_report(runs, args)
+    results["load_average"] = os.getloadavg()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"agent-loop-{stamp}.json"
     out.write_text(json.dumps(results, indent=2))
@@ -620,6 +653,40 @@ def report(
                     f"{name} x{agents}: wall {runs[f'{name}-{agents}']['wall_s']:.1f} s, "
                     f"cached / replayed prefix (turns 2+) {share:.1%}"
                 )
+
+
+def ab_report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Ours against ``base`` run by run: wall time and median TTFT of turns 2 on (the turns the
+    prompt cache serves); the ratios are ours over base, of the medians over repeats."""
+    out: dict[str, Any] = {}
+    print(f"\nside by side, ours against base (load average now {os.getloadavg()[0]:.1f})")
+    print("| agents | kind | wall s per run | TTFT s turns 2+ (median) per run |")
+    print("|---|---|---|---|")
+    for agents in args.agent_counts:
+        figures: dict[str, tuple[list[float], list[float]]] = {}
+        for kind in ("ours", "base"):
+            names = sorted(
+                (n for n in runs if n == f"{kind}-{agents}" or n.startswith(f"{kind}-{agents}-r")),
+                key=lambda n: (len(n), n),
+            )
+            walls = [runs[n]["wall_s"] for n in names]
+            ttfts = [
+                median([t["ttft_s"] for t in runs[n]["turns"] if t["turn"] > 1]) for n in names
+            ]
+            figures[kind] = (walls, ttfts)
+            print(
+                f"| {agents} | {kind} | {', '.join(f'{w:.1f}' for w in walls)} "
+                f"| {', '.join(f'{t:.2f}' for t in ttfts)} |"
+            )
+        (ow, ot), (bw, bt) = figures["ours"], figures["base"]
+        if ow and bw:
+            wall_ratio = median(ow) / median(bw)
+            ttft_ratio = median(ot) / median(bt)
+            print(
+                f"{agents} agent(s): ours/base wall {wall_ratio:.2f}, TTFT turns 2+ {ttft_ratio:.2f}"
+            )
+            out[str(agents)] = {"wall": wall_ratio, "ttft_after_first": ttft_ratio}
+    return out
 
 
 if __name__ == "__main__":

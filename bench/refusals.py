@@ -94,9 +94,9 @@ def body_for(kind: str, mib: int) -> bytes:
 
 async def measure(kind: str, mib: int) -> dict[str, Any]:
     if kind == "full":
-        import mlx_responses.actors.response as response
+        import mlx_responses.actors.prompt as prompt
 
-        response.prompt_limit = lambda request, model: None  # type: ignore[assignment]
+        prompt.prompt_limit = lambda request, model: None  # type: ignore[assignment]
     async with trio.open_nursery() as nursery:
         server: ServerHandle = await nursery.start(serve, settings())
         async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as http:

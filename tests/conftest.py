@@ -140,6 +140,18 @@ async def wait_until(
         raise AssertionError(f"wait_until: not true within {deadline} s ({where})") from None
 
 
+async def until_terminal(http: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
+    """A background job's final object: its live event stream is followed to its end (the
+    server ends it after the terminal event, so this waits on that event, not on a clock),
+    then the response is read back; a reader of the terminal event finds the record."""
+    async with http.stream("GET", f"/v1/responses/{response_id}?stream=true") as events:
+        assert events.status_code == 200, await events.aread()
+        async for _ in events.aiter_bytes():
+            pass
+    final: dict[str, Any] = (await http.get(f"/v1/responses/{response_id}")).json()
+    return final
+
+
 async def assert_nothing_more_generated(server: ServerHandle, generated: int) -> None:
     """The batch generates nothing more for sequences that left it, once it had generated
     ``generated`` tokens in all. Shown by a barrier, not a pause: another request (not stored)

@@ -12,7 +12,7 @@ from mlx_responses.server import ServerHandle, serve
 from mlx_responses.storage.interface import StoreLimits
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
-from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
+from .conftest import MODEL, START_DEADLINE, server_settings, until_terminal, wait_until
 from .faults import ThreadFaults
 from .rawhttp import open_stream, read_until
 
@@ -31,6 +31,9 @@ async def start_server(nursery: trio.Nursery, **changes: Any) -> ServerHandle:
 
 
 async def poll_until_terminal(http: httpx.AsyncClient, response_id: str) -> list[dict[str, Any]]:
+    """Every object a poller sees until the terminal one. Polling is what the test using this
+    tests (what a poll shows mid-job), so it polls, paced by a short sleep; tests that only
+    wait for the end use ``until_terminal`` (the live stream's terminal event)."""
     seen = []
     while True:
         data = (await http.get(f"/v1/responses/{response_id}")).json()
@@ -147,12 +150,12 @@ async def test_store_false_job_is_readable_but_not_chainable(server: ServerHandl
         with trio.fail_after(DEADLINE):
             body = {**COUNT, "input": "Reply with: hello", "background": True, "store": False}
             created = (await http.post("/v1/responses", json=body)).json()
-            polls = await poll_until_terminal(http, created["id"])
+            final = await until_terminal(http, created["id"])
             chained = await http.post(
                 "/v1/responses", json={**COUNT, "previous_response_id": created["id"]}
             )
-    assert polls[-1]["status"] == "completed"
-    assert polls[-1]["output"][0]["content"][0]["text"] == "hello"
+    assert final["status"] == "completed"
+    assert final["output"][0]["content"][0]["text"] == "hello"
     assert chained.status_code == 400
 
 
@@ -220,9 +223,8 @@ async def test_a_worker_crash_fails_running_jobs_and_the_server_keeps_serving(
             job = (await http.post("/v1/responses", json={**COUNT, "background": True})).json()
             await wait_until(lambda: model.statistics().tokens_generated > 5)
             faults.crash()
-            polls = await poll_until_terminal(http, job["id"])
+            failed = await until_terminal(http, job["id"])
             after = await http.post("/v1/responses", json={**COUNT, "input": "Reply with: hello"})
-    failed = polls[-1]
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "server_error"
     assert failed["output"] == []
@@ -266,8 +268,7 @@ async def test_a_final_object_over_the_budget_leaves_a_failed_answer(nursery: tr
                     "include": ["message.output_text.logprobs"],
                 },
             )
-            polls = await poll_until_terminal(http, created.json()["id"])
-    final = polls[-1]
+            final = await until_terminal(http, created.json()["id"])
     assert_strict_response(final)
     assert final["status"] == "failed"
     assert final["error"]["code"] == "server_error"
@@ -303,7 +304,7 @@ async def test_deleting_a_finished_store_false_job_forgets_it(server: ServerHand
         with trio.fail_after(DEADLINE):
             body = {**COUNT, "input": "Reply with: hello", "background": True, "store": False}
             created = (await http.post("/v1/responses", json=body)).json()
-            await poll_until_terminal(http, created["id"])
+            await until_terminal(http, created["id"])
             deleted = await http.delete(f"/v1/responses/{created['id']}")
             after = await http.get(f"/v1/responses/{created['id']}")
     assert deleted.status_code == 200

@@ -26,10 +26,9 @@ from tests.conformance import (
     parse_sse,
 )
 
-from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
+from .conftest import MODEL, START_DEADLINE, server_settings, until_terminal, wait_until
 
 DEADLINE = 120
-TERMINAL = {"completed", "incomplete", "failed", "cancelled"}
 
 
 def user(text: str) -> dict[str, Any]:
@@ -102,15 +101,6 @@ def text_of(item: dict[str, Any]) -> str:
 
 def call_ids(items: list[dict[str, Any]]) -> set[str]:
     return {item["call_id"] for item in items if "call_id" in item}
-
-
-async def poll_until_terminal(http: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
-    while True:
-        data: dict[str, Any] = (await http.get(f"/v1/responses/{response_id}")).json()
-        if data["status"] in TERMINAL:
-            return data
-        assert data["output"] == []  # a poll never exposes partial output
-        await trio.sleep(0.005)
 
 
 # --- POST /v1/responses/compact --------------------------------------------------------------
@@ -491,8 +481,8 @@ async def test_background_compaction_runs_in_the_job(small: ServerHandle) -> Non
             assert ok.status_code == 200, ok.text
             assert doomed.status_code == 200, doomed.text
             assert doomed.json()["status"] == "queued"
-            done = await poll_until_terminal(http, ok.json()["id"])
-            failed = await poll_until_terminal(http, doomed.json()["id"])
+            done = await until_terminal(http, ok.json()["id"])
+            failed = await until_terminal(http, doomed.json()["id"])
             async with http.stream("GET", f"/v1/responses/{done['id']}?stream=true") as replay:
                 done_events = parse_sse(b"".join([c async for c in replay.aiter_bytes()]))
             async with http.stream("GET", f"/v1/responses/{failed['id']}?stream=true") as replay:

@@ -233,6 +233,8 @@ class BackgroundMachine(RuleBasedStateMachine):
         self.observe(job, reply.json(), where)
 
     def wait_terminal(self, job: Job, where: str) -> None:
+        # Polling is what this rule tests: every status a poller sees on the way is checked
+        # against the job's legal transitions (``observe``); the sleep only paces the GETs.
         deadline = time.monotonic() + TERMINAL_DEADLINE
         while job.readable and not job.terminal:
             assert time.monotonic() < deadline, f"{where}: {job.id} still {job.status!r}"
@@ -525,6 +527,8 @@ class BackgroundMachine(RuleBasedStateMachine):
         # No sequence outlives its job, no job outlives its terminal status.
         model, jobs = self.handle.model, self.handle.responses
         deadline = time.monotonic() + IDLE_DEADLINE
+        # The actors' statistics are snapshots with no event to wait on (the model's is
+        # replaced by the generation thread after each step): polled, as ``wait_until`` does.
         while (model.statistics().active or jobs.statistics().jobs_active) and (
             time.monotonic() < deadline
         ):

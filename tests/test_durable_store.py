@@ -22,7 +22,7 @@ from mlx_responses.storage.choice import MEMORY, StoreChoice
 from mlx_responses.storage.sqlite import RESTART_MESSAGE
 from tests.conformance import assert_strict_response, parse_sse
 
-from .conftest import MODEL, START_DEADLINE, server_settings
+from .conftest import MODEL, START_DEADLINE, server_settings, until_terminal
 
 DEADLINE = 120
 HELLO = {"model": MODEL, "input": "Reply with: hello", "temperature": 0}
@@ -84,13 +84,6 @@ async def _replay(http: httpx.AsyncClient, response_id: str) -> list[Any]:
     reply = await http.get(f"/v1/responses/{response_id}?stream=true")
     assert reply.status_code == 200
     return parse_sse(reply.content)
-
-
-async def _poll_until_terminal(http: httpx.AsyncClient, response_id: str) -> None:
-    while True:
-        if (await http.get(f"/v1/responses/{response_id}")).json()["status"] in TERMINAL:
-            return
-        await trio.sleep(0.01)
 
 
 async def _write_everything(http: httpx.AsyncClient) -> dict[str, Any]:
@@ -184,7 +177,7 @@ async def test_an_interrupted_job_ends_failed_after_a_restart(tmp_path: Path) ->
                 assert created["status"] == "queued"
                 done = await http.post("/v1/responses", json={**HELLO, "background": True})
                 done_id = done.json()["id"]
-                await _poll_until_terminal(http, done_id)
+                await until_terminal(http, done_id)
                 # The long job is still running when the server goes away.
                 assert (await http.get(f"/v1/responses/{created['id']}")).json()["status"] in (
                     "queued",

@@ -51,7 +51,10 @@ def client(server: ServerHandle | str, key: str = ALICE) -> httpx.AsyncClient:
 
 
 async def status_past(http: httpx.AsyncClient, path: str, status: str) -> dict[str, Any]:
-    """The response at ``path`` once its status is no longer ``status`` (polled)."""
+    """The response at ``path`` once its status is no longer ``status`` (polled). Polling is
+    what the callers test: what a GET on the other replica answers for a job it does not run,
+    read from the shared store (A's published progress; a lease found expired on reading),
+    with no event of that job on this replica to wait on."""
     while True:
         seen: dict[str, Any] = (await http.get(path)).json()
         if seen["status"] != status:

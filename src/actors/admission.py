@@ -1,25 +1,26 @@
 """Admission: a prepared prompt becomes a sequence in the model's batch.
 
 Invariants:
-- ``constrain`` compiles the grammar a request must follow before anything exists, so an
-  invalid schema is a 400 and changes nothing.
+- Admission only reads finished values (``prompt.ReadyPrompt``: the grammar is compiled
+  there, before anything exists, so an invalid schema is a 400 and changes nothing).
 - ``admit`` asks the model actor for a sequence; the model actor counts it until the thread
   reports it ended. A refusal (no room in the context window, the batch full, the server
   closing) raises ``ApiError`` and leaves nothing admitted.
+- ``admit_ready`` is a response task's one call here; ``admit_continuation`` is a run's, after
+  a server tool search (issue 13): render, grammar and admission of the next sequence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import formats
-from ..model.constrain import Grammar, InvalidSchema
+from ..model.constrain import Grammar
 from ..model.inbound import GrammarSpec
 from ..model.penalties import sampling_adjust
-from ..protocol.errors import ApiError, invalid_request
+from ..protocol.errors import ApiError
 from ..protocol.machine import Compacted
+from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
-from ..protocol.tools import call_targets
 from .model import (
     GenerationRequest,
     GenerationSequence,
@@ -27,8 +28,10 @@ from .model import (
     ModelOverloaded,
     ModelUnavailable,
 )
-from .output import OutputShaper
-from .prompt import PreparedPrompt, context_exceeded
+from .output import OutputShaper, shaper_for
+from .prompt import PreparedPrompt, ReadyPrompt, constrain, render_items
+from .prompt_limit import context_exceeded, output_budget
+from .runtime import Actors
 
 # The temperature OpenAI applies when a request gives none.
 DEFAULT_TEMPERATURE = 1.0
@@ -44,92 +47,32 @@ class Admission:
     compaction: Compacted | None = None  # the history was compacted first
 
 
-async def constrain(request: CreateRequest, model: ModelHandle) -> Grammar | None:
-    """The grammar a request's decoding must follow: a forced tool call (``tool_choice``
-    ``required`` or a named function) or structured output; None when unconstrained.
-    Compiled now, so an invalid schema is a 400 before anything exists."""
-    choice, fmt = request.tool_choice, request.text_format
-    # A custom tool goes as sent (its format constrains its input), under its offered name.
-    tools = [
-        {"type": "custom", "name": t.name, "format": dict(t.custom_format)}
-        if t.custom_format is not None
-        else t.to_json()
-        for t in request.tools
-    ]
-    try:
-        if choice.mode == "required" and tools:
-            tool_format = model.info.tool_format
-            return await model.compile(
-                lambda c: c.tool_call(tools, name=choice.name, tool_format=tool_format)
-            )
-        if fmt.kind == "json_schema":
-            schema, strict = dict(fmt.schema), fmt.strict
-            return await model.compile(lambda c: c.json_schema(schema, strict=strict))
-        if fmt.kind == "json_object":
-            return await model.compile(lambda c: c.json_object())
-    except InvalidSchema as exc:
-        param = "text.format.schema" if choice.mode != "required" else "tools"
-        raise invalid_request(f"Invalid schema for '{param}': {exc}", param) from exc
-    except (NotImplementedError, RuntimeError) as exc:
-        param = "tool_choice" if choice.mode == "required" else "text.format"
-        raise invalid_request(f"Unsupported '{param}' for this model: {exc}", param) from exc
-    return None
-
-
-def output_shaper(
-    request: CreateRequest, model: ModelHandle, prompt: tuple[int, ...]
-) -> OutputShaper:
-    info = model.info
-    calls_allowed = request.tool_choice.mode != "none" and bool(request.tools)
-    limits = [n for n in (request.config.max_tool_calls,) if n is not None]
-    if not request.config.parallel_tool_calls:
-        limits.append(1)
-    parser = formats.get(info.tool_format).new_parser(
-        formats.ParseOptions(
-            tools_enabled=calls_allowed,
-            reasoning=info.has_thinking,
-            starts_in_reasoning=model.opens_reasoning(prompt),
-            tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
-        )
-    )
-    return OutputShaper(
-        parser,
-        max_calls=min(limits) if limits else None,
-        targets=call_targets(request.tools),  # namespaced and custom tools
-        # What the model may call: the offered tools and those a tool search can load.
-        declared=frozenset(
-            name
-            for tool in request.tools
-            for name in (tool.name, *(loaded.name for loaded in tool.catalog))
-        ),
-    )
-
-
-def output_budget(request: CreateRequest, prompt_tokens: int, window: int) -> int:
-    """Generation is capped at the context left after the prompt (spec 000)."""
-    room = window - prompt_tokens
-    return min(request.config.max_output_tokens or room, room)
-
-
 async def admit(
     request: CreateRequest,
     prepared: PreparedPrompt,
     model: ModelHandle,
     grammar: Grammar | None,
     compaction: Compacted | None = None,
+    *,
+    max_tokens: int | None = None,
 ) -> Admission:
-    """Admit the prompt to the batch; raises ``ApiError`` (no room, server busy or closing)."""
+    """Admit the prompt to the batch; raises ``ApiError`` (no room, server busy or closing).
+    ``max_tokens`` caps the output below the request's own budget (a warm-up's one token)."""
     window = model.info.context_window
     if window - len(prepared.prompt) < 1:
         raise context_exceeded(prepared.prompt, window)
     config = request.config
+    budget = output_budget(request, len(prepared.prompt), window)
     temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
-    shaper = output_shaper(request, model, prepared.prompt)
+    info = model.info
+    shaper = shaper_for(
+        request, info.tool_format, info.has_thinking, model.opens_reasoning(prepared.prompt)
+    )
     try:
         sequence = await model.submit(
             GenerationRequest(
                 prompt=prepared.prompt,
-                max_tokens=output_budget(request, len(prepared.prompt), window),
+                max_tokens=budget if max_tokens is None else min(budget, max_tokens),
                 temperature=temperature,
                 top_p=1.0 if config.top_p is None else config.top_p,
                 top_logprobs=request.logprobs,
@@ -147,3 +90,26 @@ async def admit(
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
     return Admission(prepared, sequence, shaper, compaction)
+
+
+async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission | None:
+    """A prepared response's sequence; None when its history is compacted first (the
+    response task admits it after the summary, ``compaction.compact_and_admit``). A warm-up
+    (``generate: false``) prefills its prompt and generates one token, which is not output."""
+    request = ready.request
+    if not request.generate:
+        return await admit(request, ready.prepared, model, None, max_tokens=1)
+    if ready.compacting:
+        return None
+    return await admit(request, ready.prepared, model, ready.grammar)
+
+
+async def admit_continuation(
+    request: CreateRequest, prepared: PreparedPrompt, output: tuple[JsonObject, ...], actors: Actors
+) -> Admission:
+    """After a server tool search: ``request`` (with the tools it loaded) over the items so
+    far and ``output``, rendered, constrained and admitted; raises ``ApiError``."""
+    prompt = await render_items(request, actors, prepared.all_items + output)
+    grammar = await constrain(request, actors.model)
+    following = PreparedPrompt(prepared.history, prepared.new_items, prompt)
+    return await admit(request, following, actors.model, grammar)

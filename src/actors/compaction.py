@@ -26,28 +26,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import trio
-
-from ..protocol.compaction import (
-    NothingToSummarize,
-    Split,
-    auto_summary_tokens,
-    default_keep_tokens,
-    item_text,
-    split_everything,
-    split_history,
-    transcript,
-)
-from ..protocol.errors import ApiError, invalid_request
-from ..protocol.history import items_from_json
+from ..model.constrain import Grammar
+from ..protocol.compaction import auto_summary_tokens, default_keep_tokens, transcript
+from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
 from ..protocol.items import Compaction, InputMessage, TurnItem, item_json
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
-from .admission import admit
+from .admission import Admission, admit
 from .event_log import EventLog
-from .prompt import PreparedPrompt, prepare_prompt, render_items
+from .prompt import PreparedPrompt, cannot_compact, plan, prepare_prompt, render_items
 from .run import ResponseRun
 from .runtime import Actors, RunningResponses
 
@@ -58,10 +47,6 @@ SUMMARY_INSTRUCTIONS = (
 )
 # Told the summary's log once it exists (``None``: nobody listens).
 OnSummary = Callable[[EventLog], Awaitable[None]] | None
-
-# Role markers and separators an item adds to its text when rendered (an estimate: the split
-# only needs costs that grow with the item).
-ITEM_OVERHEAD_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +61,6 @@ class CompactionResult:
     @property
     def tokens_after(self) -> int:
         return len(self.prompt)
-
-
-def _exceeded(message: str) -> ApiError:
-    return invalid_request(message, "input", code="context_length_exceeded")
 
 
 async def compact(
@@ -108,39 +89,11 @@ async def compact(
     item = item_json(Compaction(summary, split.retained))
     prompt = await render_items(request, actors, (*prepared.all_items, item))
     if keep_tokens is not None and len(prompt) >= before:
-        raise _exceeded(
+        raise cannot_compact(
             f"The summary does not shorten the context: the history is {before} tokens, "
             f"compacted it would be {len(prompt)} tokens."
         )
     return CompactionResult(split.kept, split.retained, item, prompt, before, usage)
-
-
-async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None) -> Split:
-    """What a compaction would summarize and keep; a 400 ``context_length_exceeded`` when it
-    cannot (the history is over one window, or has nothing to summarize): found before any
-    generation."""
-    model = actors.model
-    window = model.info.context_window
-    before = len(prepared.prompt)
-    if before > window:
-        raise _exceeded(
-            f"The history is {before} tokens, longer than the context window of {window} "
-            "tokens; compaction needs it to fit in one window."
-        )
-    items = items_from_json(prepared.all_items)
-
-    def cost(item: TurnItem) -> int:
-        return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
-
-    try:
-        if keep_tokens is None:
-            return split_everything(items)
-        # Tokenizing a long history is real work: off the Trio thread.
-        return await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
-    except NothingToSummarize as exc:
-        raise _exceeded(
-            f"The summary could not shorten the context of {before} tokens: {exc}."
-        ) from None
 
 
 async def compact_now(
@@ -179,11 +132,10 @@ async def _summarize(
     except ApiError as error:
         if error.code != "context_length_exceeded":
             raise
-        raise _exceeded(
+        raise cannot_compact(
             f"The summary does not fit in the context window: {error.message}"
         ) from None
-    run = ResponseRun(summary_request, prepared, actors)
-    run.attach(admission)
+    run = ResponseRun(summary_request, prepared, actors, admission=admission)
     try:
         if on_summary is not None:
             await on_summary(run.log)
@@ -212,11 +164,12 @@ async def _summarize(
     return summary.strip(), usage
 
 
-async def compact_for_request(
-    request: CreateRequest, prepared: PreparedPrompt, actors: Actors
-) -> tuple[PreparedPrompt, Compacted]:
-    """Automatic compaction (``context_management``): the compacted prompt to generate from,
-    and the machine input that puts the compaction item first in the output."""
+async def compact_and_admit(
+    request: CreateRequest, prepared: PreparedPrompt, grammar: Grammar | None, actors: Actors
+) -> Admission:
+    """Automatic compaction (``context_management``): the summary generates, then the
+    compacted prompt is admitted, with the machine input that puts the compaction item first
+    in the output; raises ``ApiError``."""
     window = actors.model.info.context_window
     result = await compact(
         request,
@@ -226,7 +179,8 @@ async def compact_for_request(
         summary_tokens=auto_summary_tokens(window),
     )
     compacted = PreparedPrompt(prepared.history, prepared.new_items, result.prompt, prepared.tools)
-    return compacted, Compacted(result.item, result.tokens_before, result.tokens_after)
+    step = Compacted(result.item, result.tokens_before, result.tokens_after)
+    return await admit(request, compacted, actors.model, grammar, step)
 
 
 async def compact_history(

@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import formats
 from ..formats import (
     ParsedEvent,
     Parser,
@@ -36,8 +37,9 @@ from ..formats import (
 )
 from ..formats.grammars import CUSTOM_HEAD, CUSTOM_TAIL
 from ..protocol import machine as m
+from ..protocol.request import CreateRequest
 from ..protocol.tool_search import search
-from ..protocol.tools import CUSTOM_INPUT, CallTarget
+from ..protocol.tools import CUSTOM_INPUT, CallTarget, call_targets
 
 
 def custom_input(arguments: str) -> str:
@@ -64,6 +66,35 @@ def as_text(name: str, arguments: str) -> str:
     except ValueError:
         body = json.dumps(arguments, ensure_ascii=False)
     return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + body + "}"
+
+
+def shaper_for(
+    request: CreateRequest, tool_format: str, reasoning: bool, starts_in_reasoning: bool
+) -> OutputShaper:
+    """The shaper of ``request``'s output: its format's parser and its tool-call limits."""
+    calls_allowed = request.tool_choice.mode != "none" and bool(request.tools)
+    limits = [n for n in (request.config.max_tool_calls,) if n is not None]
+    if not request.config.parallel_tool_calls:
+        limits.append(1)
+    parser = formats.get(tool_format).new_parser(
+        formats.ParseOptions(
+            tools_enabled=calls_allowed,
+            reasoning=reasoning,
+            starts_in_reasoning=starts_in_reasoning,
+            tool_schemas={tool.name: dict(tool.parameters) for tool in request.tools},
+        )
+    )
+    return OutputShaper(
+        parser,
+        max_calls=min(limits) if limits else None,
+        targets=call_targets(request.tools),  # namespaced and custom tools
+        # What the model may call: the offered tools and those a tool search can load.
+        declared=frozenset(
+            name
+            for tool in request.tools
+            for name in (tool.name, *(loaded.name for loaded in tool.catalog))
+        ),
+    )
 
 
 class OutputShaper:

@@ -1,8 +1,11 @@
-"""Prompt preparation: a request resolved against its history and rendered (no side effects).
+"""Preparation: a request resolved against its history, rendered and checked (no side effects).
 
 Invariants:
 - Everything here can refuse a request (model name, history lookup, render, the context
-  window) and nothing here changes state, so a refusal raises ``ApiError`` and leaves no trace.
+  window, a compaction that cannot be done, the grammar) and nothing here changes state, so a
+  refusal raises ``ApiError`` and leaves no trace.
+- ``prepare_response`` is a response task's one call here, first on its way down: its
+  ``ReadyPrompt`` is a finished value that admission and the run only read.
 - ``previous_response_id`` replays the whole chain (decision 9): a stored record keeps the
   history it was generated from. A parent that is still running is refused, not waited for.
 """
@@ -10,21 +13,38 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+
+import trio
 
 from .. import formats
 from ..model.chat import ChatMessage, to_chat
+from ..model.constrain import Grammar, InvalidSchema
 from ..model.prompt_bounds import PromptTooLong
+from ..protocol.compaction import (
+    NothingToSummarize,
+    Split,
+    item_text,
+    split_everything,
+    split_history,
+)
 from ..protocol.errors import ApiError, invalid_request, not_found
-from ..protocol.history import input_items, items_from_json
+from ..protocol.history import history_tools, input_items, items_from_json
+from ..protocol.items import TurnItem
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
-from ..protocol.tool_search import discoverable
-from ..protocol.tools import FunctionTool, offered_tools
+from ..protocol.tools import FunctionTool
 from .model import ModelHandle
-from .prompt_limit import prompt_limit, too_long_to_tokenize
+from .prompt_limit import context_exceeded, output_budget, prompt_limit, too_long_to_tokenize
 from .runtime import Actors, RunningResponses
+
+# The store bytes a background job is assumed to need per token of its output budget.
+BYTES_PER_TOKEN = 16
+# Role markers and separators an item adds to its text when rendered (an estimate: the
+# compaction's split only needs costs that grow with the item).
+ITEM_OVERHEAD_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,21 +82,6 @@ def persistence_disabled(what: str) -> ApiError:
         "(--responses-store-max-entries 0).",
         None,
     )
-
-
-def context_exceeded(prompt: tuple[int, ...], window: int) -> ApiError:
-    return invalid_request(
-        f"The input is {len(prompt)} tokens, which does not fit the model's "
-        f"context window of {window} tokens.",
-        "input",
-        code="context_length_exceeded",
-    )
-
-
-def needs_compaction(request: CreateRequest, prompt_tokens: int, window: int) -> bool:
-    """Spec 000: the rendered input reaches ``compact_threshold`` or leaves no room."""
-    threshold = request.compact_threshold
-    return threshold is not None and (prompt_tokens >= threshold or prompt_tokens >= window)
 
 
 async def load_history(
@@ -208,33 +213,99 @@ class ReadyPrompt:
 
     request: CreateRequest  # with the tools its history loaded
     prepared: PreparedPrompt
+    grammar: Grammar | None  # what decoding must follow (compiled: an invalid schema is a 400)
     compacting: bool  # the history is compacted before generating (``context_management``)
+    job_bytes: int = 0  # a background job's share of the store's byte budget (an estimate)
 
 
 async def prepare_response(
     request: CreateRequest, actors: Actors, running: RunningResponses | None
 ) -> ReadyPrompt:
-    """Everything a create asks of the prompt, in one pass: the early length refusal, history,
-    render, the tools a search in the history loaded (issue 13), and the context-window check
-    (before any grammar is compiled) unless the history is to be compacted."""
-    window = actors.model.info.context_window
-    prepared = await prepare_prompt(request, actors, running, prompt_limit(request, actors.model))
+    """Everything a create asks before anything exists, in one pass: the early length
+    refusal, history, render, the tools a search in the history loaded (issue 13), the
+    context-window check unless the history is to be compacted (spec 000: the rendered input
+    reaches ``compact_threshold`` or leaves no room), a ``compaction_trigger``'s plan
+    (issue 28), then the grammar."""
+    model = actors.model
+    window = model.info.context_window
+    prepared = await prepare_prompt(request, actors, running, prompt_limit(request, model))
     if prepared.tools is not None:
         request = dataclasses.replace(request, tools=prepared.tools)
-    compacting = request.compact_now or needs_compaction(request, len(prepared.prompt), window)
-    if not compacting and len(prepared.prompt) >= window:
+    tokens, threshold = len(prepared.prompt), request.compact_threshold
+    reached = threshold is not None and (tokens >= threshold or tokens >= window)
+    compacting = request.compact_now or reached
+    if not compacting and tokens >= window:
         raise context_exceeded(prepared.prompt, window)
-    return ReadyPrompt(request, prepared, compacting)
+    if request.compact_now:  # refused now when it cannot be done at all
+        await plan(prepared, actors, None)
+    grammar = None if request.compact_now else await constrain(request, model)
+    job_bytes = 0
+    if request.config.background:
+        # Its input, and its output budget's tokens in its object and events (approximate).
+        budget = max(output_budget(request, tokens, window), 0)
+        job_bytes = 2048 + len(json.dumps(prepared.all_items)) + BYTES_PER_TOKEN * budget
+    return ReadyPrompt(request, prepared, grammar, compacting, job_bytes)
 
 
-def history_tools(
-    request: CreateRequest, history: tuple[JsonObject, ...]
-) -> tuple[FunctionTool, ...] | None:
-    """The tools offered when a ``tool_search_output`` of the history (a chain, a
-    conversation) loaded deferred tools, as one in ``input`` does at the edge; None when that
-    changes nothing."""
-    if not request.declared_tools or not history:
-        return None
-    items = (*items_from_json(history), *request.input)
-    tools = offered_tools(discoverable(request.declared_tools, items), request.tool_choice)
-    return None if tools == request.tools else tools
+async def constrain(request: CreateRequest, model: ModelHandle) -> Grammar | None:
+    """The grammar a request's decoding must follow: a forced tool call (``tool_choice``
+    ``required`` or a named function) or structured output; None when unconstrained.
+    Compiled now, so an invalid schema is a 400 before anything exists."""
+    choice, fmt = request.tool_choice, request.text_format
+    # A custom tool goes as sent (its format constrains its input), under its offered name.
+    tools = [
+        {"type": "custom", "name": t.name, "format": dict(t.custom_format)}
+        if t.custom_format is not None
+        else t.to_json()
+        for t in request.tools
+    ]
+    try:
+        if choice.mode == "required" and tools:
+            tool_format = model.info.tool_format
+            return await model.compile(
+                lambda c: c.tool_call(tools, name=choice.name, tool_format=tool_format)
+            )
+        if fmt.kind == "json_schema":
+            schema, strict = dict(fmt.schema), fmt.strict
+            return await model.compile(lambda c: c.json_schema(schema, strict=strict))
+        if fmt.kind == "json_object":
+            return await model.compile(lambda c: c.json_object())
+    except InvalidSchema as exc:
+        param = "text.format.schema" if choice.mode != "required" else "tools"
+        raise invalid_request(f"Invalid schema for '{param}': {exc}", param) from exc
+    except (NotImplementedError, RuntimeError) as exc:
+        param = "tool_choice" if choice.mode == "required" else "text.format"
+        raise invalid_request(f"Unsupported '{param}' for this model: {exc}", param) from exc
+    return None
+
+
+def cannot_compact(message: str) -> ApiError:
+    return invalid_request(message, "input", code="context_length_exceeded")
+
+
+async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None) -> Split:
+    """What a compaction would summarize and keep; a 400 ``context_length_exceeded`` when it
+    cannot (the history is over one window, or has nothing to summarize): found before any
+    generation."""
+    model = actors.model
+    window = model.info.context_window
+    before = len(prepared.prompt)
+    if before > window:
+        raise cannot_compact(
+            f"The history is {before} tokens, longer than the context window of {window} "
+            "tokens; compaction needs it to fit in one window."
+        )
+    items = items_from_json(prepared.all_items)
+
+    def cost(item: TurnItem) -> int:
+        return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
+
+    try:
+        if keep_tokens is None:
+            return split_everything(items)
+        # Tokenizing a long history is real work: off the Trio thread.
+        return await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
+    except NothingToSummarize as exc:
+        raise cannot_compact(
+            f"The summary could not shorten the context of {before} tokens: {exc}."
+        ) from None

@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
@@ -33,8 +32,8 @@ from ..protocol.machine import Fail
 from ..protocol.objects import JsonObject, ResponseErrorCode
 from ..protocol.phase import Phase
 from ..protocol.request import CompactRequest, CreateRequest
-from .admission import admit, constrain, output_budget
-from .compaction import compact_for_request, compact_history, compact_now, plan
+from .admission import admit_ready
+from .compaction import compact_and_admit, compact_history, compact_now
 from .event_log import EventLog
 from .kit import Reply, ask
 from .prompt import prepare_response
@@ -135,41 +134,28 @@ async def _open(
     once its response exists (announced to the opener), or None after a refusal (told to the
     opener; nothing is left)."""
     run: ResponseRun | None = None
-    model = actors.model
     try:
         # On its way to the model until admitted or refused: an idle batch that gets another
         # request's sequence meanwhile waits for this one (a burst is prefilled together).
-        with model.arriving() as arrival:
+        # The way down, each step once: prepared (a finished value), admitted, then the run.
+        with actors.model.arriving() as arrival:
             ready = await prepare_response(request, actors, running)
-            request, prepared = ready.request, ready.prepared
-            if request.compact_now:  # issue 28: refused now when it cannot be done at all
+            if ready.compacting:  # a summary generates first: not an arrival to wait for
                 arrival.done()
-                await plan(prepared, actors, None)
-            grammar = None if request.compact_now else await constrain(request, model)
-            run = ResponseRun(request, prepared, actors, grammar)
             if entry.background:
-                window = model.info.context_window
-                budget = output_budget(request, len(prepared.prompt), window)
-                size = run.estimated_bytes(max(budget, 0))
-                await ask(mailbox, lambda reply: Reserve(entry, size, reply))
-            if not request.generate:
-                # A warm-up: prefill the prompt (the prompt cache keeps it for the
-                # continuation), output nothing.
-                one_token = dataclasses.replace(
-                    request, config=dataclasses.replace(request.config, max_output_tokens=1)
+                await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
+            admission = await admit_ready(ready, actors.model)
+            # A compaction_trigger's summary is the response (``_compact_now``); a background
+            # job compacts inside the job (a refusal ends it failed); otherwise the summary
+            # generates first, a whole response, before this one exists.
+            later = ready.request.compact_now or entry.background
+            if admission is None and ready.compacting and not later:
+                admission = await compact_and_admit(
+                    ready.request, ready.prepared, ready.grammar, actors
                 )
-                run.attach(await admit(one_token, prepared, model, None))
-            elif request.compact_now:
-                pass  # the summary generates in _drive (cancellable, supervised)
-            elif ready.compacting and entry.background:
-                pass  # compacted and admitted inside the job (a refusal ends it failed)
-            elif ready.compacting:
-                # The summary generates first, a whole response: not an arrival to wait for.
-                arrival.done()
-                compacted, step = await compact_for_request(request, prepared, actors)
-                run.attach(await admit(request, compacted, model, grammar, step))
-            else:
-                run.attach(await admit(request, prepared, model, grammar))
+        run = ResponseRun(
+            ready.request, ready.prepared, actors, grammar=ready.grammar, admission=admission
+        )
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
             await run.persist_job()  # issue 15: a durable job row before the create answers
@@ -242,10 +228,8 @@ async def _drive_published(
 async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
     """A background job's automatic compaction and admission; False when it was refused (the
     run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
-    request = run.request
     try:
-        compacted, step = await compact_for_request(request, run.prepared, actors)
-        run.attach(await admit(request, compacted, actors.model, run.grammar, step))
+        run.attach(await compact_and_admit(run.request, run.prepared, run.grammar, actors))
     except ApiError as error:
         code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
         await run.end(Fail(code, error.message, None))

@@ -28,7 +28,6 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from typing import assert_never
@@ -54,9 +53,9 @@ from ..protocol.replay import FAILED_UNSTARTED
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import after_server_search
 from ..storage.interface import StoredResponse
-from .admission import Admission, admit, constrain
+from .admission import Admission, admit_continuation
 from .event_log import EventLog
-from .prompt import PreparedPrompt, render_items
+from .prompt import PreparedPrompt
 from .runtime import Actors
 from .timings import RunTimings
 
@@ -67,8 +66,6 @@ log = logging.getLogger(__name__)
 STORE_DEADLINE_SECONDS = 60
 # How long a run waits to hand its sequence's cancel to the model actor.
 RELEASE_DEADLINE_SECONDS = 5
-# The store bytes a background job is assumed to need per token of its output budget.
-BYTES_PER_TOKEN = 16
 
 
 # Issue 12: the server's own work per event (the machine, the log, encoding, one transport
@@ -93,14 +90,18 @@ def delta_interval(decoding: int) -> float:
 
 
 class ResponseRun:
-    """The state of one response; driven by its owner task with ``generate`` and the ends."""
+    """The state of one response; driven by its owner task with ``generate`` and the ends.
+    Built from finished values: the prepared request and, unless it is admitted later (a
+    background job's compaction), its admission."""
 
     def __init__(
         self,
         request: CreateRequest,
         prepared: PreparedPrompt,
         actors: Actors,
+        *,
         grammar: Grammar | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.phase = advance(Phase.PREPARING, Step.PREPARED)
         self.request = request
@@ -125,6 +126,8 @@ class ResponseRun:
         # Events fed but not yet published (the closing events of a finished sequence's items,
         # published with the terminal event).
         self._held: list[JsonObject] = []
+        if admission is not None:
+            self.attach(admission)
 
     @property
     def response_id(self) -> str:
@@ -147,11 +150,6 @@ class ResponseRun:
             await store.job_started(queued)
         except Exception:
             log.exception("could not record background job %s", self.response_id)
-
-    def estimated_bytes(self, max_tokens: int) -> int:
-        """What this response will roughly hold in the store: its input, and up to
-        ``max_tokens`` tokens of output in its object and its events (approximate)."""
-        return 2048 + len(json.dumps(self.prepared.all_items)) + BYTES_PER_TOKEN * max_tokens
 
     def snapshot(self) -> JsonObject:
         return self._machine.snapshot()
@@ -264,13 +262,8 @@ class ResponseRun:
                 return False
             config = dataclasses.replace(config, max_output_tokens=left)
         follow = dataclasses.replace(request, config=config, tools=tools, tool_choice=choice)
-        items = self.prepared.all_items + tuple(output)
-        model = self._actors.model
         try:
-            prompt = await render_items(follow, self._actors, items)
-            grammar = await constrain(follow, model)
-            prepared = PreparedPrompt(self.prepared.history, self.prepared.new_items, prompt)
-            following = await admit(follow, prepared, model, grammar)
+            following = await admit_continuation(follow, self.prepared, tuple(output), self._actors)
         except ApiError:
             log.info("response %s: no continuation after its tool search", self.response_id)
             return False
