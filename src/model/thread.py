@@ -28,10 +28,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from .batch import Batch
 from .blas_threads import set_blas_threads
+from .distributed import Broadcaster, Link, Receiver, open_link, shard_model, topology
 from .inbound import (
     Admit,
     Arrivals,
@@ -47,6 +48,7 @@ from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .slot import FinishReason
+from .topology import Sharding
 
 __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_bound"]
 
@@ -75,6 +77,22 @@ def gather_bound(prompt_seconds: float, prompt_tokens: int, tokens: int) -> floa
     return min(GATHER_SECONDS, max(GATHER_FLOOR_SECONDS, estimate))
 
 
+class Inbox(Protocol):
+    """Where the thread's messages wait: a queue, or a follower rank's ``Receiver``."""
+
+    def put(self, message: Inbound) -> None: ...
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Inbound: ...
+
+    def get_nowait(self) -> Inbound: ...
+
+
+class Journal(Protocol):
+    """Where a thread writes what it applied: a queue, or rank 0's ``Broadcaster``."""
+
+    def put(self, message: Inbound) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadSettings:
     model_path: str
@@ -86,6 +104,8 @@ class ThreadSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads: OpenBLAS's thread count; None measures (blas_threads.set_blas_threads).
     blas_threads: int | None = None
+    # Issue 26: this process is one rank of a model split over several (None: the whole model).
+    sharding: Sharding | None = None
 
 
 class GenerationThread:
@@ -100,17 +120,18 @@ class GenerationThread:
         facts: FactStream,
         *,
         lockstep: bool = False,
-        journal: queue.SimpleQueue[Inbound] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self._settings = settings
         self._facts = facts
         self._lockstep = lockstep
         self._journal = journal
-        self._inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        self._inbox: Inbox = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="mlx-generation", daemon=True)
         self._statistics = ModelStatistics()
         self._arriving = 0  # the latest ``Arrivals`` count
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
+        self._link: Link | None = None  # issue 26: this rank's exchange with the others
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -135,7 +156,7 @@ class GenerationThread:
         error: BaseException | None = None
         try:
             try:
-                loaded = load_model(self._settings.model_path)
+                loaded = self._load()
                 # Before any sequence: the count is process-wide (blas_threads).
                 blas = set_blas_threads(
                     loaded.model, self._settings.blas_threads, self._settings.model_path
@@ -155,6 +176,32 @@ class GenerationThread:
             mx.clear_streams()
             self._facts.put(Exited(error))
 
+    def _load(self) -> LoadedModel:
+        sharding = self._settings.sharding
+        if sharding is None:
+            return load_model(self._settings.model_path)
+        # Issue 26: join the ranks, load this rank's share; rank 0 broadcasts what it applies
+        # (its journal), a follower steps in lockstep on what it receives (its inbox).
+        self._link = link = open_link(sharding, self._facts)
+        shares: list[tuple[int, int]] = []
+
+        def split(model: object) -> None:
+            shares.append(shard_model(sharding, link.group, model))
+
+        loaded = load_model(self._settings.model_path, split)
+        # Every rank evicts alike: rank 0's byte bound (its machine's memory, unless given),
+        # counted against whole entries (``PromptCache``'s share).
+        kib = link.from_rank0(self._prompt_cache.stats.max_bytes // 1024)
+        entries = link.from_rank0(self._settings.prompt_cache_entries)
+        self._prompt_cache = PromptCache(kib * 1024, entries, shares[0])
+        if link.rank == 0:
+            self._journal = broadcaster = Broadcaster(link)
+        else:
+            self._lockstep = True
+            self._inbox = Receiver(link)
+        shape = topology(link, sharding, broadcaster.traffic if link.rank == 0 else None)
+        return replace(loaded, topology=shape)
+
     def _serve(self, loaded: LoadedModel) -> None:
         settings = self._settings
         batch = self.batch_class(
@@ -165,6 +212,8 @@ class GenerationThread:
             prefill_batch_size=settings.prefill_batch_size,
         )
         self._batch = batch
+        if self._link is not None:
+            self._link.stream = batch.stream
         crashed: BaseException | None = None
         try:
             while True:
