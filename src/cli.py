@@ -234,7 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = dataclasses.replace(settings, model=model)
     rank = launched_rank()
     if model.sharding is not None and rank:  # issue 26: a follower rank
-        return run_follower(thread_settings(model), rank)
+        code = run_follower(thread_settings(model), rank)
+        # Straight out: MLX's ring threads may still hold a dead peer's sockets, and its
+        # static destructors would abort on them (exit status 134 instead of this one).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.check:
         return run_check(settings)
     try:

@@ -158,7 +158,8 @@ async def serve(
         log.info("shutting down")
         await model.shutdown()
         with trio.move_on_after(settings.graceful_timeout):
-            await model.wait_idle()
+            if model.fatal is None:  # issue 26: a lost rank's batch never empties
+                await model.wait_idle()
             # The sequences are out of the batch; their responses publish their terminal
             # events (a run may be between receives) before the HTTP server stops.
             while responses.statistics().running:  # noqa: ASYNC110

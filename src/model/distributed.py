@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,11 +146,17 @@ class Link:
         # trail them in a different order on each rank and pair with the wrong one.
         self.stream: Any = None
 
-    def _all_sum(self, array: Any) -> Any:
+    def guard(self) -> AbstractContextManager[None]:
+        """Time what runs inside against the rank timeout (rank 0: each exchange and step)."""
+        return self._watchdog.guard() if self._watchdog is not None else nullcontext()
+
+    def _all_sum(self, array: Any, *, idle: bool = False) -> Any:
+        """``idle``: a wait that may rightly last, not timed: a follower waiting for rank 0's
+        next packet (as long as the server has nothing to do), and the exchanges of start-up
+        (as long as the slowest rank takes to load)."""
         import mlx.core as mx
 
-        guard = self._watchdog.guard() if self._watchdog is not None else _nothing()
-        with guard:
+        with nullcontext() if idle else self.guard():
             try:
                 stream = mx.cpu if self.stream is None else self.stream
                 result = mx.distributed.all_sum(array, group=self.group, stream=stream)
@@ -158,6 +164,15 @@ class Link:
             except RuntimeError as exc:
                 raise _lost(exc, self.rank, self.size) from exc
         return result
+
+    def explain(self, error: BaseException) -> BaseException:
+        """What ended this rank's thread, naming the lost ranks when a collective failed (the
+        model's own, inside a step, raise MLX's words only)."""
+        if isinstance(error, RankLost) or not any(
+            f"[{name}]" in str(error) for name in ("ring", "jaccl", "mpi", "nccl")
+        ):
+            return error
+        return _lost(error, self.rank, self.size)
 
     def send(self, payload: bytes | None) -> None:
         """Rank 0: a packet (None: a Step alone)."""
@@ -180,7 +195,7 @@ class Link:
         """A follower: the next packet (None: a Step alone)."""
         import mlx.core as mx
 
-        length = int(self._all_sum(mx.zeros((1,), dtype=mx.int32)).item())
+        length = int(self._all_sum(mx.zeros((1,), dtype=mx.int32), idle=True).item())
         self.traffic.packets += 1
         self.traffic.bytes += 4
         if length == _STEP_ONLY:
@@ -195,26 +210,21 @@ class Link:
 
         mine = mx.zeros((self.size,), dtype=mx.int32)
         mine[self.rank] = value
-        return [int(v) for v in self._all_sum(mine).tolist()]
+        return [int(v) for v in self._all_sum(mine, idle=True).tolist()]
 
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value`` (below 2**31) on every rank."""
         import mlx.core as mx
 
         mine = mx.array([value if self.rank == 0 else 0], dtype=mx.int32)
-        return int(self._all_sum(mine).item())
+        return int(self._all_sum(mine, idle=True).item())
 
     def agree_seed(self) -> None:
         """Every rank draws from the same random key sequence (unseeded sampling)."""
         import mlx.core as mx
 
         seed = int(time.time_ns() % (1 << 31)) if self.rank == 0 else 0
-        mx.random.seed(int(self._all_sum(mx.array([seed], dtype=mx.int32)).item()))
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+        mx.random.seed(int(self._all_sum(mx.array([seed], dtype=mx.int32), idle=True).item()))
 
 
 class Broadcaster:

@@ -27,6 +27,7 @@ import math
 import queue
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Protocol, assert_never
 
@@ -170,7 +171,8 @@ class GenerationThread:
             self._serve(loaded)
         except BaseException as exc:
             log.exception("generation thread crashed")
-            error = exc
+            # Issue 26: a collective that failed means a rank is gone: say which.
+            error = exc if self._link is None else self._link.explain(exc)
         finally:
             mx.synchronize()
             mx.clear_streams()
@@ -233,7 +235,9 @@ class GenerationThread:
     def _step(self, batch: Batch) -> None:
         if self._journal is not None:
             self._journal.put(Step())
-        batch.step()
+        # Issue 26: a step of a sharded model waits on every rank; a silent one is timed.
+        with nullcontext() if self._link is None else self._link.guard():
+            batch.step()
         self._publish(batch)
 
     def _publish(self, batch: Batch) -> None:
