@@ -198,6 +198,7 @@ async def test_concurrent_streams_one_cancelled_then_every_rank_stopped_in_step(
                 await trio.sleep(0.05)
                 metrics = (await http.get("/metrics")).text
             health = (await http.get("/health")).json()
+            status = (await http.get("/status")).json()
     done = [final for final in finals if final is not None]
     assert len(done) == 3
     for final in done:
@@ -205,6 +206,12 @@ async def test_concurrent_streams_one_cancelled_then_every_rank_stopped_in_step(
     assert metric(metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}') >= 1
     assert health["distributed"]["size"] == 2
     assert [r["rank"] for r in health["distributed"]["ranks"]] == [0, 1]
+    # Visible: the ranks, the mode, the backend and each rank's memory.
+    assert metric(metrics, 'mlx_responses_distributed_rank_memory_bytes{rank="1"}') > 0
+    ranks_line = 'mlx_responses_distributed_ranks{backend="ring",mode="tensor",state="ok"}'
+    assert metric(metrics, ranks_line) == 2
+    assert metric(metrics, "mlx_responses_distributed_broadcast_bytes_total") > 0
+    assert "sharded over 2 ranks (tensor parallel, ring)" in json.dumps(status)
 
     # Shutdown: every rank exits 0, and rank 1 took exactly rank 0's steps and ended alike.
     codes = ranks.stop(DEADLINE)
