@@ -36,20 +36,21 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def qwen2_copy(out: Path) -> Path:
-    """The bundled weights as a ``qwen2`` model in ``out`` (made once; see the module header)."""
+def qwen2_copy(out: Path, source: Path = BUNDLED_MODEL_PATH) -> Path:
+    """A qwen3 model's weights (the bundled model's unless ``source``) as a ``qwen2`` model in
+    ``out`` (made once; see the module header)."""
     from safetensors.numpy import load_file, save_file
 
     if (out / "model.safetensors").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
-        shutil.copy(BUNDLED_MODEL_PATH / name, out / name)
-    config = json.loads((BUNDLED_MODEL_PATH / "config.json").read_text())
+        shutil.copy(source / name, out / name)
+    config = json.loads((source / "config.json").read_text())
     config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
     config.pop("head_dim", None)  # qwen2 derives it: hidden_size / num_attention_heads
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    weights = {k: v for k, v in load_file(BUNDLED_MODEL_PATH / "model.safetensors").items()}
+    weights = dict(load_file(source / "model.safetensors"))
     for name in [k for k in weights if k.endswith(("q_norm.weight", "k_norm.weight"))]:
         del weights[name]
     for name in [

@@ -187,6 +187,7 @@ class Link:
 
             self._all_sum(mx.array(np.frombuffer(payload, dtype=np.uint8)))
             moved += len(payload)
+            self.traffic.carrying += 1
         self.traffic.packets += 1
         self.traffic.bytes += moved
         self.traffic.seconds += time.perf_counter() - started

@@ -159,8 +159,10 @@ class GenerationThread:
             try:
                 loaded = self._load()
                 # Before any sequence: the count is process-wide (blas_threads).
+                # Issue 26: a split model is never measured (set_blas_threads' ``sharded``).
+                sharded = {} if self._link is None else {"sharded": True}
                 blas = set_blas_threads(
-                    loaded.model, self._settings.blas_threads, self._settings.model_path
+                    loaded.model, self._settings.blas_threads, self._settings.model_path, **sharded
                 )
                 loaded = replace(loaded, blas=blas)
             except BaseException as exc:

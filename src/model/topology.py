@@ -28,6 +28,7 @@ class Traffic:
     """What the broadcast moved (rank 0): packets, steps and bytes, for /metrics and the bench."""
 
     packets: int = 0
+    carrying: int = 0  # packets with messages (the others: a Step alone, 4 bytes)
     steps: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -74,6 +75,7 @@ class Topology:
             "broadcast": {
                 "steps": traffic.steps,
                 "packets": traffic.packets,
+                "packets_with_messages": traffic.carrying,
                 "bytes": traffic.bytes,
                 "seconds": round(traffic.seconds, 6),
             },
