@@ -86,13 +86,17 @@ class Ranks:
             for process in self.processes:
                 codes.append(process.wait(timeout))
         finally:
-            self.kill()
+            self.close()
+        return codes
+
+    def close(self) -> None:
+        """Kill what still runs; read the logs to their end; close the pipes."""
+        self.kill()
         for thread in self.threads:
             thread.join(5)
         for process in self.processes:
             if process.stderr is not None:
                 process.stderr.close()
-        return codes
 
     def kill(self) -> None:
         for process in self.processes:
@@ -140,7 +144,7 @@ def start_ranks(model: Path, folder: Path, *args: str, size: int = 2) -> Ranks:
         thread.start()
         ranks.threads.append(thread)
     if not ready.wait(START_SECONDS) or not found:
-        ranks.kill()
+        ranks.close()
         raise AssertionError(f"the sharded server did not start:\n{ranks.log(0)}\n{ranks.log(1)}")
     ranks.base_url = found[0]
     return ranks
@@ -161,7 +165,7 @@ def start_single(model: Path, folder: Path, *args: str) -> Ranks:
     thread.start()
     ranks.threads.append(thread)
     if not ready.wait(START_SECONDS) or not found:
-        ranks.kill()
+        ranks.close()
         raise AssertionError(f"the server did not start:\n{ranks.log(0)}")
     ranks.base_url = found[0]
     return ranks

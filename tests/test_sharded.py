@@ -48,7 +48,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
     try:
         yield started
     finally:
-        started.kill()
+        started.close()
 
 
 def messages(name: str) -> list[dict[str, Any]]:

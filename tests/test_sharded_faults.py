@@ -11,8 +11,10 @@ import signal
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 import trio
 
+from mlx_responses.cli import build_parser, settings_from_args
 from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
 from tests.conformance import assert_stream_invariants, parse_sse
 
@@ -53,7 +55,7 @@ async def test_sigkill_of_rank_1_fails_the_stream_and_stops_every_rank(tmp_path:
             raw = await _stream_with_fault(ranks.base_url, signal.SIGKILL, ranks.processes[1].pid)
         codes = ranks.wait(EXIT_SECONDS)
     finally:
-        ranks.kill()
+        ranks.close()
     assert codes[1] == -signal.SIGKILL
     assert codes[0] == 1, ranks.log(0)
     # The lost connection, or the silence that comes first on a loaded machine, names rank 1.
@@ -79,8 +81,7 @@ async def test_a_rank_that_stops_answering_stops_the_server_within_the_bound(
         follower.send_signal(signal.SIGCONT)  # it finds rank 0 gone and exits too
         follower_code = follower.wait(EXIT_SECONDS)
     finally:
-        ranks.kill()
-        ranks.wait(EXIT_SECONDS)
+        ranks.close()
     assert code == 1, ranks.log(0)
     assert f"rank 1 did not answer within {RANK_TIMEOUT} s" in ranks.log(0)
     events = parse_sse(raw)
@@ -90,3 +91,20 @@ async def test_a_rank_that_stops_answering_stops_the_server_within_the_bound(
     assert follower_code == 1, ranks.log(1)
     # Once it runs again it finds rank 0 gone (or, first, too late to answer).
     assert re.search(r"rank 1 stopped: .*rank 0", ranks.log(1)), ranks.log(1)
+
+
+def test_a_model_that_cannot_be_split_by_layers_is_refused_by_name(tmp_path: Path) -> None:
+    # The bundled model's class (qwen3) has no pipeline split in mlx-lm: start-up stops.
+    with pytest.raises(AssertionError) as refused:
+        start_ranks(BUNDLED_MODEL_PATH, tmp_path, "--pipeline")
+    message = str(refused.value)
+    assert "did not start" in message
+    assert "mlx_lm.models.qwen3 cannot be split by layers (pipeline)" in message
+    assert "leave out --pipeline" in message
+
+
+def test_pipeline_without_several_ranks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLX_RANK", raising=False)  # not started by mlx.launch
+    expected = re.escape("--pipeline needs several ranks: start with mlx.launch")
+    with pytest.raises(SystemExit, match=expected):
+        settings_from_args(build_parser({}).parse_args(["serve", "--pipeline"]))

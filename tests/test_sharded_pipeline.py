@@ -64,7 +64,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         yield Served(ranks, expected)
     finally:
-        ranks.kill()
+        ranks.close()
 
 
 @pytest.mark.parametrize("name", GREEDY)

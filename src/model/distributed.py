@@ -13,12 +13,20 @@ Invariants:
 - The collectives run on the generation thread only (MLX arrays belong to it), in the same
   order on every rank: a packet is one ``all_sum`` of its length (a ``Step`` alone is the
   length -1 and nothing else) and, when it carries more, one ``all_sum`` of its bytes, which
-  the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent.
+  the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. Once
+  the batch exists they run on its stream (``Link.stream``), behind the model's own.
+- Nothing that depends on time or on the machine may change what a rank computes: the random
+  seed and the prompt cache's bounds are rank 0's (``open_link``, ``thread.py``), OpenBLAS is
+  not calibrated (a timed number of passes), and cache entries count as whole (``PromptCache``
+  share), so every rank evicts alike.
 - Faults are loud and bounded: a collective that fails (a peer's connection is lost) raises on
-  the thread, which ends every sequence with ``error``; one that does not return within
-  ``Sharding.rank_timeout`` seconds is reported by the ``Watchdog`` as an ``Exited`` fact
-  naming the ranks that did not answer. Either way the server stops non-zero
-  (``actors/model.py``); followers exit non-zero when rank 0 is gone.
+  the thread, which ends every sequence with ``error``; an exchange or step that does not end
+  within ``Sharding.rank_timeout`` seconds is reported by the ``Watchdog`` as an ``Exited`` fact
+  naming the ranks that did not answer. The exchanges of start-up are not timed (they last as
+  long as the slowest rank takes to load). Either way the server stops
+  non-zero (``actors/model.py``); followers exit non-zero when rank 0 is gone. An idle rank 0
+  sends a heartbeat every third of the timeout, so a follower times its wait for rank 0 too,
+  and a rank lost while nothing runs is found then, not at the next request.
 - Messages travel pickled: the ranks are one deployment that trusts itself, as mlx-lm's
   server does (its ranks share requests the same way).
 """
@@ -45,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # The length that says "a Step and nothing else": most steps of a running batch.
 _STEP_ONLY = -1
+# The length that says "rank 0 is idle and alive" (every third of the rank timeout): followers
+# time their wait for rank 0 too, and rank 0 finds a lost rank while nothing runs.
+_HEARTBEAT = -2
 
 
 class RankLost(RuntimeError):
@@ -134,8 +145,10 @@ def _lost(error: BaseException, rank: int, size: int) -> RankLost:
 class Link:
     """This rank's group and its packet exchange (generation thread only)."""
 
-    def __init__(self, group: Any, watchdog: Watchdog | None) -> None:
+    def __init__(self, group: Any, watchdog: Watchdog | None, timeout: float | None = None) -> None:
         self.group = group
+        # Rank 0 beats this often while idle (None: never; tests of the exchange alone).
+        self.beat_seconds = None if timeout is None else timeout / 3
         self.rank: int = group.rank()
         self.size: int = group.size()
         self._watchdog = watchdog
@@ -192,13 +205,25 @@ class Link:
         self.traffic.bytes += moved
         self.traffic.seconds += time.perf_counter() - started
 
-    def receive(self) -> bytes | None:
-        """A follower: the next packet (None: a Step alone)."""
+    def beat(self) -> None:
+        """Rank 0, idle: a heartbeat (a length and nothing else)."""
         import mlx.core as mx
 
-        length = int(self._all_sum(mx.zeros((1,), dtype=mx.int32), idle=True).item())
+        self._all_sum(mx.array([_HEARTBEAT], dtype=mx.int32))
         self.traffic.packets += 1
         self.traffic.bytes += 4
+
+    def receive(self) -> bytes | None:
+        """A follower: the next packet (None: a Step alone), heartbeats skipped. The wait is
+        timed only where rank 0 beats (else it may rightly last as long as rank 0 is idle)."""
+        import mlx.core as mx
+
+        length = _HEARTBEAT
+        while length == _HEARTBEAT:
+            empty = mx.zeros((1,), dtype=mx.int32)
+            length = int(self._all_sum(empty, idle=self.beat_seconds is None).item())
+            self.traffic.packets += 1
+            self.traffic.bytes += 4
         if length == _STEP_ONLY:
             return None
         data = self._all_sum(mx.zeros((length,), dtype=mx.uint8))
@@ -296,7 +321,7 @@ def open_link(sharding: Sharding, facts: FactStream) -> Link:
 
     group = mx.distributed.init(strict=True, backend=sharding.backend)
     watchdog = Watchdog(sharding.rank_timeout, facts, group.rank(), group.size())
-    link = Link(group, watchdog)
+    link = Link(group, watchdog, sharding.rank_timeout)
     link.agree_seed()
     return link
 

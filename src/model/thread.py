@@ -257,7 +257,7 @@ class GenerationThread:
         while True:
             try:
                 if block:
-                    message = self._inbox.get()
+                    message = self._inbox.get(timeout=self._beat_seconds())
                 elif self._arriving > 0 and gather_until != math.inf:
                     timeout = gather_until - time.monotonic()
                     if timeout <= 0:
@@ -266,6 +266,8 @@ class GenerationThread:
                 else:
                     message = self._inbox.get_nowait()
             except queue.Empty:
+                if block and self._link is not None:
+                    self._link.beat()  # issue 26: idle rank 0, alive (distributed.py)
                 return False
             if self._journal is not None and not isinstance(message, Step):
                 self._journal.put(plain(message))
@@ -291,6 +293,12 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(message)
+
+    def _beat_seconds(self) -> float | None:
+        """How long an idle rank 0 of a sharded model waits before a heartbeat (else None)."""
+        if self._link is None or self._lockstep:
+            return None
+        return self._link.beat_seconds
 
     def _gather_bound(self, batch: Batch, first: Admit) -> float:
         totals = batch.totals
