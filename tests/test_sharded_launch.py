@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
 
 from mlx_responses.model.bundled_model import load_bundled_prompts
@@ -36,6 +37,7 @@ def _rank_of(pid: int) -> int:
     return int(rank)
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks in /proc")
 def test_mlx_launch_serves_and_every_rank_exits_0_after_sigterm(tmp_path: Path) -> None:
     command = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(free_port())]
     command += ["--", "mlx-responses", "serve", "--port", "0", "--store", "memory"]
