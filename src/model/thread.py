@@ -18,6 +18,10 @@ Invariants:
   batch exactly (``tests/test_engine_replay.py``).
 - Only an error of the batch itself (the model's forward pass) ends the thread; every
   sequence it held ends with ``error`` then, and ``Exited`` carries the error.
+- Issue 26: with ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
+  its share of the model; on rank 0 its journal is the ``Broadcaster``, on another rank it is a
+  lockstep thread whose inbox is the ``Receiver`` (``distributed.py``), and an idle rank 0
+  sends heartbeats instead of blocking for good.
 """
 
 from __future__ import annotations
