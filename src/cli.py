@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import trio
 
 from .actors.model import ModelSettings
+from .actors.model_port import thread_settings
 from .api_keys import load_api_keys
 from .check import run_check
 from .cli_flags import (
@@ -28,8 +29,11 @@ from .cli_flags import (
 )
 from .http.server_defaults import parse_temperature
 from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from .model.distributed import RankLost, launched_rank, sharded_launch
+from .model.follower import run_follower
 from .model.loader import resolve_model_path
 from .model.source import ModelSourceError, locate_model
+from .model.topology import Sharding
 from .server import ServerSettings, serve
 from .storage.choice import default_data_dir, parse_store
 from .storage.files import FileLimits
@@ -93,6 +97,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         f"key is its own tenant) [env: {API_KEY_ENV}, comma-separated]",
     )
     serve_parser.set_defaults(env_api_keys=env_keys)
+    serve_parser.add_argument(  # issue 26
+        "--pipeline",
+        action="store_true",
+        default=env.get("MLX_RESPONSES_PIPELINE", "") not in ("", "0", "false"),
+        help="when started by mlx.launch over several ranks: split the model by layers "
+        "(pipeline parallel) instead of by tensors [env: MLX_RESPONSES_PIPELINE]",
+    )
     serve_parser.add_argument(  # issue 16
         "--check",
         action="store_true",
@@ -170,6 +181,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             prompt_cache_entries=args.prompt_cache_entries,
             blas_threads=args.blas_threads,
             tool_format=args.tool_format,
+            sharding=_sharding(args),
         ),
         responses_store=responses_store,
         conversation_store=conversation_store,
@@ -221,16 +233,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModelSourceError as exc:
         raise SystemExit(f"mlx-responses: {exc}") from None
     settings = dataclasses.replace(settings, model=model)
+    rank = launched_rank()
+    if model.sharding is not None and rank:  # issue 26: a follower rank
+        code = run_follower(thread_settings(model), rank)
+        # Straight out: MLX's ring threads may still hold a dead peer's sockets, and its
+        # static destructors would abort on them (exit status 134 instead of this one).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.check:
         return run_check(settings)
     try:
         trio.run(lambda: serve(settings, handle_signals=True))
+    except RankLost as exc:  # issue 26: loud, and no wait for a thread stuck on a lost rank
+        logging.getLogger("mlx_responses").critical("the sharded model stopped: %s", exc)
+        print(f"mlx-responses: the sharded model stopped: {exc}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(1)
     except Exception as exc:  # issue 15: an unusable store file stops start-up with its message
         store_error = _store_error(exc)
         if store_error is None:
             raise
         raise SystemExit(f"mlx-responses: {store_error}") from None
     return 0
+
+
+def _sharding(args: argparse.Namespace) -> Sharding | None:
+    """Issue 26: sharded when ``mlx.launch`` started this process as one of several ranks."""
+    if not sharded_launch():
+        if args.pipeline:
+            raise SystemExit("--pipeline needs several ranks: start with mlx.launch")
+        return None
+    if not args.rank_timeout_secs > 0:
+        raise SystemExit("--rank-timeout-secs must be above 0")
+    return Sharding(
+        "pipeline" if args.pipeline else "tensor",
+        args.distributed_backend,
+        args.rank_timeout_secs,
+    )
 
 
 def version_text() -> str:

@@ -339,6 +339,22 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Response and every event's response carries it, false for foreground, as OpenAI "
         "sends it (for clients and suites that require the key, e.g. Open Responses)",
     ),
+    Flag(  # issue 26: docs/distributed.md
+        "--distributed-backend",
+        "MLX_RESPONSES_DISTRIBUTED_BACKEND",
+        "any",
+        str,
+        "when started by mlx.launch over several ranks: mx.distributed's backend (ring, "
+        "jaccl, mpi or any)",
+    ),
+    Flag(  # issue 26
+        "--rank-timeout-secs",
+        "MLX_RESPONSES_RANK_TIMEOUT_SECS",
+        30.0,
+        float,
+        "when sharded: seconds a rank may take to answer one exchange before the server stops "
+        "with a message naming it (its requests fail)",
+    ),
     Flag(
         "--image-urls",
         "MLX_RESPONSES_IMAGE_URLS",

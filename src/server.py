@@ -35,6 +35,7 @@ from .actors.store import run_store
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
 from .http.app import create_app
 from .http.metrics import Metrics
+from .model.distributed import RankLost
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
 from .startup import log_startup
@@ -148,15 +149,17 @@ async def serve(
         runtime = dataclasses.replace(runtime, base_url=binds[0])
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
         # Issue 16: the model, its size, the backend.
-        log_startup(log, model.info, model.blas, model.device)
+        log_startup(log, model.info, model.blas, model.device, model.topology)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
+        nursery.start_soon(_watch_model_failure, model.failed, stop)  # issue 26
         task_status.started(runtime)
         await stop.wait()
         log.info("shutting down")
         await model.shutdown()
         with trio.move_on_after(settings.graceful_timeout):
-            await model.wait_idle()
+            if model.fatal is None:  # issue 26: a lost rank's batch never empties
+                await model.wait_idle()
             # The sequences are out of the batch; their responses publish their terminal
             # events (a run may be between receives) before the HTTP server stops.
             while responses.statistics().running:  # noqa: ASYNC110
@@ -166,6 +169,14 @@ async def serve(
         with trio.move_on_after(settings.graceful_timeout + 1):
             await http_done.wait()
         nursery.cancel_scope.cancel()
+    if model.fatal is not None:
+        raise RankLost(model.fatal)
+
+
+async def _watch_model_failure(failed: trio.Event, stop: trio.Event) -> None:
+    """Issue 26: a sharded model that lost a rank stops the server (its requests failed)."""
+    await failed.wait()
+    stop.set()
 
 
 async def _watch_signals(stop: trio.Event) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from .actors.model import ModelInfo
 from .blas import HINT, openblas_loaded
 from .model.blas_threads import BlasThreads
+from .model.topology import Topology
 
 
 def weights_bytes(path: str) -> int:
@@ -38,7 +39,10 @@ def backend(device: str) -> tuple[str, bool]:
 
 
 def startup_line(
-    info: ModelInfo, blas: BlasThreads | None = None, device: str = ""
+    info: ModelInfo,
+    blas: BlasThreads | None = None,
+    device: str = "",
+    topology: Topology | None = None,
 ) -> tuple[str, bool]:
     """The line to log once the model is loaded; whether the BLAS hint applies."""
     where, slow = backend(device)
@@ -55,13 +59,19 @@ def startup_line(
         f"reasoning {'yes' if info.has_thinking else 'no'}, "
         f"input_modalities: [{', '.join(repr(m) for m in info.input_modalities)}]; {where}"
     )
+    if topology is not None:  # issue 26
+        line += f"; {topology.describe()}"
     return line, slow
 
 
 def log_startup(
-    log: logging.Logger, info: ModelInfo, blas: BlasThreads | None = None, device: str = ""
+    log: logging.Logger,
+    info: ModelInfo,
+    blas: BlasThreads | None = None,
+    device: str = "",
+    topology: Topology | None = None,
 ) -> None:
-    line, slow = startup_line(info, blas, device)
+    line, slow = startup_line(info, blas, device, topology)
     log.info("%s", line)
     if slow:
         log.warning("%s", HINT)

@@ -14,7 +14,9 @@ Invariants:
   puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
   it had not taken in yet go to a new thread, which loads the model again: the server keeps
-  serving.
+  serving. Except when the model is split over several ranks (issue 26): a rank that is gone
+  cannot be rejoined, so the sequences end with ``error`` and ``failed`` says why: the server
+  stops (``server.py``) and exits non-zero.
 - ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
 - What Trio tasks count for the thread (``_Engine``: admitted, arriving, the current worker) is
   touched only on the Trio thread; the generation thread learns of it by message.
@@ -151,6 +153,10 @@ class ModelHandle:
         self._mailbox = mailbox
         self._engine = engine
         self.restarts = 0
+        self.topology = loaded.topology  # issue 26: the ranks (None: one process)
+        # Issue 26: set with ``fatal`` when a sharded model stopped for good.
+        self.failed = trio.Event()
+        self.fatal: str | None = None
 
     def statistics(self) -> ModelStatistics:
         return replace(self._engine.latest(), admitted=self._engine.admitted)
@@ -394,6 +400,13 @@ class _ModelState:
                 if self.closing and error is None:
                     self.stopped = True
                     self._end_all("shutdown")
+                    return True
+                if self.settings.sharding is not None:
+                    log.critical("the sharded model stopped: %s", error)
+                    self._end_all("error")
+                    self.stopped = True
+                    handle.fatal = str(error) or repr(error)
+                    handle.failed.set()
                     return True
                 if not worker.loaded:
                     raise RuntimeError(f"could not load the model again: {error}")

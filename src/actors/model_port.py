@@ -61,6 +61,20 @@ class Arrival:
             self._engine.arrive(-1)
 
 
+def thread_settings(settings: ModelSettings) -> ThreadSettings:
+    """What the generation thread is told of the model's settings (a follower rank's too)."""
+    return ThreadSettings(
+        settings.model_path,
+        prefill_step_size=settings.prefill_step_size,
+        completion_batch_size=settings.completion_batch_size,
+        prefill_batch_size=settings.prefill_batch_size,
+        prompt_cache_bytes=settings.prompt_cache_bytes,
+        prompt_cache_entries=settings.prompt_cache_entries,
+        blas_threads=settings.blas_threads,
+        sharding=settings.sharding,
+    )
+
+
 class _Worker:
     """One generation thread and its fact stream."""
 
@@ -68,16 +82,7 @@ class _Worker:
         self.facts = FactStream(trio.lowlevel.current_trio_token())
         self.loaded = False  # it reported its model loaded
         self.thread: GenerationThread = settings.thread_factory(
-            ThreadSettings(
-                settings.model_path,
-                prefill_step_size=settings.prefill_step_size,
-                completion_batch_size=settings.completion_batch_size,
-                prefill_batch_size=settings.prefill_batch_size,
-                prompt_cache_bytes=settings.prompt_cache_bytes,
-                prompt_cache_entries=settings.prompt_cache_entries,
-                blas_threads=settings.blas_threads,
-            ),
-            self.facts,
+            thread_settings(settings), self.facts
         )
         self.thread.start()
 

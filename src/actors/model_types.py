@@ -18,6 +18,7 @@ from ..model.inbound import SequenceSpec
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.thread import GenerationThread
+from ..model.topology import Sharding
 
 ThreadFactory = Callable[..., GenerationThread]
 
@@ -41,6 +42,8 @@ class ModelSettings:
     blas_threads: int | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
     tool_format: str | None = None
+    # Issue 26: this server is rank 0 of a model split over several ranks (None: one process).
+    sharding: Sharding | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
 

@@ -133,6 +133,10 @@ async def health() -> Response:
             },
             "prompt_cache": stats.prompt_cache.to_json(),
             "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
+            # Issue 26: the ranks a sharded model runs on (None: one process).
+            "distributed": (
+                None if rt.model.topology is None else rt.model.topology.as_json(rt.model.fatal)
+            ),
             "responses": {
                 "tasks": books.tasks,
                 "running": books.running,

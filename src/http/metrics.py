@@ -179,6 +179,7 @@ class RuntimeCollector(Collector):
         )
         yield _gauge("mlx_responses_prompt_cache_entries", "Prompt-cache entries.", cache.entries)
         yield _gauge("mlx_responses_prompt_cache_bytes", "Prompt-cache bytes held.", cache.bytes)
+        yield from _distributed(rt)
         books = rt.responses.statistics()
         yield _gauge(
             "mlx_responses_response_tasks",
@@ -231,6 +232,47 @@ class RuntimeCollector(Collector):
         yield entries
         yield held
         yield evicted
+
+
+def _distributed(rt: Runtime) -> Iterator[Metric]:
+    """Issue 26: a sharded model's ranks, each rank's memory and rank 0's broadcast."""
+    topology = rt.model.topology
+    if topology is None:
+        return
+    ranks = GaugeMetricFamily(
+        "mlx_responses_distributed_ranks",
+        "Ranks the model is split over (value), its mode and backend, and whether it still runs.",
+        labels=("mode", "backend", "state"),
+    )
+    state = "ok" if rt.model.fatal is None else "failed"
+    ranks.add_metric((topology.mode, topology.backend, state), topology.size)
+    yield ranks
+    memory = GaugeMetricFamily(
+        "mlx_responses_distributed_rank_memory_bytes",
+        "MLX memory each rank held after loading its share of the model.",
+        labels=("rank",),
+    )
+    for rank in topology.ranks:
+        memory.add_metric((str(rank.rank),), rank.memory_bytes)
+    yield memory
+    traffic = topology.traffic
+    if traffic is not None:
+        yield _counter(
+            "mlx_responses_distributed_broadcast_steps",
+            "Steps rank 0 announced to the other ranks.",
+            traffic.steps,
+        )
+        yield _counter(
+            "mlx_responses_distributed_broadcast_bytes",
+            "Bytes rank 0 broadcast to the other ranks (lengths and messages).",
+            traffic.bytes,
+        )
+        seconds = CounterMetricFamily(
+            "mlx_responses_distributed_broadcast_seconds",
+            "Seconds rank 0 spent broadcasting (waiting for every rank included).",
+            value=traffic.seconds,
+        )
+        yield seconds
 
 
 def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:

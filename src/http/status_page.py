@@ -77,6 +77,12 @@ def _version() -> str:
         return "unknown"
 
 
+def _sharded(rt: Runtime) -> str:
+    """Issue 26: the backend line goes on with the ranks, mode and memory per rank."""
+    topology = rt.model.topology
+    return "" if topology is None else f"; {topology.describe()}"
+
+
 def _server_part(rt: Runtime) -> dict[str, Any]:
     settings = rt.settings
     model = settings.model
@@ -87,8 +93,12 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
         "context_window": info.context_window,
         "tool_format": info.tool_format,
         "reasoning": info.has_thinking,
-        "backend": _backend(rt.model.device),
+        "backend": _backend(rt.model.device) + _sharded(rt),
         "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
+        # Issue 26: the ranks a sharded model runs on (None: one process).
+        "distributed": (
+            None if rt.model.topology is None else rt.model.topology.as_json(rt.model.fatal)
+        ),
         "version": _version(),
         "started_at": rt.created_at,
         "flags": {

@@ -167,6 +167,11 @@ class Batch:
             self._marks = chat_marks(render_without_generation_prompt(loaded.tokenizer))
 
     @property
+    def stream(self) -> Any:
+        """The MLX stream the batch computes on (issue 26: the ranks' exchanges join it)."""
+        return self._stream
+
+    @property
     def live(self) -> bool:
         return bool(self._live)
 

@@ -159,16 +159,23 @@ _measured: dict[str, BlasThreads] = {}
 _measuring = threading.Lock()
 
 
-def set_blas_threads(model: Any, wanted: int | None, key: str = "") -> BlasThreads | None:
+def set_blas_threads(
+    model: Any, wanted: int | None, key: str = "", *, sharded: bool = False
+) -> BlasThreads | None:
     """Choose the counts for ``model`` (None: ``auto``; ``key`` names its folder) and leave
     OpenBLAS on the prefill count (a batch's first step prefills); the choice, or None where
-    OpenBLAS does not compute. Runs on the generation thread before it serves."""
+    OpenBLAS does not compute. Runs on the generation thread before it serves. ``sharded``
+    (issue 26): never measured, since a measurement runs as many passes as time allows and
+    each pass of a split model is an exchange every rank must join alike."""
     blas = open_blas()
     if blas is None:
         return None
     if wanted is not None:
         blas.set_threads(wanted)
         return BlasThreads(wanted, blas.default, None, "--blas-threads", wanted)
+    if sharded:
+        blas.set_threads(blas.default)
+        return BlasThreads(blas.default, blas.default, None, "sharded: not measured", blas.default)
     with _measuring:
         kept = _measured.get(key) if key else None
         if kept is None:

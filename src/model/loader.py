@@ -7,7 +7,7 @@ only the tokenizer (Jinja and the Rust tokenizer, no MLX), so it may run on any 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
+from .topology import Topology
 
 DEFAULT_CONTEXT_WINDOW = 4096
 
@@ -43,6 +44,8 @@ class LoadedModel:
     # MLX's version and default device in words, asked once here on the generation thread
     # (the only thread that calls MLX), so the start-up line and /status never call it.
     device: str = ""
+    # Issue 26: the ranks the model is split over (None: one process holds it all).
+    topology: Topology | None = None
 
 
 def resolve_model_path(path_or_id: str) -> str:
@@ -112,16 +115,25 @@ def writes_reasoning(tokenizer: Any) -> bool:
     return start in template
 
 
-def load_model(path: str) -> LoadedModel:
+def load_model(path: str, split: Callable[[Any], None] | None = None) -> LoadedModel:
+    """``split``: called on the lazily loaded model before its weights are read, to keep only
+    this rank's share of them (``distributed.shard_model``)."""
     from mlx_lm import load
 
     parser_type = read_tool_parser_type(path)
     # mlx-lm imports a parser module for the named type: a name only this server knows
     # (``harmony``, ``hermes``) would fail its load, so mlx-lm is told none and infers.
     hidden = parser_type is not None and not _mlx_lm_knows(parser_type)
-    model, tokenizer = load(path, tokenizer_config={"tool_parser_type": None} if hidden else None)[
-        :2
-    ]
+    model, tokenizer = load(
+        path,
+        tokenizer_config={"tool_parser_type": None} if hidden else None,
+        lazy=split is not None,
+    )[:2]
+    if split is not None:
+        import mlx.core as mx
+
+        split(model)
+        mx.eval(model.parameters())
     try:
         constraints: Constraints | None = Constraints(tokenizer)
     except (TypeError, ValueError):

@@ -105,8 +105,11 @@ MISS = Reuse()
 class PromptCache:
     """KV caches keyed by ``(tenant, tokens)``; bounded by bytes and entries (0 disables)."""
 
-    def __init__(self, max_bytes: int, max_entries: int) -> None:
+    def __init__(self, max_bytes: int, max_entries: int, share: tuple[int, int] = (1, 1)) -> None:
         self._core: PrefixCache[_Stored] = PrefixCache(max_bytes, max_entries)
+        # Issue 26: a rank holds a share of each entry; it counts the whole (its bytes times
+        # ``share[0] / share[1]``), so that every rank evicts alike (distributed.py).
+        self._share = share
 
     @property
     def enabled(self) -> bool:
@@ -185,7 +188,7 @@ class PromptCache:
         layers = list(cache)
         # Materialise now: a lazy slice would keep the whole batch's buffers alive.
         mx.eval([layer.state for layer in layers])
-        nbytes = sum(int(layer.nbytes) for layer in layers)
+        nbytes = sum(int(layer.nbytes) for layer in layers) * self._share[0] // self._share[1]
         self._core.insert(
             tenant,
             tokens,

@@ -18,6 +18,10 @@ Invariants:
   batch exactly (``tests/test_engine_replay.py``).
 - Only an error of the batch itself (the model's forward pass) ends the thread; every
   sequence it held ends with ``error`` then, and ``Exited`` carries the error.
+- Issue 26: with ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
+  its share of the model; on rank 0 its journal is the ``Broadcaster``, on another rank it is a
+  lockstep thread whose inbox is the ``Receiver`` (``distributed.py``), and an idle rank 0
+  sends heartbeats instead of blocking for good.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import math
 import queue
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from .batch import Batch
 from .blas_threads import set_blas_threads
+from .distributed import Broadcaster, Link, Receiver, open_link, shard_model, topology
 from .inbound import (
     Admit,
     Arrivals,
@@ -47,6 +53,7 @@ from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .slot import FinishReason
+from .topology import Sharding
 
 __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_bound"]
 
@@ -75,6 +82,22 @@ def gather_bound(prompt_seconds: float, prompt_tokens: int, tokens: int) -> floa
     return min(GATHER_SECONDS, max(GATHER_FLOOR_SECONDS, estimate))
 
 
+class Inbox(Protocol):
+    """Where the thread's messages wait: a queue, or a follower rank's ``Receiver``."""
+
+    def put(self, message: Inbound) -> None: ...
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Inbound: ...
+
+    def get_nowait(self) -> Inbound: ...
+
+
+class Journal(Protocol):
+    """Where a thread writes what it applied: a queue, or rank 0's ``Broadcaster``."""
+
+    def put(self, message: Inbound) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadSettings:
     model_path: str
@@ -86,6 +109,8 @@ class ThreadSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads: OpenBLAS's thread count; None measures (blas_threads.set_blas_threads).
     blas_threads: int | None = None
+    # Issue 26: this process is one rank of a model split over several (None: the whole model).
+    sharding: Sharding | None = None
 
 
 class GenerationThread:
@@ -100,17 +125,18 @@ class GenerationThread:
         facts: FactStream,
         *,
         lockstep: bool = False,
-        journal: queue.SimpleQueue[Inbound] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self._settings = settings
         self._facts = facts
         self._lockstep = lockstep
         self._journal = journal
-        self._inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        self._inbox: Inbox = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="mlx-generation", daemon=True)
         self._statistics = ModelStatistics()
         self._arriving = 0  # the latest ``Arrivals`` count
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
+        self._link: Link | None = None  # issue 26: this rank's exchange with the others
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -135,10 +161,12 @@ class GenerationThread:
         error: BaseException | None = None
         try:
             try:
-                loaded = load_model(self._settings.model_path)
+                loaded = self._load()
                 # Before any sequence: the count is process-wide (blas_threads).
+                # Issue 26: a split model is never measured (set_blas_threads' ``sharded``).
+                sharded = {} if self._link is None else {"sharded": True}
                 blas = set_blas_threads(
-                    loaded.model, self._settings.blas_threads, self._settings.model_path
+                    loaded.model, self._settings.blas_threads, self._settings.model_path, **sharded
                 )
                 loaded = replace(loaded, blas=blas)
             except BaseException as exc:
@@ -149,11 +177,38 @@ class GenerationThread:
             self._serve(loaded)
         except BaseException as exc:
             log.exception("generation thread crashed")
-            error = exc
+            # Issue 26: a collective that failed means a rank is gone: say which.
+            error = exc if self._link is None else self._link.explain(exc)
         finally:
             mx.synchronize()
             mx.clear_streams()
             self._facts.put(Exited(error))
+
+    def _load(self) -> LoadedModel:
+        sharding = self._settings.sharding
+        if sharding is None:
+            return load_model(self._settings.model_path)
+        # Issue 26: join the ranks, load this rank's share; rank 0 broadcasts what it applies
+        # (its journal), a follower steps in lockstep on what it receives (its inbox).
+        self._link = link = open_link(sharding, self._facts)
+        shares: list[tuple[int, int]] = []
+
+        def split(model: object) -> None:
+            shares.append(shard_model(sharding, link.group, model))
+
+        loaded = load_model(self._settings.model_path, split)
+        # Every rank evicts alike: rank 0's byte bound (its machine's memory, unless given),
+        # counted against whole entries (``PromptCache``'s share).
+        kib = link.from_rank0(self._prompt_cache.stats.max_bytes // 1024)
+        entries = link.from_rank0(self._settings.prompt_cache_entries)
+        self._prompt_cache = PromptCache(kib * 1024, entries, shares[0])
+        if link.rank == 0:
+            self._journal = broadcaster = Broadcaster(link)
+        else:
+            self._lockstep = True
+            self._inbox = Receiver(link)
+        shape = topology(link, sharding, broadcaster.traffic if link.rank == 0 else None)
+        return replace(loaded, topology=shape)
 
     def _serve(self, loaded: LoadedModel) -> None:
         settings = self._settings
@@ -165,6 +220,8 @@ class GenerationThread:
             prefill_batch_size=settings.prefill_batch_size,
         )
         self._batch = batch
+        if self._link is not None:
+            self._link.stream = batch.stream
         crashed: BaseException | None = None
         try:
             while True:
@@ -184,7 +241,9 @@ class GenerationThread:
     def _step(self, batch: Batch) -> None:
         if self._journal is not None:
             self._journal.put(Step())
-        batch.step()
+        # Issue 26: a step of a sharded model waits on every rank; a silent one is timed.
+        with nullcontext() if self._link is None else self._link.guard():
+            batch.step()
         self._publish(batch)
 
     def _publish(self, batch: Batch) -> None:
@@ -202,7 +261,7 @@ class GenerationThread:
         while True:
             try:
                 if block:
-                    message = self._inbox.get()
+                    message = self._inbox.get(timeout=self._beat_seconds())
                 elif self._arriving > 0 and gather_until != math.inf:
                     timeout = gather_until - time.monotonic()
                     if timeout <= 0:
@@ -211,6 +270,8 @@ class GenerationThread:
                 else:
                     message = self._inbox.get_nowait()
             except queue.Empty:
+                if block and self._link is not None:
+                    self._link.beat()  # issue 26: idle rank 0, alive (distributed.py)
                 return False
             if self._journal is not None and not isinstance(message, Step):
                 self._journal.put(plain(message))
@@ -236,6 +297,12 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(message)
+
+    def _beat_seconds(self) -> float | None:
+        """How long an idle rank 0 of a sharded model waits before a heartbeat (else None)."""
+        if self._link is None or self._lockstep:
+            return None
+        return self._link.beat_seconds
 
     def _gather_bound(self, batch: Batch, first: Admit) -> float:
         totals = batch.totals

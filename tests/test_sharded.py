@@ -1,0 +1,230 @@
+"""The bundled model split by tensors over 2 ranks (ring backend, loopback) answers as one
+process does (issue 26): the documented prompts' greedy text, streamed and not; concurrent
+streams with one cancelled; a prompt-cache hit; a forced tool call; a stop sequence; and a
+shutdown after which every rank exits 0 having taken exactly the steps rank 0 took.
+
+One sharded server serves the whole module (2 cores); the last test shuts it down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx2 as httpx
+import pytest
+import trio
+from openai import AsyncOpenAI
+
+from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
+from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
+
+from .conftest import MODEL, output_text, split_reasoning
+from .rawhttp import open_stream, read_until
+from .sharded import Ranks, start_ranks
+
+DEADLINE = 120
+PROMPTS = {p.name: p for p in load_bundled_prompts()}
+GREEDY = ["hello_with_system", "capital", "think", "json_cat", "multi_turn"]
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ranks]:
+    started = start_ranks(BUNDLED_MODEL_PATH, tmp_path_factory.mktemp("sharded"), "--alias", MODEL)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def messages(name: str) -> list[dict[str, Any]]:
+    return [{"role": m["role"], "content": m["content"]} for m in PROMPTS[name].messages]
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("name", GREEDY)
+async def test_documented_prompt_gives_the_single_process_greedy_text(
+    ranks: Ranks, name: str
+) -> None:
+    # prompts.json holds what one process answers (tests/test_bundled_prompts_api.py).
+    prompt = PROMPTS[name]
+    async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            reply = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": messages(name),
+                    "temperature": 0,
+                    "max_output_tokens": prompt.expected_tokens + 20,
+                },
+            )
+    data = reply.json()
+    assert_strict_response(data)
+    assert data["status"] == "completed"
+    assert output_text(data) == split_reasoning(prompt.expected)[1]
+    assert data["usage"]["output_tokens"] == prompt.expected_tokens
+
+
+async def test_a_long_streamed_answer_is_the_single_process_text(ranks: Ranks) -> None:
+    prompt = PROMPTS["count"]
+    raw = b""
+    async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            async with http.stream(
+                "POST",
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": messages("count"),
+                    "temperature": 0,
+                    "max_output_tokens": prompt.expected_tokens + 20,
+                    "stream": True,
+                },
+            ) as reply:
+                async for chunk in reply.aiter_bytes():
+                    raw += chunk
+    final = assert_stream_invariants(parse_sse(raw))
+    assert final["status"] == "completed"
+    assert output_text(final) == prompt.expected
+    assert final["usage"]["output_tokens"] == prompt.expected_tokens
+
+
+async def test_a_replayed_unstored_prompt_hits_the_prefix_cache_with_the_same_text(
+    ranks: Ranks,
+) -> None:
+    # The documented multi-turn conversation, replayed turn by turn without storing: its
+    # second request reuses the first one's cache (decided on rank 0, held on every rank).
+    client = AsyncOpenAI(base_url=f"{ranks.base_url}/v1", api_key="x", max_retries=0)
+    turns = messages("multi_turn")
+    async with client:
+        with trio.fail_after(DEADLINE):
+            first = await client.responses.create(
+                model=MODEL,
+                input=turns[:1],  # type: ignore[arg-type]
+                temperature=0,
+                store=False,
+            )
+            second = await client.responses.create(
+                model=MODEL,
+                input=turns,  # type: ignore[arg-type]
+                temperature=0,
+                store=False,
+            )
+    assert first.output_text == turns[1]["content"]
+    assert second.output_text == PROMPTS["multi_turn"].expected
+    assert second.usage is not None
+    assert second.usage.input_tokens_details.cached_tokens > 0
+
+
+async def test_a_forced_tool_call_and_a_stop_sequence(ranks: Ranks) -> None:
+    async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+        with trio.fail_after(DEADLINE):
+            reply = await http.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": "Reply with: hello",
+                    "tools": [WEATHER_TOOL],
+                    "tool_choice": "required",
+                },
+            )
+    (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
+    assert call["name"] == "get_weather"
+    assert set(json.loads(call["arguments"])) == {"city"}
+
+    client = anthropic.AsyncAnthropic(base_url=ranks.base_url, api_key="x", max_retries=0)
+    with trio.fail_after(DEADLINE):
+        message = await client.messages.create(
+            model=MODEL,
+            max_tokens=400,
+            messages=messages("count"),  # type: ignore[arg-type]
+            stop_sequences=[" 12 "],
+            extra_body={"temperature": 0},
+        )
+    await client.close()
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == " 12 "
+    assert message.content[0].text == "1 2 3 4 5 6 7 8 9 10 11"  # type: ignore[union-attr]
+
+
+async def _stream(base_url: str, hang_up: bool) -> dict[str, Any] | None:
+    """One streamed "count" answer; with ``hang_up``, the client leaves mid-decode."""
+    body = {"model": MODEL, "input": messages("count"), "temperature": 0, "stream": True}
+    if hang_up:
+        async with await open_stream(base_url, "/v1/responses", body) as stream:
+            await read_until(stream, b"event: response.output_text.delta", count=10)
+        return None
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        reply = await http.post("/v1/responses", json=body)
+    return assert_stream_invariants(parse_sse(reply.content))
+
+
+async def test_concurrent_streams_one_cancelled_then_every_rank_stopped_in_step(
+    ranks: Ranks,
+) -> None:
+    finals: list[dict[str, Any] | None] = []
+
+    async def run(hang_up: bool) -> None:
+        finals.append(await _stream(ranks.base_url, hang_up))
+
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            for hang_up in (False, False, True, False):
+                nursery.start_soon(run, hang_up)
+        async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+            # The hung-up sequence leaves the batch; nothing is left in it afterwards.
+            metrics = (await http.get("/metrics")).text
+            while metric(metrics, 'mlx_responses_batch_sequences{state="active"}') > 0:
+                await trio.sleep(0.05)
+                metrics = (await http.get("/metrics")).text
+            health = (await http.get("/health")).json()
+            status = (await http.get("/status")).json()
+    done = [final for final in finals if final is not None]
+    assert len(done) == 3
+    for final in done:
+        assert output_text(final) == PROMPTS["count"].expected
+    assert metric(metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}') >= 1
+    assert health["distributed"]["size"] == 2
+    assert [r["rank"] for r in health["distributed"]["ranks"]] == [0, 1]
+    # Visible: the ranks, the mode, the backend and each rank's memory.
+    assert metric(metrics, 'mlx_responses_distributed_rank_memory_bytes{rank="1"}') > 0
+    ranks_line = 'mlx_responses_distributed_ranks{backend="ring",mode="tensor",state="ok"}'
+    assert metric(metrics, ranks_line) == 2
+    assert metric(metrics, "mlx_responses_distributed_broadcast_bytes_total") > 0
+    assert "sharded over 2 ranks (tensor parallel, ring)" in json.dumps(status)
+
+    # Shutdown: every rank exits 0, and rank 1 took exactly rank 0's steps and ended alike.
+    codes = ranks.stop(DEADLINE)
+    assert codes == [0, 0], ranks.log(0) + ranks.log(1)
+    stepped = re.search(r"rank 1: rank 0 shut down after (\d+) steps", ranks.log(1))
+    assert stepped, ranks.log(1)
+    assert int(stepped.group(1)) == health["distributed"]["broadcast"]["steps"] > 0
+    followed = re.search(
+        r"rank 1: (\d+) tokens generated, \d+ sequences finished, (\d+) cancelled", ranks.log(1)
+    )
+    assert followed, ranks.log(1)
+    assert int(followed.group(1)) == metric(metrics, "mlx_responses_generated_tokens_total")
+    assert int(followed.group(2)) == metric(
+        metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}'
+    )
+    assert "sharded over 2 ranks (tensor parallel, ring)" in ranks.log(0)
