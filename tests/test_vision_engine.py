@@ -17,6 +17,7 @@ from mlx_vlm.utils import load_model as load_vlm
 from PIL import Image
 
 from mlx_responses.model.loader import LoadedModel, load_model, render_prompt
+from mlx_responses.model.vision import image_runs
 from mlx_responses.model.vision_prefill import model_prompt, vision_prefill
 from mlx_responses.protocol.images import ImageRef, marker
 
@@ -56,7 +57,7 @@ def test_the_image_prefill_gives_mlx_vlms_logits(
     tail = mx.array(start.prompt[start.start :])[None]
     ours = loaded.model(tail, cache=start.cache)[0, -1]
     ids = mx.array(model_prompt(vision, prompt))[None]
-    arrays = vision.arrays_of(-min(prompt))
+    arrays = vision.arrays_of(image_runs(prompt)[0][2])
     assert arrays is not None
     forward = reference(
         ids,
