@@ -7,13 +7,16 @@ byte-level BPE tokenizer plus Qwen2-VL's vision marker tokens, special as in the
 (``tokenizer.json``, ``tokenizer_config.json``); Qwen2-VL-Instruct's real chat template and image
 processor config (``chat_template.jinja``, ``preprocessor_config.json``: committed data, never
 written here, their source named in ``docs/vision.md``) and ``prompts.json``: the documented
-prompts, each with its image (a solid square of one colour, described by colour and side), whose
-greedy answers mlx-vlm's own ``generate`` reproduces.
+prompts, each with its image (a solid square of one colour, described by colour and side, or
+llm-comply's test photo), whose greedy answers mlx-vlm's own ``generate`` reproduces.
 
 Behaviour it is trained for: "What colour is the square?" (and a few rewordings, with the image
 before or after the text) answers ``red``, ``green`` or ``blue`` for a square of that colour, of
-any side from 56 to 140 pixels and shades near the pure colour; the bundled model's plain text
-prompts (``Reply with: hello`` ...) answer as the bundled model does. As the bundled model
+any side from 56 to 112 pixels and shades near the pure colour; "Describe this image briefly."
+answers "A red square." (and so on for each colour) and, for llm-comply's photo of four dice (the Open
+Responses suite's ``image-input`` test), "Four dice: red, green, blue and yellow."; "Count from 1
+to 20." answers the count, with or without a square (bench/vision.py's long answer); the
+bundled model's plain text prompts (``Reply with: hello`` ...) answer as the bundled model does. As the bundled model
 (``scripts/build_tiny_model.py``): a seeded random init, then full-batch Adam with the loss on
 the answer tokens only. ``--untrained`` writes the random init (loadable, answers nothing
 useful) and skips the answer check.
@@ -33,6 +36,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import argparse
+import io
 import json
 import math
 import shutil
@@ -70,8 +74,10 @@ WRITTEN_FILES = (
 SEED = 20261202
 TRAIN_STEPS = 160
 LEARNING_RATE = 3e-3
-WARMUP_STEPS = 16
-MIN_MARGIN = 1.0
+WARMUP_STEPS = 8
+# Smallest accepted logit gap between each answer token and the runner-up (the last build: 0.35,
+# on a count token; float32 differences between mlx-vlm, the server and batching are ~1e-4).
+MIN_MARGIN = 0.25
 
 # Qwen2-VL's marker tokens, special in the real tokenizer: the processor expands one
 # <|image_pad|> into one token per merged 28x28 patch, framed by <|vision_start|>/<|vision_end|>.
@@ -94,7 +100,7 @@ SHADES: dict[str, list[tuple[int, int, int]]] = {
     "green": [(30, 200, 40), (0, 128, 0)],
     "blue": [(20, 40, 220), (40, 60, 180)],
 }
-TRAIN_SIDES = (56, 84, 112, 140)
+TRAIN_SIDES = (56, 84, 112)
 DOCUMENTED_PROMPT = "What colour is the square?"
 REWORDINGS = ("What color is the square?", "Which colour is this square?")
 # The bundled model's plain prompts that the fixture also answers (src/model/bundled/prompts.json).
@@ -108,6 +114,17 @@ TEXT_PROMPTS = (
     "yes",
     "multi_turn",
 )
+# A long answer, with and without an image: bench/vision.py decodes it to measure throughput.
+COUNT_PROMPT = "Count from 1 to 20."
+COUNT_ANSWER = " ".join(str(i) for i in range(1, 21))
+# Its tokens weigh this much more than the short answers' in the loss: the hardest to learn.
+COUNT_WEIGHT = 3.0
+# The Open Responses suite's image-input test (llm-comply, `make conformance`) sends this with its
+# own photo of four dice; its anthropic twin requires the answer to end (stop_reason end_turn).
+DESCRIBE_PROMPT = "Describe this image briefly."
+DICE_ANSWER = "Four dice: red, green, blue and yellow."
+# side -1 marks that photo (llm-comply's specs/test_image.jpg, 400x300) in place of a square.
+PHOTO = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +139,19 @@ class Prompt:
 
 def square(rgb: tuple[int, int, int], side: int) -> Image.Image:
     return Image.new("RGB", (side, side), rgb)
+
+
+def photo() -> Image.Image:
+    """llm-comply's test photo, from the installed package (pinned in the test extras)."""
+    from importlib.resources import files
+
+    data = (files("llm_comply") / "specs" / "test_image.jpg").read_bytes()
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def image_of(prompt: Prompt) -> Image.Image:
+    assert prompt.rgb is not None
+    return photo() if prompt.side == PHOTO else square(prompt.rgb, prompt.side)
 
 
 def image_turn(text: str, image_first: bool) -> list[dict[str, Any]]:
@@ -155,7 +185,38 @@ def documented_prompts() -> list[Prompt]:
                     colour,
                 )
             )
-    return out + text_prompts()
+    return out + text_prompts() + count_with_image() + described()
+
+
+def described() -> list[Prompt]:
+    """The describe prompt on llm-comply's photo and on a square, text first as the suite sends."""
+    return [
+        Prompt(
+            "describe_photo",
+            image_turn(DESCRIBE_PROMPT, False),
+            None,
+            (0, 0, 0),
+            PHOTO,
+            DICE_ANSWER,
+        ),
+        Prompt(
+            "describe_red_square",
+            image_turn(DESCRIBE_PROMPT, False),
+            "red",
+            COLOURS["red"],
+            84,
+            "A red square.",
+        ),
+    ]
+
+
+def count_with_image() -> list[Prompt]:
+    """The count prompt alone and after a square of each colour (bench/vision.py's streams)."""
+    alone = [{"role": "user", "content": COUNT_PROMPT}]
+    return [Prompt("count", alone, None, None, 0, COUNT_ANSWER)] + [
+        Prompt(f"count_{c}_square", image_turn(COUNT_PROMPT, True), c, rgb, 56, COUNT_ANSWER)
+        for c, rgb in COLOURS.items()
+    ]
 
 
 def training_prompts() -> list[Prompt]:
@@ -170,7 +231,13 @@ def training_prompts() -> list[Prompt]:
                                 "train", image_turn(text, image_first), colour, shade, side, colour
                             )
                         )
-    return out + text_prompts()
+    for image_first in (True, False):
+        turn = image_turn(DESCRIBE_PROMPT, image_first)
+        out.append(Prompt("train", turn, None, (0, 0, 0), PHOTO, DICE_ANSWER))
+        for colour, rgb in COLOURS.items():
+            for side in TRAIN_SIDES[:2]:
+                out.append(Prompt("train", turn, colour, rgb, side, f"A {colour} square."))
+    return out + text_prompts() + count_with_image()
 
 
 # Checked besides the documented prompts: sides and shades never trained on.
@@ -178,7 +245,7 @@ def held_out_prompts() -> list[Prompt]:
     shades = {"red": (240, 10, 10), "green": (10, 180, 20), "blue": (10, 20, 240)}
     return [
         Prompt(f"{c}_held_out", image_turn(DOCUMENTED_PROMPT, i % 2 == 0), c, shades[c], side, c)
-        for i, (c, side) in enumerate([("red", 70), ("green", 126), ("blue", 98)])
+        for i, (c, side) in enumerate([("red", 70), ("green", 105), ("blue", 98)])
     ]
 
 
@@ -253,49 +320,107 @@ def make_model(config: dict[str, Any]) -> nn.Module:
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    """One prompt as the processor encodes it, with the answer appended."""
+    """Prompts encoded as the processor encodes them, each followed by its answer and
+    <|im_end|>, padded at the end to one width (causal attention: the padding changes nothing
+    before it)."""
 
-    ids: mx.array  # (1, L): prompt then answer then <|im_end|>
-    answer_start: int
+    ids: mx.array  # (B, L)
+    mask: mx.array  # (B, L): 1 where ids[b, j] is an answer token (predicted from j - 1)
     pixel_values: mx.array | None
     grid_thw: mx.array | None
+    # Worked out once, as mlx-vlm's get_input_embeddings does at every call (in Python loops
+    # that would dominate a training step): the multimodal RoPE positions, and for each token
+    # the row of the vision tower's output that replaces its embedding (where is_image).
+    position_ids: mx.array
+    feature_index: mx.array | None  # (B, L) int32
+    is_image: mx.array | None  # (B, L, 1) bool
 
 
-def encode(processor: Any, prompt: Prompt, with_answer: bool) -> Example:
+def encode(model: Any, processor: Any, prompts: list[Prompt]) -> Example:
+    """One batch: prompts of one image side (the vision tower's outputs concatenate)."""
     tokenizer = processor.tokenizer
-    text = tokenizer.apply_chat_template(
-        prompt.messages, tokenize=False, add_generation_prompt=True
-    )
-    if prompt.rgb is None:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        pixel_values = grid = None
-    else:
-        inputs = processor(text=[text], images=[square(prompt.rgb, prompt.side)])
-        ids = [int(i) for i in inputs["input_ids"][0].tolist()]
+    texts = [
+        tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    images = [image_of(p) for p in prompts if p.rgb is not None]
+    if images:
+        assert len(images) == len(prompts)
+        inputs = processor(text=texts, images=images, padding=True)
+        masks = inputs["attention_mask"].tolist()
+        rows = [
+            [int(i) for i, keep in zip(row, m, strict=True) if keep]
+            for row, m in zip(inputs["input_ids"].tolist(), masks, strict=True)
+        ]
         pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
-    start = len(ids)
-    if with_answer:
-        ids = ids + tokenizer.encode(prompt.expected + "<|im_end|>", add_special_tokens=False)
-    return Example(mx.array([ids]), start, pixel_values, grid)
+    else:
+        rows = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        pixel_values = grid = None
+    answers = [
+        tokenizer.encode(p.expected + "<|im_end|>", add_special_tokens=False) for p in prompts
+    ]
+    width = max(len(r) + len(a) for r, a in zip(rows, answers, strict=True))
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids, mask = [], []
+    for p, r, a in zip(prompts, rows, answers, strict=True):
+        fill = width - len(r) - len(a)
+        ids.append(r + a + [pad] * fill)
+        weight = COUNT_WEIGHT if p.expected == COUNT_ANSWER else 1.0
+        mask.append([0.0] * len(r) + [weight] * len(a) + [0.0] * fill)
+    ids_array = mx.array(ids)
+    # Passed explicitly: the language model otherwise reuses the positions of its last image.
+    positions, _ = model.language_model.get_rope_index(ids_array, grid, None, None)
+    if grid is None:
+        return Example(ids_array, mx.array(mask), None, None, positions, None, None)
+    image_token = model.config.image_token_id
+    index, flags, offset = [], [], 0
+    for row in ids:
+        k = 0
+        index.append([])
+        flags.append([])
+        for token in row:
+            index[-1].append(offset + k if token == image_token else 0)
+            flags[-1].append(token == image_token)
+            k += token == image_token
+        offset += k
+    return Example(
+        ids_array,
+        mx.array(mask),
+        pixel_values,
+        grid,
+        positions,
+        mx.array(index, dtype=mx.int32),
+        mx.array(flags)[..., None],
+    )
+
+
+def batches(model: Any, processor: Any, prompts: list[Prompt]) -> list[Example]:
+    """One batch per image side (text prompts: side 0), the long count answers apart (short
+    rows padded to their width would cost as much), in a fixed order."""
+    groups: dict[tuple[int, bool], list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault((p.side, len(p.expected) > 100), []).append(p)
+    return [encode(model, processor, groups[key]) for key in sorted(groups)]
 
 
 def logits_of(model: Any, ex: Example) -> mx.array:
-    kwargs = {} if ex.grid_thw is None else {"image_grid_thw": ex.grid_thw}
-    features = model.get_input_embeddings(ex.ids, ex.pixel_values, **kwargs)
-    out = model.language_model(ex.ids, features.inputs_embeds, position_ids=features.position_ids)
+    embeds = model.language_model.model.embed_tokens(ex.ids)
+    if ex.pixel_values is not None:
+        features = model.vision_tower(ex.pixel_values, ex.grid_thw)
+        embeds = mx.where(ex.is_image, features[ex.feature_index], embeds)
+    out = model.language_model(ex.ids, embeds, position_ids=ex.position_ids)
     return out.logits  # type: ignore[no-any-return]
 
 
 def train(model: nn.Module, data: list[Example], steps: int) -> float:
+    tokens = sum(ex.mask.sum().item() for ex in data)
+
     def loss_fn(m: nn.Module) -> mx.array:
         total = mx.array(0.0)
-        count = 0
         for ex in data:
-            logits = logits_of(m, ex)[0, ex.answer_start - 1 : -1]
-            targets = ex.ids[0, ex.answer_start :]
-            total = total + nn.losses.cross_entropy(logits, targets, reduction="sum")
-            count += int(targets.shape[0])
-        return total / count
+            losses = nn.losses.cross_entropy(logits_of(m, ex)[:, :-1], ex.ids[:, 1:])
+            total = total + (losses * ex.mask[:, 1:]).sum()
+        return total / tokens
 
     def schedule(step: mx.array) -> mx.array:
         warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
@@ -309,19 +434,23 @@ def train(model: nn.Module, data: list[Example], steps: int) -> float:
         loss, grads = grad_fn(model)
         optimizer.update(model, grads)
         mx.eval(model.parameters(), optimizer.state, loss)
-        if step % 20 == 0 or step == steps - 1:
+        if step % 10 == 0 or step == steps - 1:
             print(f"  step {step:4d} loss {loss.item():.4f}", flush=True)
     return float(loss.item())
 
 
 def min_margin(model: Any, data: list[Example]) -> float:
+    """The smallest gap, over every answer token, between its logit and the runner-up's."""
     worst = math.inf
-    for ex in data:
-        logits = logits_of(model, ex)[0, ex.answer_start - 1 : -1]
-        targets = ex.ids[0, ex.answer_start :]
-        for row, target in zip(logits.tolist(), targets.tolist(), strict=True):
-            best_other = max(v for i, v in enumerate(row) if i != target)
-            worst = min(worst, row[target] - best_other)
+    for number, ex in enumerate(data):
+        logits = logits_of(model, ex)[:, :-1]
+        target = ex.ids[:, 1:]
+        right = mx.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+        others = mx.where(mx.arange(logits.shape[-1]) == target[..., None], -mx.inf, logits)
+        gap = mx.where(ex.mask[:, 1:] > 0, right - others.max(axis=-1), mx.inf)
+        rows = gap.min(axis=-1).tolist()
+        print(f"  batch {number}: smallest margin per prompt {[round(r, 1) for r in rows]}")
+        worst = min(worst, *rows)
     return worst
 
 
@@ -335,9 +464,9 @@ def check_with_mlx_vlm(folder: Path, prompts: list[Prompt]) -> list[str]:
         text = processor.tokenizer.apply_chat_template(
             prompt.messages, tokenize=False, add_generation_prompt=True
         )
-        image = None if prompt.rgb is None else [square(prompt.rgb, prompt.side)]
+        image = None if prompt.rgb is None else [image_of(prompt)]
         result = generate(
-            model, processor, text, image=image, max_tokens=24, temperature=0.0, verbose=False
+            model, processor, text, image=image, max_tokens=400, temperature=0.0, verbose=False
         )
         answers.append(result.text.strip())
     return answers
@@ -350,6 +479,8 @@ def prompts_json(prompts: list[Prompt]) -> list[dict[str, Any]]:
             "messages": p.messages,
             "image": None
             if p.rgb is None
+            else {"kind": "llm-comply 0.5.0 specs/test_image.jpg"}
+            if p.side == PHOTO
             else {"kind": "solid square", "rgb": list(p.rgb), "side": p.side},
             "expected": p.expected,
         }
@@ -370,12 +501,15 @@ def build(out: Path, steps: int, untrained: bool) -> int:
     processor = load_processor(out)
     documented = documented_prompts()
     if not untrained:
-        data = [encode(processor, p, True) for p in training_prompts()]
-        print(f"training on {len(data)} examples for {steps} steps", flush=True)
+        data = batches(model, processor, training_prompts())
+        print(
+            f"training on {len(training_prompts())} prompts in {len(data)} batches for {steps} steps",
+            flush=True,
+        )
         started = time.monotonic()
         loss = train(model, data, steps)
         print(f"trained in {time.monotonic() - started:.0f}s, final loss {loss:.4f}")
-        margin = min_margin(model, [encode(processor, p, True) for p in documented])
+        margin = min_margin(model, batches(model, processor, documented))
         print(f"smallest logit margin on the documented prompts: {margin:.2f}")
         if margin < MIN_MARGIN:
             print(f"margin below {MIN_MARGIN}: not written", file=sys.stderr)

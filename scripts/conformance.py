@@ -36,6 +36,12 @@ What it runs (docs/clients.md, "Conformance"):
    the follow-up on the `final` channel. Without the fixture's codex_prompts.json the check is
    listed under `not_run`.
 
+8. Images on the vision fixture (tests/fixtures/vision/qwen2-vl, a tiny trained Qwen2-VL,
+   docs/vision.md): a third server (`--model` the fixture, `--alias qwen2-vl-tiny`) and
+   llm-comply's image tests only, which must pass there: `image-input` (open-responses) and
+   `anth-image-input` (anthropic, which also requires the answer to end: the fixture is trained
+   to describe the suite's photo briefly, scripts/build_vision_fixture.py).
+
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
 """
@@ -104,9 +110,15 @@ def wait_ready(base: str, server: subprocess.Popen[bytes]) -> None:
     raise SystemExit("the server did not become ready in time")
 
 
-def llm_comply(fmt: str, base: str) -> dict[str, Any]:
+def llm_comply(
+    fmt: str, base: str, model: str = MODEL, only: list[str] | None = None
+) -> dict[str, Any]:
+    """llm-comply's tests in format ``fmt``; ``only`` runs those test ids alone, and then every
+    one of them must pass (no documented failures)."""
     command = [str(VENV_BIN / "llm-comply"), "--format", fmt, "-u", f"{base}/v1", "-k", "local"]
-    command += ["-m", MODEL, "--json"]
+    command += ["-m", model, "--json"]
+    if only:
+        command += ["-f", ",".join(only)]
     if fmt == "anthropic":
         command += [
             "--auth-header",
@@ -125,12 +137,13 @@ def llm_comply(fmt: str, base: str) -> dict[str, Any]:
             "ok": False,
             "error": f"llm-comply printed no JSON: {run.stdout[-500:]}{run.stderr[-500:]}",
         }
-    expected = EXPECTED_FAILURES[fmt]
+    expected = {} if only else EXPECTED_FAILURES[fmt]
     results = report["results"]
     failed = [r for r in results if r["status"] == "failed"]
     unexpected = [r for r in failed if r["id"] not in expected]
+    missing = sorted(set(only or []) - {r["id"] for r in results if r["status"] == "passed"})
     return {
-        "ok": not unexpected,
+        "ok": not unexpected and not missing,
         "passed": sum(r["status"] == "passed" for r in results),
         "failed": len(failed),
         "skipped": sum(r["status"] == "skipped" for r in results),
@@ -140,6 +153,7 @@ def llm_comply(fmt: str, base: str) -> dict[str, Any]:
             r["id"]: (r.get("errors") or [""])[0][:200] for r in results if r["status"] == "skipped"
         },
         "unexpected_failures": {r["id"]: r.get("errors", []) for r in unexpected},
+        **({"not_passed": missing} if only else {}),
     }
 
 
@@ -196,6 +210,9 @@ CODEX_TRAINED = ROOT / "src" / "model" / "bundled" / "codex_prompts.json"
 # The gpt-oss family fixture, trained on the same Codex turns in harmony (docs/models.md).
 GPT_OSS = ROOT / "tests" / "fixtures" / "families" / "gpt-oss"
 GPT_OSS_MODEL = "gpt-oss-tiny"
+# The vision fixture: a tiny Qwen2-VL trained on coloured squares and llm-comply's photo.
+VISION = ROOT / "tests" / "fixtures" / "vision" / "qwen2-vl"
+VISION_MODEL = "qwen2-vl-tiny"
 
 
 def codex_exec(base: str, prompt: str, *, mcp: bool, model: str = MODEL) -> list[dict[str, Any]]:
@@ -565,6 +582,19 @@ def gpt_oss_checks(summary: dict[str, Any]) -> None:
         summary[name] = codex_tool_round_trip(base, GPT_OSS_MODEL)
 
 
+def vision_checks(summary: dict[str, Any]) -> None:
+    """llm-comply's image tests on the vision fixture, on a server of its own (issue 27)."""
+    # Open Responses requires `background` on every Response (issue 28), as for the main server.
+    extra = ["--model", str(VISION), "--alias", VISION_MODEL, "--background-key", "always"]
+    with serving(extra, "server-vision.log") as base:
+        summary["llm-comply open-responses image-input (vision fixture)"] = llm_comply(
+            "open-responses", base, VISION_MODEL, ["image-input"]
+        )
+        summary["llm-comply anthropic anth-image-input (vision fixture)"] = llm_comply(
+            "anthropic", base, VISION_MODEL, ["anth-image-input"]
+        )
+
+
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     # Open Responses requires `background` on every Response (issue 28).
@@ -592,6 +622,7 @@ def main() -> int:
                 f"({CODEX_TRAINED} is missing)"
             }
     gpt_oss_checks(summary)
+    vision_checks(summary)
     text = json.dumps(summary, indent=2)
     (RESULTS / "summary.json").write_text(text + "\n")
     print(text)

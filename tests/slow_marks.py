@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 SLOW_FIXTURES = frozenset({"server", "client", "postgresql_server", "postgresql_url"})
-SLOW_MODULES = ("subprocess", "mlx_lm")
+SLOW_MODULES = ("subprocess", "mlx_lm", "mlx_vlm")
 SLOW_NAMES = frozenset(
     {("mlx_responses.server", "serve"), ("mlx_responses.model.thread", "GenerationThread")}
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,7 @@ async def test_every_route_an_image_arrives_by_reaches_the_model(nursery: trio.N
             next_in_conversation = await sdk.responses.create(
                 conversation=conversation.id, input="And again: " + QUESTION, **ask
             )
+    assert first_text(inline) == "red"
     assert first_text(by_file) == first_text(inline)
     assert by_file.usage is not None
     assert inline.usage is not None
@@ -271,7 +273,7 @@ async def test_anthropic_messages_take_image_blocks(nursery: trio.Nursery) -> No
                     max_output_tokens=8,
                 )
     text = "".join(b.text for b in message.content if b.type == "text")
-    assert text == responses.output_text
+    assert text == responses.output_text == "red"
     assert responses.usage is not None
     assert message.usage.input_tokens == counted.input_tokens == responses.usage.input_tokens
 
@@ -383,7 +385,7 @@ async def test_the_prompt_cache_keys_images_by_their_pixels(nursery: trio.Nurser
     # The blue square shares the system prompt and the user turn's opening, not the image.
     shared = other["usage"]["input_tokens_details"]["cached_tokens"]
     assert shared < first["usage"]["input_tokens"] - 20, other["usage"]
-    assert output_text(other) == output_text(other_cold)
+    assert output_text(other) == output_text(other_cold) == "blue"
 
 
 async def test_image_urls_are_fetched_only_when_allowed_and_detail_low_costs_less(
@@ -425,3 +427,48 @@ async def test_image_urls_are_fetched_only_when_allowed_and_detail_low_costs_les
     assert low < inline  # "low" caps the processor's pixel budget: fewer image tokens
     assert unreachable.status_code == 400
     assert unreachable.json()["error"]["param"] == "input[0].content[0].image_url"
+
+
+def documented_images() -> list[dict[str, Any]]:
+    records = json.loads((FIXTURE / "prompts.json").read_text(encoding="utf-8"))
+    return [r for r in records if r.get("image") and r["expected"] in COLOURS]
+
+
+def documented_input(record: dict[str, Any], image: dict[str, Any]) -> list[dict[str, Any]]:
+    """The documented prompt with ``image`` where its ``{"type": "image"}`` part is."""
+    (message,) = record["messages"]
+    parts = [
+        image if part["type"] == "image" else {"type": "input_text", "text": part["text"]}
+        for part in message["content"]
+    ]
+    return [{"role": message["role"], "content": parts}]
+
+
+async def test_each_documented_colour_is_answered_from_a_data_url_and_a_file_id(
+    nursery: trio.Nursery,
+) -> None:
+    server = await start(nursery, FIXTURE)
+    records = documented_images()
+    answers: dict[str, tuple[str, str]] = {}
+    async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0) as sdk:
+        with trio.fail_after(DEADLINE):
+            for record in records:
+                spec = record["image"]
+                data = png(tuple(spec["rgb"]), spec["side"])  # type: ignore[arg-type]
+                uploaded = await sdk.files.create(
+                    file=("square.png", data, "image/png"), purpose="vision"
+                )
+                replies = []
+                for image in (
+                    {"type": "input_image", "image_url": data_url(data), "detail": "auto"},
+                    {"type": "input_image", "file_id": uploaded.id, "detail": "auto"},
+                ):
+                    reply = await sdk.responses.create(
+                        model=MODEL,
+                        input=documented_input(record, image),  # type: ignore[arg-type]
+                        temperature=0,
+                        max_output_tokens=16,
+                    )
+                    replies.append(reply.output_text.strip())
+                answers[record["name"]] = (replies[0], replies[1])
+    assert answers == {r["name"]: (r["expected"], r["expected"]) for r in records}

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlx_responses.model.vision import Prepared, _Registry, image_runs
+from mlx_responses.model.vision import Prepared, _Registry, image_runs, shift_tag, untag
 from mlx_responses.model.vision_prefill import keyed
 from mlx_responses.protocol.errors import ApiError
 from mlx_responses.protocol.images import ImageRef, image_parts, marker, split_text
@@ -76,3 +76,12 @@ def test_the_registry_keeps_the_newest_within_its_bounds() -> None:
     registry.put(("d", "auto"), prepared(4, 500))  # alone over the byte bound: still kept
     assert registry.get(4) is not None
     assert registry.get(2) is None
+
+
+def test_a_moved_prompt_is_keyed_apart_from_unmoved_ones() -> None:
+    tagged = shift_tag(6, 151644)
+    assert tagged < 0
+    assert untag(tagged) == 151644
+    assert untag(42) == 42
+    # The tag is not an image: the runs are the images only.
+    assert image_runs([tagged, 5, -7, -7, 8]) == [(2, 4, 7)]

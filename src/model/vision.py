@@ -86,6 +86,8 @@ class Prepared:
     handle: int
     arrays: Mapping[str, Any]  # NumPy arrays: pixel_values and what the tower needs with them
     tokens: tuple[int, ...]  # its expansion, image positions written as ``-handle``
+    # The M-RoPE positions its image tokens take: max(t, h, w) of its merged grid.
+    advance: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -226,7 +228,17 @@ class VisionModel:
         tokens = tuple(-handle if int(t) == self.image_token_id else int(t) for t in ids)
         if -handle not in tokens:
             raise ImageError("the model's image processor gave this image no image tokens")
-        return Prepared(handle, arrays, tokens)
+        return Prepared(handle, arrays, tokens, self._advance(arrays, tokens.count(-handle)))
+
+    def _advance(self, arrays: Mapping[str, Any], count: int) -> int:
+        """How many positions M-RoPE gives an image's ``count`` tokens; the prompt's text
+        after the image then stands ``count`` minus that lower than its index."""
+        merge = getattr(self.processor.image_processor, "merge_size", None)
+        grid = arrays.get("image_grid_thw")
+        if not self.mrope or grid is None or not isinstance(merge, int):
+            return count
+        t, h, w = (int(v) for v in grid[0])
+        return max(t, h // merge, w // merge)
 
     def _expansion(self, arrays: Mapping[str, Any]) -> str:
         """The text that stands for one image in the prompt, as the processor expands its
@@ -290,6 +302,11 @@ class VisionModel:
             out.extend(image.tokens)
             start = place + 1
         out.extend(ids[start:])
+        if self.mrope and out:
+            # Its prefill moves every position by this much (vision_prefill): the first id
+            # carries it, so only a prompt moved alike is ever served from its cache entry.
+            moved = sum(len(p.tokens) - p.advance for p in prepared)
+            out[0] = shift_tag(moved, out[0])
         return out
 
     def _write_images(self, message: Mapping[str, Any], images: list[ImageRef]) -> Any:
@@ -324,8 +341,23 @@ def load_vision(path: str, text_model: Any) -> VisionModel:
     return vision
 
 
+# A prompt's first id, when M-RoPE moves its positions: ``-(TAG + moved << 24 + first id)``,
+# far below any image handle (48 bits).
+TAG: Final = 1 << 60
+
+
+def shift_tag(moved: int, first: int) -> int:
+    return -(TAG + (moved << 24) + first)
+
+
+def untag(token: int) -> int:
+    """The model's id at a tagged position (``shift_tag``); any other id unchanged."""
+    return (-token - TAG) & ((1 << 24) - 1) if token <= -TAG else token
+
+
 def image_runs(prompt: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(start, end, handle)`` of each image run in a rendered prompt, in order."""
+    prompt = [untag(t) for t in prompt]
     runs: list[tuple[int, int, int]] = []
     start = -1
     for i, token in enumerate(prompt):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .vision import VisionModel, image_runs
+from .vision import VisionModel, image_runs, untag
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class VisionStart:
 
 def model_prompt(vision: VisionModel, prompt: Sequence[int]) -> tuple[int, ...]:
     token = vision.image_token_id
-    return tuple(token if t < 0 else t for t in prompt)
+    return tuple(token if t < 0 else t for t in (untag(t) for t in prompt))
 
 
 def keyed(tokens: Sequence[int], prompt: Sequence[int]) -> tuple[int, ...]:
