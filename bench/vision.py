@@ -220,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log = RESULTS_DIR / f"vision-server-{stamp}.log"
     # The prompt cache off by default: what is measured is the image path itself, every request
-    # a full prefill (and a text prompt reusing an image prompt's cached prefix is answered wrong
-    # today: tests/test_vision_answers.py).
+    # a full prefill.
     extra = [] if args.prompt_cache else ["--prompt-cache-bytes", "0"]
     with running_server(default_server_command(), args.model, log, extra_args=extra) as server:
         base = server.base_url
