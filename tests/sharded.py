@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -30,10 +31,21 @@ START_SECONDS = 120
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_port(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports, drawn below the kernel's ephemeral range
+    (32768 and up here): a port the kernel handed out for a probe can be handed out again to
+    any outgoing connection (the other tests' HTTP clients) before a rank binds it, and then
+    the rank fails with "Couldn't bind socket"."""
+    rng = random.SystemRandom()
+    while True:
+        first = rng.randrange(20000, 32000 - count)
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
 
 
 def qwen2_copy(out: Path, source: Path = BUNDLED_MODEL_PATH) -> Path:
@@ -119,7 +131,8 @@ def _pump(stream: object, lines: list[str], ready: threading.Event, found: list[
 def start_ranks(model: Path, folder: Path, *args: str, size: int = 2) -> Ranks:
     """``mlx-responses serve --model MODEL ARGS`` on ``size`` ring ranks on loopback."""
     hosts = folder / "hosts.json"
-    hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(size)]))
+    first = free_port(size)
+    hosts.write_text(json.dumps([[f"127.0.0.1:{first + rank}"] for rank in range(size)]))
     processes = []
     logs: list[list[str]] = [[] for _ in range(size)]
     ready = threading.Event()

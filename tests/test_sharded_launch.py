@@ -39,7 +39,7 @@ def _rank_of(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks in /proc")
 def test_mlx_launch_serves_and_every_rank_exits_0_after_sigterm(tmp_path: Path) -> None:
-    command = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(free_port())]
+    command = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(free_port(2))]
     command += ["--", "mlx-responses", "serve", "--port", "0", "--store", "memory"]
     env = {"PATH": f"{LAUNCH.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
     launcher = subprocess.Popen(
