@@ -21,7 +21,8 @@ Invariants:
 - Issue 26: with ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
   its share of the model; on rank 0 its journal is the ``Broadcaster``, on another rank it is a
   lockstep thread whose inbox is the ``Receiver`` (``distributed.py``), and an idle rank 0
-  sends heartbeats instead of blocking for good.
+  sends heartbeats instead of blocking for good (one at once when it falls idle, so that every
+  rank's emptied batch reaches it).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .slot import FinishReason
-from .topology import Sharding
+from .topology import RankBatch, Sharding
 
 __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_bound"]
 
@@ -137,6 +138,8 @@ class GenerationThread:
         self._arriving = 0  # the latest ``Arrivals`` count
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
         self._link: Link | None = None  # issue 26: this rank's exchange with the others
+        self._steps = 0
+        self._reported = True  # issue 26: the ranks have heard this rank's latest batch
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -245,6 +248,10 @@ class GenerationThread:
         with nullcontext() if self._link is None else self._link.guard():
             batch.step()
         self._publish(batch)
+        self._steps += 1
+        if self._link is not None:  # issue 26: what the next header tells the other ranks
+            self._link.batch = RankBatch(self._steps, self._statistics.active)
+            self._reported = False
 
     def _publish(self, batch: Batch) -> None:
         ended = batch.take_ended()
@@ -257,6 +264,11 @@ class GenerationThread:
         """Apply every pending message; block for one when idle (always, in lockstep), then
         gather the rest of a burst (``gather_bound``). True means stop."""
         block = self._lockstep or not batch.live
+        if block and not self._reported and not self._lockstep and self._link is not None:
+            # Issue 26: rank 0 falls idle: one heartbeat now, so that every rank's emptied
+            # batch is seen at once rather than a beat period later.
+            self._link.beat()
+            self._reported = True
         gather_until = math.inf
         while True:
             try:
