@@ -51,7 +51,7 @@ from typing import Any
 
 from .inbound import Arrivals, Inbound, Shutdown, Step
 from .outbound import Exited, FactStream
-from .topology import RankBatch, RankInfo, Sharding, Topology, Traffic
+from .topology import RankBatch, RankInfo, Sharding, Topology, Traffic, header_length
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class Link:
         rank 0's ``length`` (the others pass 0) on every rank."""
         import mlx.core as mx
 
-        mine = [0] * (1 + 2 * self.size)
+        mine = [0] * header_length(self.size)
         mine[0] = length
         mine[1 + 2 * self.rank] = self.batch.steps
         mine[2 + 2 * self.rank] = self.batch.sequences

@@ -23,6 +23,12 @@ class Sharding:
     rank_timeout: float = DEFAULT_RANK_TIMEOUT_SECONDS
 
 
+def header_length(size: int) -> int:
+    """int32 slots in a packet's header on ``size`` ranks: the length, then each rank's steps
+    and batch size (``distributed.py``)."""
+    return 1 + 2 * size
+
+
 @dataclass(frozen=True, slots=True)
 class RankBatch:
     """One rank's batch as it reported it at the latest exchange: the steps it had taken and
@@ -100,6 +106,7 @@ class Topology:
                 "packets_with_messages": traffic.carrying,
                 "bytes": traffic.bytes,
                 "seconds": round(traffic.seconds, 6),
+                "header_bytes": 4 * header_length(self.size),
                 "diverged": traffic.diverged,
             },
         }
