@@ -35,7 +35,9 @@ WEATHER_TOOL = {
     "description": "The weather in a city.",
     "parameters": {
         "type": "object",
-        "properties": {"city": {"type": "string"}},
+        # Finite by construction: a tiny model forced off its training may ramble in a
+        # free string past the output limit (unterminated arguments).
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
         "required": ["city"],
         "additionalProperties": False,
     },
@@ -146,6 +148,7 @@ async def test_a_forced_tool_call_and_a_stop_sequence(ranks: Ranks) -> None:
                     "input": "Reply with: hello",
                     "tools": [WEATHER_TOOL],
                     "tool_choice": "required",
+                    "temperature": 0,
                 },
             )
     (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
