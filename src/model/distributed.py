@@ -24,6 +24,9 @@ Invariants:
   seed and the prompt cache's bounds are rank 0's (``open_link``, ``thread.py``), OpenBLAS is
   not calibrated (a timed number of passes), and cache entries count as whole (``PromptCache``
   share), so every rank evicts alike.
+- Rank 0 falling idle sends what it applied since its last step (a packet without a ``Step``:
+  a cancel that emptied the batch) and a heartbeat, so no rank holds an ended sequence while
+  the server waits for the next request, and rank 0 sees every rank's batch empty at once.
 - Faults are loud and bounded: a collective that fails (a peer's connection is lost) raises on
   the thread, which ends every sequence with ``error``; an exchange or step that does not end
   within ``Sharding.rank_timeout`` seconds is reported by the ``Watchdog`` as an ``Exited`` fact
@@ -289,10 +292,21 @@ class Broadcaster:
             return
         self._pending.append(message)
         if isinstance(message, Step | Shutdown):
-            self._link.traffic.steps += isinstance(message, Step)
-            payload = pickle.dumps(tuple(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
-            self._pending = []
-            self._link.send(payload)
+            self._send()
+
+    def flush(self) -> bool:
+        """Rank 0 falls idle: send what it applied since its last step, if anything (a packet
+        without a ``Step``: the followers apply it and wait). True if it sent."""
+        if not self._pending:
+            return False
+        self._send()
+        return True
+
+    def _send(self) -> None:
+        self._link.traffic.steps += isinstance(self._pending[-1], Step)
+        payload = pickle.dumps(tuple(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending = []
+        self._link.send(payload)
 
 
 @dataclass(slots=True)
