@@ -15,7 +15,8 @@ token (the run with the median tokens/s of ``--repeats``). On 2 ranks also rank 
 step and steps.
 
 Then the broadcast alone, on the same 2 ranks with nothing else running (``--exchange``): the
-time of the exchange of a step that carries no message (a 4-byte all_sum) and of one carrying
+time of the exchange of a step that carries no message (its header alone: a 5-int all_sum on
+2 ranks, the length and each rank's steps and batch size) and of one carrying
 the mean message bytes seen per packet, against the mean step time of the 2-rank runs: the
 per-step overhead of the broadcast as a share of a step.
 
@@ -39,6 +40,8 @@ from typing import Any
 
 import httpx2 as httpx
 import trio
+
+from mlx_responses.model.topology import header_length
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -125,8 +128,11 @@ def measure(ranks: Ranks, label: str, args: argparse.Namespace) -> dict[str, Any
             "steps": steps,
             "bytes_per_step": round(sent / max(steps, 1), 1),
             "packets_with_messages": carrying,
-            # What such a packet carries beyond its 4-byte length.
-            "message_bytes_per_packet": round((sent - 4 * packets) / max(carrying, 1), 1),
+            "header_bytes": after["header_bytes"],
+            # What such a packet carries beyond its header.
+            "message_bytes_per_packet": round(
+                (sent - after["header_bytes"] * packets) / max(carrying, 1), 1
+            ),
             # Each run's wall time over its steps: a step's mean length, queueing included.
             "step_seconds": round(wall / max(steps, 1), 6),
         }
@@ -148,8 +154,9 @@ def exchange(size: int) -> None:
             mx.eval(mx.distributed.all_sum(make(), group=group))
         return (time.perf_counter() - started) / EXCHANGES
 
-    step_only = timed(lambda: mx.zeros((1,), dtype=mx.int32))
-    # A packet with messages: the length, then the bytes.
+    header = header_length(group.size())
+    step_only = timed(lambda: mx.zeros((header,), dtype=mx.int32))
+    # A packet with messages: the header, then the bytes.
     carrying = step_only + timed(lambda: mx.zeros((max(size, 1),), dtype=mx.uint8))
     if group.rank() == 0:
         print(json.dumps({"step_only_seconds": step_only, "carrying_seconds": carrying}))

@@ -35,7 +35,9 @@ WEATHER_TOOL = {
     "description": "The weather in a city.",
     "parameters": {
         "type": "object",
-        "properties": {"city": {"type": "string"}},
+        # Finite by construction: a tiny model forced off its training may ramble in a
+        # free string past the output limit (unterminated arguments).
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
         "required": ["city"],
         "additionalProperties": False,
     },
@@ -146,6 +148,7 @@ async def test_a_forced_tool_call_and_a_stop_sequence(ranks: Ranks) -> None:
                     "input": "Reply with: hello",
                     "tools": [WEATHER_TOOL],
                     "tool_choice": "required",
+                    "temperature": 0,
                 },
             )
     (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
@@ -179,31 +182,100 @@ async def _stream(base_url: str, hang_up: bool) -> dict[str, Any] | None:
     return assert_stream_invariants(parse_sse(reply.content))
 
 
+def rank_batches(metrics: str) -> list[tuple[int, int]]:
+    """Every rank's (steps, batch sequences) as rank 0 last heard them, from /metrics."""
+    return [
+        (
+            int(metric(metrics, f'mlx_responses_distributed_rank_steps_total{{rank="{r}"}}')),
+            int(metric(metrics, f'mlx_responses_distributed_rank_batch_sequences{{rank="{r}"}}')),
+        )
+        for r in (0, 1)
+    ]
+
+
+async def test_the_last_stream_hung_up_leaves_every_rank_s_batch_at_once(ranks: Ranks) -> None:
+    # Its cancel empties rank 0's batch, so no step follows to carry it: rank 0 sends it as it
+    # falls idle, with a heartbeat that brings back every rank's emptied batch.
+    with trio.fail_after(DEADLINE):
+        await _stream(ranks.base_url, hang_up=True)
+        async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+            while True:  # a bounded poll of another process's figures
+                seen = rank_batches((await http.get("/metrics")).text)
+                if all(batch == 0 for _, batch in seen):
+                    break
+                await trio.sleep(0.05)
+            health = (await http.get("/health")).json()
+    assert seen[1] == seen[0]
+    steps = health["distributed"]["broadcast"]["steps"]
+    assert [(r["steps"], r["batch_sequences"]) for r in health["distributed"]["ranks"]] == [
+        (steps, 0),
+        (steps, 0),
+    ]
+
+
 async def test_concurrent_streams_one_cancelled_then_every_rank_stopped_in_step(
     ranks: Ranks,
 ) -> None:
     finals: list[dict[str, Any] | None] = []
+    # (cancelled so far, every rank's (steps, batch)) each time /metrics was read.
+    samples: list[tuple[float, list[tuple[int, int]]]] = []
+    streams_done = trio.Event()
 
     async def run(hang_up: bool) -> None:
         finals.append(await _stream(ranks.base_url, hang_up))
 
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            for hang_up in (False, False, True, False):
-                nursery.start_soon(run, hang_up)
-        async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
-            # The hung-up sequence leaves the batch; nothing is left in it afterwards.
+    async def watch(http: httpx.AsyncClient) -> None:
+        # A bounded poll of another process's figures (the test's deadline bounds it): it
+        # ends once the streams are over and every rank reports an empty batch.
+        while True:
             metrics = (await http.get("/metrics")).text
-            while metric(metrics, 'mlx_responses_batch_sequences{state="active"}') > 0:
-                await trio.sleep(0.05)
-                metrics = (await http.get("/metrics")).text
+            seen = rank_batches(metrics)
+            cancelled = metric(metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}')
+            samples.append((cancelled, seen))
+            if streams_done.is_set() and all(batch == 0 for _, batch in seen):
+                return
+            await trio.sleep(0.05)
+
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+            before = metric(
+                (await http.get("/metrics")).text,
+                'mlx_responses_sequences_ended_total{reason="cancelled"}',
+            )
+            async with trio.open_nursery() as outer:
+                outer.start_soon(watch, http)
+                async with trio.open_nursery() as nursery:
+                    for hang_up in (False, False, True, False):
+                        nursery.start_soon(run, hang_up)
+                streams_done.set()
+            metrics = (await http.get("/metrics")).text
             health = (await http.get("/health")).json()
             status = (await http.get("/status")).json()
+    # Every rank's batch is visible on rank 0 while it runs, and equal to rank 0's at every
+    # exchange (the ranks stepped in lockstep: a difference would be counted).
+    assert any(batch > 0 for _, seen in samples for _, batch in seen), samples
+    for _, seen in samples:
+        assert seen[1] == seen[0], samples
+    assert metric(metrics, "mlx_responses_distributed_diverged_exchanges_total") == 0
+    # The hung-up sequence leaves every rank's batch within one step: the figures arrive one
+    # exchange late, so the step after the one rank 0 was at when it counted the cancel is the
+    # first taken without it, and from then on no rank holds all four.
+    first = next(i for i, (cancelled, _) in enumerate(samples) if cancelled > before)
+    cancel_step = samples[first][1][0][0]
+    later = [seen for _, seen in samples[first:] if seen[0][0] >= cancel_step + 2]
+    assert later, samples
+    for seen in later:
+        assert all(batch <= 3 for _, batch in seen), samples
+    # Once every stream has ended, every rank's batch is empty, each at rank 0's last step.
+    steps = health["distributed"]["broadcast"]["steps"]
+    for rank in health["distributed"]["ranks"]:
+        assert (rank["steps"], rank["batch_sequences"]) == (steps, 0), health
+    assert status["server"]["distributed"]["ranks"][1]["batch_sequences"] == 0
     done = [final for final in finals if final is not None]
     assert len(done) == 3
     for final in done:
         assert output_text(final) == PROMPTS["count"].expected
-    assert metric(metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}') >= 1
+    assert metric(metrics, 'mlx_responses_sequences_ended_total{reason="cancelled"}') > before
     assert health["distributed"]["size"] == 2
     assert [r["rank"] for r in health["distributed"]["ranks"]] == [0, 1]
     # Visible: the ranks, the mode, the backend and each rank's memory.

@@ -257,6 +257,27 @@ def _distributed(rt: Runtime) -> Iterator[Metric]:
     yield memory
     traffic = topology.traffic
     if traffic is not None:
+        # Every rank's batch as of the latest exchange (distributed.py's header).
+        batch = GaugeMetricFamily(
+            "mlx_responses_distributed_rank_batch_sequences",
+            "Sequences in each rank's batch after its latest step, as of the latest exchange.",
+            labels=("rank",),
+        )
+        steps = CounterMetricFamily(
+            "mlx_responses_distributed_rank_steps",
+            "Steps each rank had taken, as of the latest exchange.",
+            labels=("rank",),
+        )
+        for index, seen in enumerate(traffic.batches):
+            batch.add_metric((str(index),), seen.sequences)
+            steps.add_metric((str(index),), seen.steps)
+        yield batch
+        yield steps
+        yield _counter(
+            "mlx_responses_distributed_diverged_exchanges",
+            "Exchanges at which a rank's batch differed from rank 0's (0 while in step).",
+            traffic.diverged,
+        )
         yield _counter(
             "mlx_responses_distributed_broadcast_steps",
             "Steps rank 0 announced to the other ranks.",

@@ -175,6 +175,11 @@ class Batch:
     def live(self) -> bool:
         return bool(self._live)
 
+    @property
+    def sequences(self) -> int:
+        """How many sequences it holds (issue 26: each rank's figure for rank 0)."""
+        return len(self._live)
+
     def take_ended(self) -> tuple[int, ...]:
         """The sequences that received their finish since the last call."""
         ended, self._ended = tuple(self._ended), []

@@ -11,14 +11,22 @@ Invariants:
   to step, which sequences join, prompt-cache hits) are made once, on rank 0, and the batch is
   a function of its messages (``batch.py``'s last invariant).
 - The collectives run on the generation thread only (MLX arrays belong to it), in the same
-  order on every rank: a packet is one ``all_sum`` of its length (a ``Step`` alone is the
+  order on every rank: a packet is one ``all_sum`` of its header (a ``Step`` alone is the
   length -1 and nothing else) and, when it carries more, one ``all_sum`` of its bytes, which
   the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. Once
   the batch exists they run on its stream (``Link.stream``), behind the model's own.
+- The header is a small int32 vector: the length (rank 0 writes it, the others 0), then one
+  slot pair per rank in which that rank alone writes its steps taken and its batch's size after
+  the last of them (``Link.batch``). So rank 0 learns every rank's batch at every exchange at
+  no extra collective; a follower's figures are as of the step before, as are rank 0's own, so
+  in lockstep they are equal and any difference is counted (``Traffic.diverged``).
 - Nothing that depends on time or on the machine may change what a rank computes: the random
   seed and the prompt cache's bounds are rank 0's (``open_link``, ``thread.py``), OpenBLAS is
   not calibrated (a timed number of passes), and cache entries count as whole (``PromptCache``
   share), so every rank evicts alike.
+- Rank 0 falling idle sends what it applied since its last step (a packet without a ``Step``:
+  a cancel that emptied the batch) and a heartbeat, so no rank holds an ended sequence while
+  the server waits for the next request, and rank 0 sees every rank's batch empty at once.
 - Faults are loud and bounded: a collective that fails (a peer's connection is lost) raises on
   the thread, which ends every sequence with ``error``; an exchange or step that does not end
   within ``Sharding.rank_timeout`` seconds is reported by the ``Watchdog`` as an ``Exited`` fact
@@ -46,7 +54,7 @@ from typing import Any
 
 from .inbound import Arrivals, Inbound, Shutdown, Step
 from .outbound import Exited, FactStream
-from .topology import RankInfo, Sharding, Topology, Traffic
+from .topology import RankBatch, RankInfo, Sharding, Topology, Traffic, header_length
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +160,9 @@ class Link:
         self.rank: int = group.rank()
         self.size: int = group.size()
         self._watchdog = watchdog
-        self.traffic = Traffic()
+        self.traffic = Traffic(batches=tuple(RankBatch() for _ in range(self.size)))
+        # This rank's batch after its latest step: the thread sets it, each header carries it.
+        self.batch = RankBatch()
         # The batch's stream once it exists. Every collective of a step must run on it: the
         # model's own (tensor all_sums, pipeline send/recv) run there, and mlx-lm evaluates
         # the next step asynchronously, so a collective on another stream could overtake or
@@ -187,31 +197,43 @@ class Link:
             return error
         return _lost(error, self.rank, self.size)
 
+    def _header(self, length: int, *, idle: bool = False) -> int:
+        """Exchange a header (module header): every rank's batch into ``traffic.batches``;
+        rank 0's ``length`` (the others pass 0) on every rank."""
+        import mlx.core as mx
+
+        mine = [0] * header_length(self.size)
+        mine[0] = length
+        mine[1 + 2 * self.rank] = self.batch.steps
+        mine[2 + 2 * self.rank] = self.batch.sequences
+        summed = self._all_sum(mx.array(mine, dtype=mx.int32), idle=idle).tolist()
+        batches = tuple(
+            RankBatch(int(summed[1 + 2 * r]), int(summed[2 + 2 * r])) for r in range(self.size)
+        )
+        traffic = self.traffic
+        traffic.batches = batches
+        traffic.diverged += any(b != batches[0] for b in batches)
+        traffic.packets += 1
+        traffic.bytes += 4 * len(mine)
+        return int(summed[0])
+
     def send(self, payload: bytes | None) -> None:
         """Rank 0: a packet (None: a Step alone)."""
         import mlx.core as mx
 
         started = time.perf_counter()
-        length = _STEP_ONLY if payload is None else len(payload)
-        self._all_sum(mx.array([length], dtype=mx.int32))
-        moved = 4
+        self._header(_STEP_ONLY if payload is None else len(payload))
         if payload is not None:
             import numpy as np
 
             self._all_sum(mx.array(np.frombuffer(payload, dtype=np.uint8)))
-            moved += len(payload)
+            self.traffic.bytes += len(payload)
             self.traffic.carrying += 1
-        self.traffic.packets += 1
-        self.traffic.bytes += moved
         self.traffic.seconds += time.perf_counter() - started
 
     def beat(self) -> None:
-        """Rank 0, idle: a heartbeat (a length and nothing else)."""
-        import mlx.core as mx
-
-        self._all_sum(mx.array([_HEARTBEAT], dtype=mx.int32))
-        self.traffic.packets += 1
-        self.traffic.bytes += 4
+        """Rank 0, idle: a heartbeat (a header and nothing else)."""
+        self._header(_HEARTBEAT)
 
     def receive(self) -> bytes | None:
         """A follower: the next packet (None: a Step alone), heartbeats skipped. The wait is
@@ -220,10 +242,7 @@ class Link:
 
         length = _HEARTBEAT
         while length == _HEARTBEAT:
-            empty = mx.zeros((1,), dtype=mx.int32)
-            length = int(self._all_sum(empty, idle=self.beat_seconds is None).item())
-            self.traffic.packets += 1
-            self.traffic.bytes += 4
+            length = self._header(0, idle=self.beat_seconds is None)
         if length == _STEP_ONLY:
             return None
         data = self._all_sum(mx.zeros((length,), dtype=mx.uint8))
@@ -273,10 +292,21 @@ class Broadcaster:
             return
         self._pending.append(message)
         if isinstance(message, Step | Shutdown):
-            self._link.traffic.steps += isinstance(message, Step)
-            payload = pickle.dumps(tuple(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
-            self._pending = []
-            self._link.send(payload)
+            self._send()
+
+    def flush(self) -> bool:
+        """Rank 0 falls idle: send what it applied since its last step, if anything (a packet
+        without a ``Step``: the followers apply it and wait). True if it sent."""
+        if not self._pending:
+            return False
+        self._send()
+        return True
+
+    def _send(self) -> None:
+        self._link.traffic.steps += isinstance(self._pending[-1], Step)
+        payload = pickle.dumps(tuple(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending = []
+        self._link.send(payload)
 
 
 @dataclass(slots=True)

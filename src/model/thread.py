@@ -21,7 +21,8 @@ Invariants:
 - Issue 26: with ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
   its share of the model; on rank 0 its journal is the ``Broadcaster``, on another rank it is a
   lockstep thread whose inbox is the ``Receiver`` (``distributed.py``), and an idle rank 0
-  sends heartbeats instead of blocking for good.
+  sends heartbeats instead of blocking for good (one at once when it falls idle, so that every
+  rank's emptied batch reaches it).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .slot import FinishReason
-from .topology import Sharding
+from .topology import RankBatch, Sharding
 
 __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_bound"]
 
@@ -137,6 +138,9 @@ class GenerationThread:
         self._arriving = 0  # the latest ``Arrivals`` count
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
         self._link: Link | None = None  # issue 26: this rank's exchange with the others
+        self._broadcaster: Broadcaster | None = None  # issue 26: rank 0's journal
+        self._steps = 0
+        self._reported = True  # issue 26: the ranks have heard this rank's latest batch
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -203,7 +207,7 @@ class GenerationThread:
         entries = link.from_rank0(self._settings.prompt_cache_entries)
         self._prompt_cache = PromptCache(kib * 1024, entries, shares[0])
         if link.rank == 0:
-            self._journal = broadcaster = Broadcaster(link)
+            self._journal = self._broadcaster = broadcaster = Broadcaster(link)
         else:
             self._lockstep = True
             self._inbox = Receiver(link)
@@ -245,6 +249,10 @@ class GenerationThread:
         with nullcontext() if self._link is None else self._link.guard():
             batch.step()
         self._publish(batch)
+        self._steps += 1
+        if self._link is not None:  # issue 26: what the next header tells the other ranks
+            self._link.batch = RankBatch(self._steps, batch.sequences)
+            self._reported = False
 
     def _publish(self, batch: Batch) -> None:
         ended = batch.take_ended()
@@ -257,8 +265,13 @@ class GenerationThread:
         """Apply every pending message; block for one when idle (always, in lockstep), then
         gather the rest of a burst (``gather_bound``). True means stop."""
         block = self._lockstep or not batch.live
+        if block and self._broadcaster is not None:
+            self._settle(batch, self._broadcaster)
         gather_until = math.inf
         while True:
+            if self._lockstep and self._link is not None:
+                # Issue 26: a follower's figure after what it applied (the next header's).
+                self._link.batch = RankBatch(self._steps, batch.sequences)
             try:
                 if block:
                     message = self._inbox.get(timeout=self._beat_seconds())
@@ -297,6 +310,16 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(message)
+
+    def _settle(self, batch: Batch, broadcaster: Broadcaster) -> None:
+        """Issue 26: rank 0 falls idle. What it applied since its last step (a cancel that
+        emptied the batch) reaches every rank now rather than with the next request, and one
+        heartbeat carries every rank's batch after it, rather than a beat period later."""
+        assert self._link is not None
+        if broadcaster.flush() or not self._reported:
+            self._link.batch = RankBatch(self._steps, batch.sequences)
+            self._link.beat()
+            self._reported = True
 
     def _beat_seconds(self) -> float | None:
         """How long an idle rank 0 of a sharded model waits before a heartbeat (else None)."""

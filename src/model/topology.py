@@ -23,15 +23,35 @@ class Sharding:
     rank_timeout: float = DEFAULT_RANK_TIMEOUT_SECONDS
 
 
+def header_length(size: int) -> int:
+    """int32 slots in a packet's header on ``size`` ranks: the length, then each rank's steps
+    and batch size (``distributed.py``)."""
+    return 1 + 2 * size
+
+
+@dataclass(frozen=True, slots=True)
+class RankBatch:
+    """One rank's batch as it reported it at the latest exchange: the steps it had taken and
+    the sequences its batch held after the last of them (a follower's view is one exchange old
+    when it arrives, rank 0's is taken at the same point, so in lockstep the two are equal)."""
+
+    steps: int = 0
+    sequences: int = 0
+
+
 @dataclass(slots=True)
 class Traffic:
-    """What the broadcast moved (rank 0): packets, steps and bytes, for /metrics and the bench."""
+    """What the broadcast moved (rank 0): packets, steps and bytes, for /metrics and the bench,
+    and every rank's batch as of the latest exchange (``batches``, replaced whole each time)."""
 
     packets: int = 0
-    carrying: int = 0  # packets with messages (the others: a Step alone, 4 bytes)
+    carrying: int = 0  # packets with messages (the others: a Step alone, a header)
     steps: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    batches: tuple[RankBatch, ...] = ()
+    # Exchanges at which a rank's batch differed from rank 0's: 0 while the ranks are in step.
+    diverged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +82,7 @@ class Topology:
         """/health's ``distributed`` (``fatal``: why the sharded model stopped, if it did)."""
         state = "ok" if fatal is None else "failed"
         traffic = self.traffic or Traffic()
+        batches = traffic.batches or tuple(RankBatch() for _ in self.ranks)
         return {
             "mode": self.mode,
             "backend": self.backend,
@@ -70,7 +91,14 @@ class Topology:
             "error": fatal,
             "rank_timeout_seconds": self.rank_timeout,
             "ranks": [
-                {"rank": r.rank, "memory_bytes": r.memory_bytes, "state": state} for r in self.ranks
+                {
+                    "rank": r.rank,
+                    "memory_bytes": r.memory_bytes,
+                    "state": state,
+                    "batch_sequences": b.sequences,
+                    "steps": b.steps,
+                }
+                for r, b in zip(self.ranks, batches, strict=True)
             ],
             "broadcast": {
                 "steps": traffic.steps,
@@ -78,5 +106,7 @@ class Topology:
                 "packets_with_messages": traffic.carrying,
                 "bytes": traffic.bytes,
                 "seconds": round(traffic.seconds, 6),
+                "header_bytes": 4 * header_length(self.size),
+                "diverged": traffic.diverged,
             },
         }
