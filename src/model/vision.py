@@ -378,11 +378,47 @@ def load_vision(path: str, text_model: Any) -> VisionModel:
     processor = load_processor(path, add_detokenizer=False)
     config = json.loads((Path(path) / "config.json").read_text())
     vision = VisionModel(model, processor, str(config.get("model_type", "")))
+    text = getattr(text_model, "language_model", text_model)
+    if getattr(getattr(text, "model", None), "pipeline_size", 1) > 1:
+        # Untested, and mlx-vlm's language model (M-RoPE) cannot pass activations on.
+        raise ValueError(
+            "a vision model cannot be split by layers (--pipeline); leave out --pipeline to "
+            "split it by tensors"
+        )
     if vision.mrope:
         # Its language model prefills image spans: the same arrays as mlx-lm's, not a copy.
+        _share_split_layers(model.language_model, text_model.language_model)
         weights = tree_flatten(text_model.language_model.parameters())
         model.language_model.load_weights(weights, strict=True)
     return vision
+
+
+def _share_split_layers(vlm_text: Any, text: Any) -> None:
+    """On a rank of a model split by tensors (issue 26), give mlx-vlm's language model the
+    split layers of mlx-lm's (the same modules, so the same share of the weights and the same
+    collectives) and its attention's share of the heads. A no-op on an unsplit model."""
+    from mlx.nn.layers import distributed
+
+    inner = text.model
+    split = (
+        distributed.AllToShardedLinear,
+        distributed.ShardedToAllLinear,
+        distributed.QuantizedAllToShardedLinear,
+        distributed.QuantizedShardedToAllLinear,
+    )
+    for theirs, ours in zip(vlm_text.model.layers, inner.layers, strict=True):
+        for name, module in ours.named_modules():
+            if not isinstance(module, split):
+                continue
+            *path, leaf = name.split(".")
+            parent = theirs
+            for part in path:
+                parent = getattr(parent, part)
+            setattr(parent, leaf, module)
+        for count in ("n_heads", "n_kv_heads"):
+            value = getattr(ours.self_attn, count, None)
+            if isinstance(value, int) and hasattr(theirs.self_attn, count):
+                setattr(theirs.self_attn, count, value)
 
 
 # A prompt's first id, when M-RoPE moves its positions: ``-(TAG + moved << 24 + first id)``,
