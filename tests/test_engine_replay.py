@@ -2,7 +2,9 @@
 stream records what it applied (its journal: plain messages and the steps between them), and
 that journal replayed on a second thread, in lockstep, gives the same outputs token for token:
 greedy and seeded sampling, a grammar named by its text, a cancel and a consumer's stop in the
-middle of a sequence, prompt-cache hits and a cleared cache included. The real thread on the bundled model."""
+middle of a sequence, prompt-cache hits and a cleared cache included. The real thread on the bundled model.
+Image requests too (issue 27): an image travels in its ``Admit`` (the processor's arrays), so the
+journal of a run on the vision fixture replays to the same answers."""
 
 from __future__ import annotations
 
@@ -33,11 +35,14 @@ from mlx_responses.model.inbound import (
     Step,
     StopMatched,
 )
-from mlx_responses.model.loader import LoadedModel
+from mlx_responses.model.loader import LoadedModel, render_prompt
 from mlx_responses.model.outbound import Ended, Exited, FactStream, Loaded
 from mlx_responses.model.penalties import SamplingAdjust
 from mlx_responses.model.slot import SequenceSlot
 from mlx_responses.model.thread import GenerationThread, ThreadSettings
+from mlx_responses.protocol.images import ImageRef, marker
+
+from .test_vision_api import COLOURS, FIXTURE, QUESTION, data_url, png
 
 DEADLINE = 120
 CACHE_BYTES = 256 << 20
@@ -55,11 +60,11 @@ class Transcript:
 
 
 class Engine:
-    def __init__(self, *, lockstep: bool) -> None:
+    def __init__(self, *, lockstep: bool, path: str) -> None:
         self.facts = FactStream(trio.lowlevel.current_trio_token())
         self.journal: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.thread = GenerationThread(
-            ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=CACHE_BYTES),
+            ThreadSettings(path, prompt_cache_bytes=CACHE_BYTES),
             self.facts,
             lockstep=lockstep,
             journal=self.journal,
@@ -84,8 +89,8 @@ class Engine:
 
 
 @asynccontextmanager
-async def engine(*, lockstep: bool) -> AsyncIterator[Engine]:
-    running = Engine(lockstep=lockstep)
+async def engine(*, lockstep: bool, path: str = str(BUNDLED_MODEL_PATH)) -> AsyncIterator[Engine]:
+    running = Engine(lockstep=lockstep, path=path)
     running.thread.start()
     try:
         with trio.fail_after(DEADLINE):
@@ -210,6 +215,62 @@ async def test_a_recorded_stream_replays_to_identical_outputs() -> None:
                 replay.send(message)
             again = {seq_id: await read(slot) for seq_id, slot in replay.slots.items()}
         assert replay.recorded() == journal  # it applied the same messages, step for step
+    assert again == first
+
+
+async def drive_images(model: Engine) -> dict[int, Transcript]:
+    """Image requests beside a text one, then an image conversation's next turn (a cache hit)."""
+    loaded = model.loaded
+    assert loaded is not None
+    assert loaded.vision is not None
+    vision, tokenizer = loaded.vision, loaded.tokenizer
+
+    def prompt(chat: list[dict[str, str]]) -> tuple[int, ...]:
+        return tuple(vision.render(chat, lambda c: render_prompt(tokenizer, c)))
+
+    def asked(rgb: tuple[int, int, int]) -> list[dict[str, str]]:
+        return [{"role": "user", "content": marker(ImageRef(data_url(png(rgb)))) + QUESTION}]
+
+    def spec(tokens: tuple[int, ...], max_tokens: int = 12) -> SequenceSpec:
+        return SequenceSpec(tokens, max_tokens, 0.0, 1.0, images=vision.images_for(tokens))
+
+    chats = {seq_id: asked(COLOURS[colour]) for seq_id, colour in enumerate(COLOURS, start=1)}
+    for seq_id, chat in chats.items():  # a burst: the images share the batch with text
+        model.send(Admit(seq_id, spec(prompt(chat))))
+    model.send(Admit(4, spec(prompt([{"role": "user", "content": "Count from 1 to 20."}]), 40)))
+    transcripts = {seq_id: await read(model.slots[seq_id]) for seq_id in (1, 2, 3, 4)}
+    turn = [
+        *chats[1],
+        {"role": "assistant", "content": transcripts[1].text},
+        {"role": "user", "content": QUESTION},
+    ]
+    model.send(Admit(5, spec(prompt(turn))))
+    transcripts[5] = await read(model.slots[5])
+    return transcripts
+
+
+async def test_a_recorded_stream_with_images_replays_to_identical_outputs() -> None:
+    async with engine(lockstep=False, path=str(FIXTURE)) as free:
+        with trio.fail_after(DEADLINE):
+            first = await drive_images(free)
+            await ended_all(free, set(first))
+        journal = free.recorded()
+    assert pickle.loads(pickle.dumps(journal)) == journal
+    admitted = [m for m in journal if isinstance(m, Admit)]
+    assert all(m.spec.images for m in admitted if min(m.spec.prompt) < 0)
+    assert sum(1 for m in admitted if m.spec.images) == 4
+    # The trained answers: a wrong image or a wrong position shows as a wrong word.
+    assert [first[seq_id].text for seq_id in (1, 2, 3)] == list(COLOURS)
+    assert first[5].text == "red"
+    assert first[5].cached_tokens > 0
+
+    # A second thread that never saw these images: all it has is the journal.
+    async with engine(lockstep=True, path=str(FIXTURE)) as replay:
+        with trio.fail_after(DEADLINE):
+            for message in pickle.loads(pickle.dumps(journal)):
+                replay.send(message)
+            again = {seq_id: await read(slot) for seq_id, slot in replay.slots.items()}
+        assert replay.recorded() == journal
     assert again == first
 
 

@@ -53,7 +53,7 @@ def test_the_image_prefill_gives_mlx_vlms_logits(
     prompt = vision.render(
         [{"role": "user", "content": content}], lambda c: render_prompt(loaded.tokenizer, c)
     )
-    start = vision_prefill(vision, loaded.model, prompt, None, 0, 512)
+    start = vision_prefill(vision, loaded.model, prompt, vision.images_for(prompt), None, 0, 512)
     tail = mx.array(start.prompt[start.start :])[None]
     ours = loaded.model(tail, cache=start.cache)[0, -1]
     ids = mx.array(model_prompt(vision, prompt))[None]

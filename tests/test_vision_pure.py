@@ -3,12 +3,20 @@ in a rendered prompt, the prompt-cache key of an image prompt, the prepared-imag
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 
-from mlx_responses.model.vision import Prepared, _Registry, image_runs, shift_tag, untag
+from mlx_responses.model.vision import (
+    Prepared,
+    _Registry,
+    image_arrays,
+    image_runs,
+    shift_tag,
+    untag,
+)
 from mlx_responses.model.vision_prefill import keyed
 from mlx_responses.protocol.errors import ApiError
 from mlx_responses.protocol.images import ImageRef, image_parts, marker, split_text
@@ -85,3 +93,22 @@ def test_a_moved_prompt_is_keyed_apart_from_unmoved_ones() -> None:
     assert untag(42) == 42
     # The tag is not an image: the runs are the images only.
     assert image_runs([tagged, 5, -7, -7, 8]) == [(2, 4, 7)]
+
+
+def test_an_image_travels_as_plain_bytes_and_is_dropped_with_its_entry() -> None:
+    pixels = np.arange(24, dtype=np.float32).reshape(4, 6)
+    grid = np.array([[1, 2, 2]], dtype=np.int64)
+    prepared = Prepared(7, {"pixel_values": pixels, "image_grid_thw": grid}, (5, -7, -7, 6))
+    plain = prepared.plain()
+    # What an Admit carries: picklable, comparable, and the same arrays on the other side.
+    assert pickle.loads(pickle.dumps(plain)) == plain
+    assert plain.tokens == 2
+    back = image_arrays(plain)
+    assert back["pixel_values"].dtype == np.float32
+    assert np.array_equal(back["pixel_values"], pixels)
+    assert np.array_equal(back["image_grid_thw"], grid)
+    registry = _Registry(capacity=1)
+    registry.put(("a", "auto"), prepared)
+    assert registry.plain(7) == plain
+    registry.put(("b", "auto"), Prepared(8, {"pixel_values": pixels}, (-8,)))
+    assert registry.plain(7) is None  # evicted: the edge renders the prompt again

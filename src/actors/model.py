@@ -249,7 +249,15 @@ class ModelHandle:
         return await trio.to_thread.run_sync(build, constraints)
 
     async def submit(self, request: GenerationRequest) -> GenerationSequence:
-        """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable``."""
+        """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable`` (or a 400
+        when an image of its prompt is no longer held)."""
+        vision = self.vision
+        if vision is not None and not request.images and min(request.prompt, default=0) < 0:
+            # Its images travel in its Admit (the generation thread reads no shared registry).
+            try:
+                request = replace(request, images=vision.images_for(request.prompt))
+            except ImageError as exc:
+                raise invalid_request(f"Invalid image: {exc}", "input") from None
         try:
             return await ask(self._mailbox, lambda reply: Submit(request, reply))
         except RuntimeError as exc:

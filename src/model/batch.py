@@ -243,7 +243,13 @@ class Batch:
             return VisionStart(spec.prompt, reuse.tokens, reuse.cache, reuse.tokens)
         with self._mx.stream(self._stream):
             return vision_prefill(
-                vision, self._loaded.model, spec.prompt, reuse.cache, reuse.tokens, self._step
+                vision,
+                self._loaded.model,
+                spec.prompt,
+                spec.images,
+                reuse.cache,
+                reuse.tokens,
+                self._step,
             )
 
     def cancel(self, seq_id: int) -> None:

@@ -13,7 +13,9 @@ Invariants:
 - The collectives run on the generation thread only (MLX arrays belong to it), in the same
   order on every rank: a packet is one ``all_sum`` of its header (a ``Step`` alone is the
   length -1 and nothing else) and, when it carries more, one ``all_sum`` of its bytes, which
-  the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. Once
+  the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. A
+  packet also goes out at an ``Admit`` that carries images (issue 27): its image prefill runs
+  collectives as the Admit is applied, so every rank must hold it first. Once
   the batch exists they run on its stream (``Link.stream``), behind the model's own.
 - The header is a small int32 vector: the length (rank 0 writes it, the others 0), then one
   slot pair per rank in which that rank alone writes its steps taken and its batch's size after
@@ -52,7 +54,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inbound import Arrivals, Inbound, Shutdown, Step
+from .inbound import Admit, Arrivals, Inbound, Shutdown, Step
 from .outbound import Exited, FactStream
 from .topology import RankBatch, RankInfo, Sharding, Topology, Traffic, header_length
 
@@ -291,7 +293,11 @@ class Broadcaster:
             self._link.send(None)
             return
         self._pending.append(message)
-        if isinstance(message, Step | Shutdown):
+        # An image's Admit computes as it is applied (its image prefill, whose collectives
+        # every rank joins): it goes out before rank 0 applies it.
+        if isinstance(message, Step | Shutdown) or (
+            isinstance(message, Admit) and message.spec.images
+        ):
             self._send()
 
     def flush(self) -> bool:
@@ -360,6 +366,11 @@ def shard_model(sharding: Sharding, group: Any, model: Any) -> tuple[int, int]:
     """Split ``model`` (lazily loaded) over ``group`` as ``sharding`` says, as mlx-lm's
     ``sharded_load`` does; a model class that cannot be split so is refused by name. Returns
     the whole over this rank's share (layers over local layers; the ranks, for tensors)."""
+    # A vision-language model's text side (mlx-lm's ``qwen2_vl``) wraps the text model that
+    # splits; its vision tower is never split (each rank holds it: ``vision.load_vision``).
+    text = getattr(model, "language_model", None)
+    if not hasattr(model, "shard") and not hasattr(model, "model") and text is not None:
+        model = text
     if sharding.mode == "pipeline":
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "pipeline"):

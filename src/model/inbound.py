@@ -9,7 +9,8 @@ Invariants:
   recorded, compared and sent to another process. A grammar travels as its llguidance text
   (``GrammarSpec``) and is compiled on the thread from that text (the ``Constraints`` cache
   serves the grammar the request compiled at admission); penalties and ``top_k`` travel as
-  ``SamplingAdjust``.
+  ``SamplingAdjust``. An image travels as the processor's arrays (``ImageInput``): the thread
+  prefills from what its ``Admit`` carries, never from an object another thread holds.
 - ``Step`` is a batch step. A free-running thread decides its own steps and writes them, with
   the messages it applied between them, to its journal; a lockstep thread steps only when told,
   so replaying a journal on one reproduces the batch exactly, step for step (the multi-machine
@@ -33,6 +34,26 @@ class GrammarSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PlainArray:
+    """One NumPy array as plain bytes: picklable and comparable (``==``), as a journal needs."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image of a prompt as the vision tower takes it (``model/vision.py``): its handle
+    (the prompt writes its image tokens as ``-handle``), how many tokens one copy of it takes,
+    and the image processor's arrays by name (``pixel_values``, ``image_grid_thw``)."""
+
+    handle: int
+    tokens: int
+    arrays: tuple[tuple[str, PlainArray], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceSpec:
     """What one sequence generates from: its tokenized prompt and its settings."""
 
@@ -51,6 +72,8 @@ class SequenceSpec:
     owner: str = ""
     # Its prompt_cache_key: the tenant's cache keeps each key's latest entry (PrefixCache).
     cache_key: str | None = None
+    # The images its prompt's negative ids stand for, one per handle (none: a text prompt).
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,12 @@ Invariants:
   never does; the generation thread swaps them for the model's image token before the model
   sees them. Nothing else reads prompt ids below zero.
 - ``prepare`` (the processor, on a worker thread) files what the vision tower needs under the
-  handle (``_Registry``, bounded); the generation thread takes it from there at admission. An
-  image the registry dropped meanwhile is prepared again from its marker (``images.py``),
-  which every prompt keeps.
+  handle (``_Registry``, bounded): a cache of the edge's, read by ``render`` and by
+  ``images_for`` when the model actor submits the prompt, which puts each image's arrays, as
+  plain bytes (``ImageInput``), in the sequence's ``Admit``. The generation thread reads them
+  from there only (``vision_prefill``), so a journal replays an image request and every rank of
+  a sharded model gets them in the broadcast. An image the registry dropped is prepared again
+  from its marker (``images.py``), which every prompt keeps, at the next render.
 - Rendering, preparing and the registry are plain Python and NumPy (any thread); only
   ``load_vision`` and ``vision_prefill`` call MLX (the generation thread).
 """
@@ -38,6 +41,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..protocol.images import ImageRef, has_images, split_text
+from .inbound import ImageInput, PlainArray
 
 # Decoded images above this many pixels are refused (PIL's own bomb limit is ~89M).
 MAX_PIXELS: Final = 40_000_000
@@ -93,6 +97,23 @@ class Prepared:
     def nbytes(self) -> int:
         return sum(int(getattr(a, "nbytes", 0)) for a in self.arrays.values())
 
+    def plain(self) -> ImageInput:
+        """What an ``Admit`` carries for it: its arrays as bytes (a copy, made once)."""
+        arrays = tuple(
+            (name, PlainArray(value.dtype.str, tuple(value.shape), value.tobytes()))
+            for name, value in sorted(self.arrays.items())
+            if isinstance(value, np.ndarray)
+        )
+        return ImageInput(self.handle, max(1, self.tokens.count(-self.handle)), arrays)
+
+
+def image_arrays(image: ImageInput) -> dict[str, np.ndarray]:
+    """``image``'s arrays back as NumPy arrays (read-only views of its bytes)."""
+    return {
+        name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape)
+        for name, a in image.arrays
+    }
+
 
 class _Registry:
     """Prepared images by handle (and the handle of a marker's URL), newest kept."""
@@ -103,6 +124,7 @@ class _Registry:
         self._max_bytes = max_bytes
         self._by_handle: OrderedDict[int, Prepared] = OrderedDict()
         self._by_url: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._plain: dict[int, ImageInput] = {}
         self._capacity = capacity
 
     def by_url(self, key: tuple[str, str]) -> Prepared | None:
@@ -117,6 +139,19 @@ class _Registry:
         with self._lock:
             return self._by_handle.get(handle)
 
+    def plain(self, handle: int) -> ImageInput | None:
+        """The handle's ``ImageInput``, made once per prepared image and kept with it."""
+        with self._lock:
+            found = self._plain.get(handle)
+            if found is not None or handle not in self._by_handle:
+                return found
+            prepared = self._by_handle[handle]
+        made = prepared.plain()  # the copy outside the lock
+        with self._lock:
+            if handle in self._by_handle:
+                self._plain[handle] = made
+        return made
+
     def put(self, key: tuple[str, str], prepared: Prepared) -> None:
         with self._lock:
             if prepared.handle not in self._by_handle:
@@ -129,7 +164,9 @@ class _Registry:
             while len(self._by_handle) > 1 and (
                 len(self._by_handle) > self._capacity or self._bytes > self._max_bytes
             ):
-                self._bytes -= self._by_handle.popitem(last=False)[1].nbytes
+                dropped, oldest = self._by_handle.popitem(last=False)
+                self._bytes -= oldest.nbytes
+                self._plain.pop(dropped, None)
             while len(self._by_url) > 4 * self._capacity:
                 self._by_url.popitem(last=False)
 
@@ -272,9 +309,16 @@ class VisionModel:
         found = self._registry.get(handle)
         return None if found is None else found.arrays
 
-    def tokens_per_image(self, handle: int) -> int:
-        found = self._registry.get(handle)
-        return 1 if found is None else max(1, found.tokens.count(-handle))
+    def images_for(self, prompt: Sequence[int]) -> tuple[ImageInput, ...]:
+        """The images ``prompt``'s handles stand for, in order of first use; ``ImageError``
+        when one is no longer held (rendering the prompt again prepares it again)."""
+        images: list[ImageInput] = []
+        for handle in dict.fromkeys(handle for _, _, handle in image_runs(prompt)):
+            found = self._registry.plain(handle)
+            if found is None:
+                raise ImageError("an image of this prompt is no longer held; send it again")
+            images.append(found)
+        return tuple(images)
 
     def render(
         self,
@@ -334,11 +378,47 @@ def load_vision(path: str, text_model: Any) -> VisionModel:
     processor = load_processor(path, add_detokenizer=False)
     config = json.loads((Path(path) / "config.json").read_text())
     vision = VisionModel(model, processor, str(config.get("model_type", "")))
+    text = getattr(text_model, "language_model", text_model)
+    if getattr(getattr(text, "model", None), "pipeline_size", 1) > 1:
+        # Untested, and mlx-vlm's language model (M-RoPE) cannot pass activations on.
+        raise ValueError(
+            "a vision model cannot be split by layers (--pipeline); leave out --pipeline to "
+            "split it by tensors"
+        )
     if vision.mrope:
         # Its language model prefills image spans: the same arrays as mlx-lm's, not a copy.
+        _share_split_layers(model.language_model, text_model.language_model)
         weights = tree_flatten(text_model.language_model.parameters())
         model.language_model.load_weights(weights, strict=True)
     return vision
+
+
+def _share_split_layers(vlm_text: Any, text: Any) -> None:
+    """On a rank of a model split by tensors (issue 26), give mlx-vlm's language model the
+    split layers of mlx-lm's (the same modules, so the same share of the weights and the same
+    collectives) and its attention's share of the heads. A no-op on an unsplit model."""
+    from mlx.nn.layers import distributed
+
+    inner = text.model
+    split = (
+        distributed.AllToShardedLinear,
+        distributed.ShardedToAllLinear,
+        distributed.QuantizedAllToShardedLinear,
+        distributed.QuantizedShardedToAllLinear,
+    )
+    for theirs, ours in zip(vlm_text.model.layers, inner.layers, strict=True):
+        for name, module in ours.named_modules():
+            if not isinstance(module, split):
+                continue
+            *path, leaf = name.split(".")
+            parent = theirs
+            for part in path:
+                parent = getattr(parent, part)
+            setattr(parent, leaf, module)
+        for count in ("n_heads", "n_kv_heads"):
+            value = getattr(ours.self_attn, count, None)
+            if isinstance(value, int) and hasattr(theirs.self_attn, count):
+                setattr(theirs.self_attn, count, value)
 
 
 # A prompt's first id, when M-RoPE moves its positions: ``-(TAG + moved << 24 + first id)``,

@@ -8,7 +8,8 @@ exactly as a prompt-cache hit is inserted. From there it is a sequence like any 
 decodes in the same batch and a cancel removes it at the next step.
 
 Invariants:
-- Called only on the generation thread (MLX).
+- Called only on the generation thread (MLX), with the images the sequence's ``Admit`` carries
+  (``ImageInput``): nothing is read from an object another thread holds.
 - What the prompt cache already holds is not computed again: prefill starts at the reused
   length when it falls between images (a reuse that ends inside an image is dropped).
 - The model never sees a negative id: the prompt handed on has the model's image token there.
@@ -18,11 +19,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .vision import VisionModel, image_runs, untag
+from .inbound import ImageInput
+from .vision import VisionModel, image_arrays, image_runs, untag
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,41 +68,37 @@ class KeyedGenerator:
         return {uid: (cache, keyed(tokens, self._prompt)) for uid, (cache, tokens) in found.items()}
 
 
-def _images(vision: VisionModel, runs: list[tuple[int, int, int]]) -> list[int]:
-    """The handle of each image in ``runs`` (a run of one handle may hold the same image more
+def _images(runs: list[tuple[int, int, int]], images: Mapping[int, ImageInput]) -> list[ImageInput]:
+    """The image of each copy in ``runs`` (a run of one handle may hold the same image more
     than once, back to back)."""
-    handles: list[int] = []
+    out: list[ImageInput] = []
     for start, end, handle in runs:
-        arrays = vision.arrays_of(handle)
-        if arrays is None:
-            raise RuntimeError("an image of this prompt is no longer held; send the request again")
-        per_image = vision.tokens_per_image(handle)
-        handles.extend([handle] * max(1, (end - start) // per_image))
-    return handles
+        image = images.get(handle)
+        if image is None:
+            raise RuntimeError(f"the sequence's Admit carries no image for handle {handle}")
+        out.extend([image] * max(1, (end - start) // image.tokens))
+    return out
 
 
-def _stacked(vision: VisionModel, handles: list[int]) -> dict[str, Any]:
+def _stacked(images: list[ImageInput]) -> dict[str, Any]:
     import mlx.core as mx
     import numpy as np
 
-    parts = [vision.arrays_of(h) or {} for h in handles]
-    stacked: dict[str, Any] = {}
-    for key in parts[0]:
-        values = [p[key] for p in parts]
-        if all(isinstance(v, np.ndarray) for v in values):
-            stacked[key] = mx.array(np.concatenate(values, axis=0))
-    return stacked
+    parts = [image_arrays(image) for image in images]
+    return {key: mx.array(np.concatenate([p[key] for p in parts], axis=0)) for key in parts[0]}
 
 
 def vision_prefill(
     vision: VisionModel,
     model: Any,
     prompt: Sequence[int],
+    images: Sequence[ImageInput],
     cache: list[Any] | None,
     reused: int,
     step: int,
 ) -> VisionStart:
-    """Prefill ``prompt``'s image span (after the ``reused`` tokens ``cache`` holds)."""
+    """Prefill ``prompt``'s image span (after the ``reused`` tokens ``cache`` holds) from
+    ``images``, the arrays of each handle in it."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -113,7 +111,7 @@ def vision_prefill(
         # M-RoPE numbers positions from the prompt's start: its images are prefilled whole.
         cache, reused = None, 0
     todo = [run for run in runs if run[0] >= reused]
-    arrays = _stacked(vision, _images(vision, todo))
+    arrays = _stacked(_images(todo, {image.handle: image for image in images}))
     ids = mx.array(real[reused:end])[None]
     pixels = arrays.pop("pixel_values")
     features = vision.model.get_input_embeddings(
