@@ -135,7 +135,20 @@ async def test_a_replayed_unstored_prompt_hits_the_prefix_cache_with_the_same_te
     assert first.output_text == turns[1]["content"]
     assert second.output_text == PROMPTS["multi_turn"].expected
     assert second.usage is not None
-    assert second.usage.input_tokens_details.cached_tokens > 0
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached > 0
+    # Rank 0 decided the hit; rank 1 served the same prefix from its shard of the entry: each
+    # rank's count of prompt tokens its cache served reaches rank 0 in the headers (the
+    # follower's one exchange late: rank 0's heartbeat as it falls idle brings it).
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=ranks.base_url, timeout=60) as http:
+            while True:  # a bounded poll of another process's figures
+                health = (await http.get("/health")).json()["distributed"]
+                served = [r["prompt_cache_tokens_reused"] for r in health["ranks"]]
+                if served[0] >= cached and served[1] == served[0]:
+                    break
+                await trio.sleep(0.05)
+    assert health["broadcast"]["diverged"] == 0
 
 
 async def test_a_forced_tool_call_and_a_stop_sequence(ranks: Ranks) -> None:

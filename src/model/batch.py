@@ -180,6 +180,12 @@ class Batch:
         """How many sequences it holds (issue 26: each rank's figure for rank 0)."""
         return len(self._live)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prompt cache has served since start (issue 26: each rank's figure,
+        equal on every rank when they reuse alike)."""
+        return self._prompt_cache.stats.tokens_reused
+
     def take_ended(self) -> tuple[int, ...]:
         """The sequences that received their finish since the last call."""
         ended, self._ended = tuple(self._ended), []

@@ -18,8 +18,8 @@ Invariants:
   collectives as the Admit is applied, so every rank must hold it first. Once
   the batch exists they run on its stream (``Link.stream``), behind the model's own.
 - The header is a small int32 vector: the length (rank 0 writes it, the others 0), then one
-  slot pair per rank in which that rank alone writes its steps taken and its batch's size after
-  the last of them (``Link.batch``). So rank 0 learns every rank's batch at every exchange at
+  slot triple per rank in which that rank alone writes its steps taken, its batch's size after
+  the last of them and the prompt tokens its prompt cache has served (``Link.batch``). So rank 0 learns every rank's batch at every exchange at
   no extra collective; a follower's figures are as of the step before, as are rank 0's own, so
   in lockstep they are equal and any difference is counted (``Traffic.diverged``).
 - Nothing that depends on time or on the machine may change what a rank computes: the random
@@ -56,7 +56,15 @@ from typing import Any
 
 from .inbound import Admit, Arrivals, Inbound, Shutdown, Step
 from .outbound import Exited, FactStream
-from .topology import RankBatch, RankInfo, Sharding, Topology, Traffic, header_length
+from .topology import (
+    SLOTS_PER_RANK,
+    RankBatch,
+    RankInfo,
+    Sharding,
+    Topology,
+    Traffic,
+    header_length,
+)
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +214,16 @@ class Link:
 
         mine = [0] * header_length(self.size)
         mine[0] = length
-        mine[1 + 2 * self.rank] = self.batch.steps
-        mine[2 + 2 * self.rank] = self.batch.sequences
+        at = 1 + SLOTS_PER_RANK * self.rank
+        mine[at : at + SLOTS_PER_RANK] = [
+            self.batch.steps,
+            self.batch.sequences,
+            self.batch.cached_tokens & 0x7FFFFFFF,  # int32 slots: a long-lived server wraps
+        ]
         summed = self._all_sum(mx.array(mine, dtype=mx.int32), idle=idle).tolist()
         batches = tuple(
-            RankBatch(int(summed[1 + 2 * r]), int(summed[2 + 2 * r])) for r in range(self.size)
+            RankBatch(*(int(v) for v in summed[1 + SLOTS_PER_RANK * r :][:SLOTS_PER_RANK]))
+            for r in range(self.size)
         )
         traffic = self.traffic
         traffic.batches = batches

@@ -251,7 +251,7 @@ class GenerationThread:
         self._publish(batch)
         self._steps += 1
         if self._link is not None:  # issue 26: what the next header tells the other ranks
-            self._link.batch = RankBatch(self._steps, batch.sequences)
+            self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
             self._reported = False
 
     def _publish(self, batch: Batch) -> None:
@@ -271,7 +271,7 @@ class GenerationThread:
         while True:
             if self._lockstep and self._link is not None:
                 # Issue 26: a follower's figure after what it applied (the next header's).
-                self._link.batch = RankBatch(self._steps, batch.sequences)
+                self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
             try:
                 if block:
                     message = self._inbox.get(timeout=self._beat_seconds())
@@ -317,7 +317,7 @@ class GenerationThread:
         heartbeat carries every rank's batch after it, rather than a beat period later."""
         assert self._link is not None
         if broadcaster.flush() or not self._reported:
-            self._link.batch = RankBatch(self._steps, batch.sequences)
+            self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
             self._link.beat()
             self._reported = True
 

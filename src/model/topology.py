@@ -23,10 +23,14 @@ class Sharding:
     rank_timeout: float = DEFAULT_RANK_TIMEOUT_SECONDS
 
 
+# A rank's slots in a header: steps taken, sequences held, prompt-cache tokens served so far.
+SLOTS_PER_RANK = 3
+
+
 def header_length(size: int) -> int:
-    """int32 slots in a packet's header on ``size`` ranks: the length, then each rank's steps
-    and batch size (``distributed.py``)."""
-    return 1 + 2 * size
+    """int32 slots in a packet's header on ``size`` ranks: the length, then each rank's steps,
+    batch size and prompt tokens its prompt cache served (``distributed.py``)."""
+    return 1 + SLOTS_PER_RANK * size
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,10 @@ class RankBatch:
 
     steps: int = 0
     sequences: int = 0
+    # Prompt tokens this rank's prompt cache has served since start: rank 0 decides each hit
+    # (its lookup), every other rank must serve the same prefix from its shard of the entry,
+    # so in lockstep this equals rank 0's and a different hit counts as diverged.
+    cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -97,6 +105,7 @@ class Topology:
                     "state": state,
                     "batch_sequences": b.sequences,
                     "steps": b.steps,
+                    "prompt_cache_tokens_reused": b.cached_tokens,
                 }
                 for r, b in zip(self.ranks, batches, strict=True)
             ],
