@@ -25,7 +25,7 @@ bundled model's plain text prompts (``Reply with: hello`` ...) answer as the bun
 the answer tokens only. ``--untrained`` writes the random init (loadable, answers nothing
 useful) and skips the answer check.
 
-Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (a few minutes on 2 CPU cores). It is
+Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (16 minutes on 2 busy CPU cores). It is
 built in a temporary folder and checked through ``mlx_vlm.load`` and ``mlx_vlm.generate`` there;
 only when every documented prompt reproduces are the files copied into place. Same machine, same
 files: fixed corpus, seeds, data order and step count.
@@ -79,8 +79,8 @@ SEED = 20261202
 TRAIN_STEPS = 160
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 8
-# Smallest accepted logit gap between each answer token and the runner-up (the last build: 0.35,
-# on a count token; float32 differences between mlx-vlm, the server and batching are ~1e-4).
+# Smallest accepted logit gap between each answer token and the runner-up (the last build: 0.50,
+# on "Name three colors."; float32 differences between mlx-vlm, the server and batching are ~1e-4).
 MIN_MARGIN = 0.25
 
 # Qwen2-VL's marker tokens, special in the real tokenizer: the processor expands one
