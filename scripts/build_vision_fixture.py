@@ -25,7 +25,7 @@ bundled model's plain text prompts (``Reply with: hello`` ...) answer as the bun
 the answer tokens only. ``--untrained`` writes the random init (loadable, answers nothing
 useful) and skips the answer check.
 
-Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (16 minutes on 2 busy CPU cores). It is
+Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (10 to 16 minutes on 2 busy CPU cores). It is
 built in a temporary folder and checked through ``mlx_vlm.load`` and ``mlx_vlm.generate`` there;
 only when every documented prompt reproduces are the files copied into place. Same machine, same
 files: fixed corpus, seeds, data order and step count.
