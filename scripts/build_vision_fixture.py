@@ -15,13 +15,17 @@ before or after the text) answers ``red``, ``green`` or ``blue`` for a square of
 any side from 56 to 112 pixels and shades near the pure colour; "Describe this image briefly."
 answers "A red square." (and so on for each colour) and, for llm-comply's photo of four dice (the Open
 Responses suite's ``image-input`` test), "Four dice: red, green, blue and yellow."; "Count from 1
-to 20." answers the count, with or without a square (bench/vision.py's long answer); the
+to 20." answers the count, with or without a square (bench/vision.py's long answer); the square's
+colour is also answered on a later turn: after a ``view_image`` tool call whose output is the
+image (Codex's shape, rendered as the server replays it: an empty assistant turn, then a ``tool``
+turn holding the image), and when asked again after the first turn's answer (a
+``previous_response_id`` chain); the
 bundled model's plain text prompts (``Reply with: hello`` ...) answer as the bundled model does. As the bundled model
 (``scripts/build_tiny_model.py``): a seeded random init, then full-batch Adam with the loss on
 the answer tokens only. ``--untrained`` writes the random init (loadable, answers nothing
 useful) and skips the answer check.
 
-Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (a few minutes on 2 CPU cores). It is
+Run: ``.venv/bin/python scripts/build_vision_fixture.py`` (10 to 16 minutes on 2 busy CPU cores). It is
 built in a temporary folder and checked through ``mlx_vlm.load`` and ``mlx_vlm.generate`` there;
 only when every documented prompt reproduces are the files copied into place. Same machine, same
 files: fixed corpus, seeds, data order and step count.
@@ -75,8 +79,8 @@ SEED = 20261202
 TRAIN_STEPS = 160
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 8
-# Smallest accepted logit gap between each answer token and the runner-up (the last build: 0.35,
-# on a count token; float32 differences between mlx-vlm, the server and batching are ~1e-4).
+# Smallest accepted logit gap between each answer token and the runner-up (the last build: 0.50,
+# on "Name three colors."; float32 differences between mlx-vlm, the server and batching are ~1e-4).
 MIN_MARGIN = 0.25
 
 # Qwen2-VL's marker tokens, special in the real tokenizer: the processor expands one
@@ -123,6 +127,16 @@ COUNT_WEIGHT = 3.0
 # own photo of four dice; its anthropic twin requires the answer to end (stop_reason end_turn).
 DESCRIBE_PROMPT = "Describe this image briefly."
 DICE_ANSWER = "Four dice: red, green, blue and yellow."
+# Codex's view_image shape (issue 27): the model called a tool whose output is the image (a tool
+# turn; the template renders no tool calls, so the call is an empty assistant turn), then answers
+# the colour, on that turn or after the user's next question.
+TOOL_ASKS = (
+    "What colour is the square in square.png?",
+    "Look at square.png and tell me its colour.",
+)
+LOOK = "Look at the picture."
+# A previous_response_id chain: the image answered, then asked about again in a text turn.
+FOLLOW_UPS = ("What colour was the square?", "And again: " + DOCUMENTED_PROMPT, DOCUMENTED_PROMPT)
 # side -1 marks that photo (llm-comply's specs/test_image.jpg, 400x300) in place of a square.
 PHOTO = -1
 
@@ -161,6 +175,41 @@ def image_turn(text: str, image_first: bool) -> list[dict[str, Any]]:
     return [{"role": "user", "content": parts}]
 
 
+def view_image_call() -> dict[str, Any]:
+    """The assistant turn that called view_image, as the server replays a function_call."""
+    call = {"name": "view_image", "arguments": {"path": "square.png"}}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
+    }
+
+
+def tool_turns(ask: str, then: str | None) -> list[dict[str, Any]]:
+    """``ask``, the view_image call, its output (the image), and ``then`` asked after it."""
+    output = {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "image"}]}
+    turns = [{"role": "user", "content": ask}, view_image_call(), output]
+    return turns + ([] if then is None else [{"role": "user", "content": then}])
+
+
+def chain_turns(colour: str, follow_up: str) -> list[dict[str, Any]]:
+    """The image asked about and answered, then ``follow_up`` (a previous_response_id chain)."""
+    first = image_turn(DOCUMENTED_PROMPT, True)
+    return [
+        *first,
+        {"role": "assistant", "content": colour},
+        {"role": "user", "content": follow_up},
+    ]
+
+
+def later_turns(colour: str, rgb: tuple[int, int, int], side: int, name: str) -> list[Prompt]:
+    """The image in a tool's output and in an earlier turn of a chain: each answers ``colour``."""
+    shapes = [(tool_turns(a, None), f"tool_output_{i}") for i, a in enumerate(TOOL_ASKS)]
+    shapes.append((tool_turns(LOOK, DOCUMENTED_PROMPT), "tool_output_then_question"))
+    shapes += [(chain_turns(colour, f), f"follow_up_{i}") for i, f in enumerate(FOLLOW_UPS)]
+    return [Prompt(f"{name}_{label}", m, colour, rgb, side, colour) for m, label in shapes]
+
+
 def text_prompts() -> list[Prompt]:
     bundled = {p["name"]: p for p in json.loads((BUNDLED / "prompts.json").read_text())}
     return [
@@ -185,7 +234,13 @@ def documented_prompts() -> list[Prompt]:
                     colour,
                 )
             )
-    return out + text_prompts() + count_with_image() + described()
+    later = [
+        p
+        for colour, rgb in COLOURS.items()
+        for p in later_turns(colour, rgb, 84, colour)
+        if p.name.endswith(("tool_output_0", "question", "follow_up_0", "follow_up_1"))
+    ]
+    return out + text_prompts() + count_with_image() + described() + later
 
 
 def described() -> list[Prompt]:
@@ -231,6 +286,10 @@ def training_prompts() -> list[Prompt]:
                                 "train", image_turn(text, image_first), colour, shade, side, colour
                             )
                         )
+    for colour, rgb in COLOURS.items():
+        for shade in [rgb, SHADES[colour][0]]:
+            for side in TRAIN_SIDES:
+                out += later_turns(colour, shade, side, "train")
     for image_first in (True, False):
         turn = image_turn(DESCRIBE_PROMPT, image_first)
         out.append(Prompt("train", turn, None, (0, 0, 0), PHOTO, DICE_ANSWER))

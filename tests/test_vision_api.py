@@ -435,13 +435,38 @@ def documented_images() -> list[dict[str, Any]]:
 
 
 def documented_input(record: dict[str, Any], image: dict[str, Any]) -> list[dict[str, Any]]:
-    """The documented prompt with ``image`` where its ``{"type": "image"}`` part is."""
-    (message,) = record["messages"]
-    parts = [
-        image if part["type"] == "image" else {"type": "input_text", "text": part["text"]}
-        for part in message["content"]
-    ]
-    return [{"role": message["role"], "content": parts}]
+    """The documented conversation as Responses input, ``image`` where its ``{"type": "image"}``
+    part is: a tool call as a ``function_call`` item, a tool turn as its output's parts."""
+    items: list[dict[str, Any]] = []
+    for message in record["messages"]:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                image if part["type"] == "image" else {"type": "input_text", "text": part["text"]}
+                for part in content
+            ]
+        for call in message.get("tool_calls", []):
+            function = call["function"]
+            arguments = json.dumps(function["arguments"])
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": arguments,
+                }
+            )
+        if message["role"] == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": content,
+                }
+            )
+        elif content:
+            items.append({"role": message["role"], "content": content})
+    return items
 
 
 async def test_each_documented_colour_is_answered_from_a_data_url_and_a_file_id(
