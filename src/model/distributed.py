@@ -49,7 +49,7 @@ import pickle
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +101,21 @@ def sharded_launch() -> bool:
     )
 
 
+def backend_in_use(requested: str, env: Mapping[str, str]) -> str:
+    """The backend to show: ``--distributed-backend any`` (the default) lets MLX pick, and the
+    variables ``mlx.launch`` set for the rank say which it found (JACCL's coordinator or RDMA
+    devices, the ring's host file, MPI's world); an explicit choice is shown as given."""
+    if requested != "any":
+        return requested
+    if "MLX_JACCL_COORDINATOR" in env or "MLX_IBV_DEVICES" in env:
+        return "jaccl"
+    if "MLX_HOSTFILE" in env:
+        return "ring"
+    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+        return "mpi"
+    return requested
+
+
 def topology(link: Link, sharding: Sharding, traffic: Traffic | None) -> Topology:
     """After load, on every rank in step: each rank's memory (in KiB on the wire)."""
     import mlx.core as mx
@@ -108,7 +123,7 @@ def topology(link: Link, sharding: Sharding, traffic: Traffic | None) -> Topolog
     kib = link.gather_ints(int(mx.get_active_memory()) // 1024)
     return Topology(
         sharding.mode,
-        sharding.backend,
+        backend_in_use(sharding.backend, os.environ),
         link.size,
         tuple(RankInfo(rank, size * 1024) for rank, size in enumerate(kib)),
         sharding.rank_timeout,
