@@ -234,6 +234,9 @@ async def test_bad_images_are_refused_naming_the_part_and_nothing_is_stored(
         reply = refused[url]
         assert reply.status_code == 400, (url[:40], reply.text)
         assert reply.json()["error"]["param"] == param
+    message = refused["data:image/png;base64,aGVsbG8gd29ybGQ="].json()["error"]["message"]
+    assert "not an image this server can decode" in message
+    assert " object at 0x" not in message  # no internal object in what the client reads
     assert missing_file.status_code == 400
     assert missing_file.json()["error"]["param"] == "input[0].content[0].file_id"
     assert bad_detail.status_code == 400

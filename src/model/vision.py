@@ -200,7 +200,12 @@ def open_image(data: bytes) -> Any:
             return probe.convert("RGB")
     except ImageError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        # PIL's own message names its in-memory file object, which means nothing to a client.
+        raise ImageError(
+            "it is not an image this server can decode (not a format Pillow recognises)"
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageError(f"it is not an image this server can decode ({exc})") from None
 
 
