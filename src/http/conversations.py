@@ -32,6 +32,7 @@ from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
 from .common import View, decode_json_body, json_response, mount, runtime, tenant
+from .image_inputs import refuse_markers
 from .schemas import INCLUDABLE
 
 if TYPE_CHECKING:
@@ -104,7 +105,9 @@ async def existing(conversation_id: str) -> ConversationRecord:
 
 
 async def create_conversation() -> Response:
-    parsed = parse_create_body(await body(empty_is_object=True))
+    raw = await body(empty_is_object=True)
+    refuse_markers(raw)  # an image enters a conversation only through a response
+    parsed = parse_create_body(raw)
     return json_response(
         conversation_object(await _store().create(parsed.metadata, parsed.items, tenant()))
     )
@@ -141,7 +144,9 @@ async def list_conversation_items(conversation_id: str) -> Response:
 
 async def create_conversation_items(conversation_id: str) -> Response:
     check_include(query())
-    items = parse_items_body(await body())
+    raw = await body()
+    refuse_markers(raw)
+    items = parse_items_body(raw)
     if await _store().append(conversation_id, items, tenant()) is None:
         raise conversation_not_found(conversation_id)
     return json_response(item_list(items, has_more=False))

@@ -34,7 +34,7 @@ from ..model.vision import (
     image_format,
 )
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.images import DETAILS, ImageRef, marker
+from ..protocol.images import DETAILS, ImageRef, marker, marker_at
 
 _NO_URLS = (
     "this server does not fetch images from URLs (--image-urls refuse); send the image as a "
@@ -66,6 +66,26 @@ def _download(url: str) -> bytes:
     if len(data) > MAX_IMAGE_BYTES:
         raise ImageError(f"it is larger than {MAX_IMAGE_BYTES} bytes")
     return data
+
+
+def refuse_markers(body: object, dotted: bool = False) -> None:
+    """A 400 for client text that holds an image marker's opening (``protocol/images.py``):
+    it would pass for an image this edge never checked. ``dotted``: /v1/messages' names
+    (``messages.0.content``) rather than the Responses API's (``input[0].content``)."""
+    found = marker_at(body)
+    if found is None:
+        return
+    param = ""
+    for key in found:
+        if isinstance(key, int):
+            param += f".{key}" if dotted else f"[{key}]"
+        else:
+            param += f".{key}" if param else key
+    raise invalid_request(
+        f"Invalid value for '{param}': the text holds U+E000 followed by 'image ', which this "
+        "server reserves for the images it accepted; send images as image parts.",
+        param,
+    )
 
 
 def _bad(param: str, why: str) -> ApiError:
@@ -153,6 +173,7 @@ _OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 async def inline_image_inputs(body: object, sources: ImageSources | None) -> object:
     """A Responses body with every ``input_image`` part accepted (see the module header)."""
+    refuse_markers(body)
     if sources is None or not isinstance(body, dict) or not isinstance(body.get("input"), list):
         return body
     new_input: list[Any] = []
@@ -221,6 +242,7 @@ async def _blocks(blocks: list[Any], path: str, sources: ImageSources) -> list[A
 
 async def inline_message_images(body: object, sources: ImageSources | None) -> object:
     """A /v1/messages body with every image block accepted (see the module header)."""
+    refuse_markers(body, dotted=True)
     if sources is None or not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return body
     messages: list[Any] = []

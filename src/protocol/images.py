@@ -8,13 +8,14 @@ as an ``input_image`` part again.
 
 Invariants:
 - A marker is ``\\ue000image <detail> <data URL>\\ue001``: private-use characters that no
-  client text carries (the edge refuses them in text), a detail from ``DETAILS`` and a
-  ``data:`` URL of the image's bytes. ``split_text`` and ``marker`` round-trip.
+  client text carries (the edge refuses a client string holding ``OPEN``: ``marker_at``), a
+  detail from ``DETAILS`` and a ``data:`` URL of the image's bytes. ``split_text`` and ``marker`` round-trip.
 - Pure: no I/O, no decoding of the image itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -67,3 +68,21 @@ def image_parts(text: str, text_type: str) -> list[dict[str, object]]:
         else:
             parts.append({"type": text_type, "text": piece})
     return parts
+
+
+def marker_at(value: object, path: Sequence[str | int] = ()) -> tuple[str | int, ...] | None:
+    """Where, in a client's JSON ``value``, a string holds a marker's opening (the keys and
+    indexes down to it), else None: such text would pass for an image the edge never took."""
+    if isinstance(value, str):
+        return tuple(path) if OPEN in value else None
+    if isinstance(value, dict):
+        items: list[tuple[str | int, object]] = list(value.items())
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    else:
+        return None
+    for key, inner in items:
+        found = marker_at(inner, (*path, key))
+        if found is not None:
+            return found
+    return None
