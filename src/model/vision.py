@@ -56,11 +56,23 @@ _WRAPPED: Final = {
     "qwen3_vl": ("<|vision_start|>", "<|vision_end|>"),
     "qwen3_vl_moe": ("<|vision_start|>", "<|vision_end|>"),
 }
-# Multimodal RoPE (Qwen2-VL's row/column positions): prefilled through mlx-vlm's own language
-# model, which numbers them so (``vision_prefill``), sharing mlx-lm's weights.
-MROPE: Final = frozenset({"qwen2_vl", "qwen2_5_vl"})
-# ``detail: "low"``: at most this many pixels where the processor has a pixel budget.
-LOW_DETAIL_PIXELS: Final = 256 * 28 * 28
+# Multimodal RoPE (Qwen-VL's row/column positions): prefilled through mlx-vlm's own language
+# model, which numbers them so (``vision_prefill``), sharing mlx-lm's weights. Qwen3-VL's
+# language model also takes the tower's deepstack features inside its first layers.
+MROPE: Final = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
+# ``detail: "low"``: at most this many image tokens where the processor has a pixel budget.
+LOW_DETAIL_TOKENS: Final = 256
+
+
+def low_detail_pixels(image_processor: Any) -> int:
+    """The pixels ``LOW_DETAIL_TOKENS`` image tokens cover: one token per merged patch
+    (28 x 28 pixels on Qwen2-VL, 32 x 32 on Qwen3-VL), but never under the processor's own
+    minimum."""
+    patch = getattr(image_processor, "patch_size", None)
+    merge = getattr(image_processor, "merge_size", None)
+    side = patch * merge if isinstance(patch, int) and isinstance(merge, int) else 28
+    floor = getattr(image_processor, "min_pixels", None)
+    return max(LOW_DETAIL_TOKENS * side * side, floor if isinstance(floor, int) else 0)
 
 
 class ImageError(ValueError):
@@ -297,16 +309,18 @@ class VisionModel:
 
     def _detail_options(self, detail: str) -> dict[str, Any]:
         """Processor options for ``detail``: "low" caps the pixel budget where the processor
-        has one (Qwen-VL's ``max_pixels``); elsewhere the processor's size is fixed."""
+        has one (Qwen-VL's ``max_pixels``, which mlx-vlm reads from Qwen3-VL's
+        ``size.longest_edge``) at ``LOW_DETAIL_TOKENS`` tokens' worth of pixels; elsewhere the
+        processor's size is fixed."""
         if detail != "low":
             return {}
         image_processor = self.processor.image_processor
         budget = getattr(image_processor, "max_pixels", None)
         if isinstance(budget, int):  # mlx-vlm's Qwen-VL processors
-            return {"max_pixels": min(budget, LOW_DETAIL_PIXELS)}
+            return {"max_pixels": min(budget, low_detail_pixels(image_processor))}
         size = getattr(image_processor, "size", None)
         if isinstance(size, Mapping) and "longest_edge" in size:  # Hugging Face's
-            low = min(int(size["longest_edge"]), LOW_DETAIL_PIXELS)
+            low = min(int(size["longest_edge"]), low_detail_pixels(image_processor))
             return {"size": {**size, "longest_edge": low}}
         return {}
 

@@ -117,7 +117,8 @@ def vision_prefill(
     features = vision.model.get_input_embeddings(
         input_ids=ids, pixel_values=pixels, mask=mx.ones(ids.shape), **arrays
     )
-    for unsupported in ("deepstack_visual_embeds", "per_layer_inputs", "cross_attention_states"):
+    deepstack = _deepstack(vision, features)
+    for unsupported in ("per_layer_inputs", "cross_attention_states"):
         if getattr(features, unsupported, None) is not None:
             raise RuntimeError(f"this model's vision input needs {unsupported} (unsupported)")
     embeddings = getattr(features, "inputs_embeds", features)
@@ -135,13 +136,51 @@ def vision_prefill(
                 inputs_embeds=embeddings[:, a:b],
                 cache=cache,
                 position_ids=positions[:, :, a:b],
+                **({} if deepstack is None else deepstack.chunk(a, b)),
             )
         mx.eval([layer.state for layer in cache])
     return VisionStart(real, end, cache, reused)
 
 
+@dataclass(frozen=True, slots=True)
+class _Deepstack:
+    """Qwen3-VL's deepstack input for the prefilled span: which of its positions are image
+    tokens, and per early decoder layer the tower's features of those tokens only (one row per
+    image token, in order), which mlx-vlm's language model adds to that layer's output."""
+
+    mask: Any  # (1, span) bool
+    embeds: list[Any]  # per layer: (image tokens in the span, hidden)
+    before: list[int]  # image tokens before each position of the span, and in the whole span
+
+    def chunk(self, a: int, b: int) -> dict[str, Any]:
+        """The arguments for positions ``a:b``; none when the chunk holds no image token."""
+        lo, hi = self.before[a], self.before[b]
+        if lo == hi:
+            return {}
+        return {
+            "visual_pos_masks": self.mask[:, a:b],
+            "deepstack_visual_embeds": [layer[lo:hi] for layer in self.embeds],
+        }
+
+
+def _deepstack(vision: VisionModel, features: Any) -> _Deepstack | None:
+    """``features``' deepstack input, when the model takes one (``RuntimeError`` on a model
+    whose prefill cannot pass it on: only mlx-vlm's Qwen-VL language model takes it)."""
+    import itertools
+
+    embeds = getattr(features, "deepstack_visual_embeds", None)
+    if embeds is None:
+        return None
+    if not vision.mrope:
+        raise RuntimeError("this model's vision input needs deepstack_visual_embeds (unsupported)")
+    mask = features.visual_pos_masks
+    flags = [bool(v) for v in mask[0].tolist()]
+    before = [0, *itertools.accumulate(int(v) for v in flags)]
+    return _Deepstack(mask, list(embeds), before)
+
+
 def _mrope_positions(vision: VisionModel, ids: Any, arrays: dict[str, Any]) -> Any:
-    """Qwen2-VL's multimodal positions of ``ids`` (the prompt up to its last image), moved so
+    """Qwen-VL's multimodal positions of ``ids`` (the prompt up to its last image), moved so
     that the text after the last image sits at its own index.
 
     mlx-lm's text model numbers every later token by its index in the cache; M-RoPE numbers it
