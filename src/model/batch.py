@@ -39,7 +39,7 @@ from .prompt_cache import PromptCache, Reuse, needs_checkpoints
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
 from .slot import FinishReason, SequenceSlot
-from .vision_prefill import KeyedGenerator, VisionStart, keyed, vision_prefill
+from .vision_prefill import KeyedGenerator, VisionStart, keyed, moved, vision_prefill
 
 log = logging.getLogger(__name__)
 
@@ -245,17 +245,14 @@ class Batch:
         """Where the sequence enters: after what the prompt cache holds, or, for an image
         prompt, after its images, prefilled here from the vision tower's embeddings."""
         vision = self._loaded.vision
-        if vision is None or min(spec.prompt, default=0) >= 0:
-            return VisionStart(spec.prompt, reuse.tokens, reuse.cache, reuse.tokens)
         with self._mx.stream(self._stream):
+            # An entry of an M-RoPE image prompt moved otherwise: its keys turned to ours.
+            cache = moved(self._loaded.model, reuse, spec.prompt)
+            reused = reuse.tokens if cache is not None else 0
+            if vision is None or min(spec.prompt, default=0) >= 0:
+                return VisionStart(spec.prompt, reused, cache, reused)
             return vision_prefill(
-                vision,
-                self._loaded.model,
-                spec.prompt,
-                spec.images,
-                reuse.cache,
-                reuse.tokens,
-                self._step,
+                vision, self._loaded.model, spec.prompt, spec.images, cache, reused, self._step
             )
 
     def cancel(self, seq_id: int) -> None:

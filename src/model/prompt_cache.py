@@ -12,7 +12,10 @@ Invariants:
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
 - An entry's key is exactly the tokens its KV cache holds (checked on store, against every
-  layer that counts its tokens: a recurrent layer's state does not).
+  layer that counts its tokens: a recurrent layer's state does not), but for an M-RoPE image
+  prompt's first id, keyed without its move (``vision.shift_tag``): the move is stored beside
+  the entry and handed back in ``Reuse.moved``, and the caller turns the reused keys to its
+  own prompt's move before using them (``vision_prefill.moved``).
 - A cache that cannot be trimmed (``can_trim_prompt_cache`` false: recurrent or hybrid layers,
   a rotating cache past its window) is never trimmed: it serves only a prompt it is an exact
   prefix of (``PrefixCache.lookup``'s ``trimmable``). For such models ``needs_checkpoints`` is
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .prefix_cache import PrefixCache, PrefixCacheStats
+from .vision import moved_of, untag
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,12 @@ def _held(cache: Sequence[Any]) -> set[int]:
     return {int(layer.offset) for layer in cache if isinstance(getattr(layer, "offset", None), int)}
 
 
+def _unmoved(tokens: Sequence[int]) -> tuple[int, ...]:
+    """The key of ``tokens``: an M-RoPE image prompt's first id without its move, so prompts
+    moved differently share their common prefix (the move is kept beside the entry)."""
+    return (untag(tokens[0]), *tokens[1:]) if tokens and tokens[0] < 0 else tuple(tokens)
+
+
 def needs_checkpoints(model: Any) -> bool:
     """Whether ``model``'s cache can ever refuse trimming (a recurrent or hybrid model, or a
     rotating window): then only exact prefixes are reused and segment checkpoints pay."""
@@ -83,20 +93,24 @@ def needs_checkpoints(model: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """A stored KV cache and how many of its tokens were its sequence's prompt."""
+    """A stored KV cache, how many of its tokens were its sequence's prompt, and how far its
+    positions are moved (an M-RoPE image prompt's, ``vision.shift_tag``; 0 for the rest)."""
 
     layers: list[Any]
     prompt_tokens: int
+    moved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Reuse:
     """What ``fetch`` found: a fresh cache holding the prompt's first ``tokens`` tokens
-    (None: nothing reusable) and the key of the entry it came from."""
+    (None: nothing reusable), the key of the entry it came from, and how far that entry's
+    positions are moved (the caller turns them to its prompt's own: ``vision_prefill.moved``)."""
 
     cache: list[Any] | None = None
     tokens: int = 0
     parent: tuple[int, ...] | None = None
+    moved: int = 0
 
 
 MISS = Reuse()
@@ -135,7 +149,7 @@ class PromptCache:
 
         match = self._core.lookup(
             tenant,
-            prompt,
+            _unmoved(prompt),
             limit=len(prompt) - 1,
             trimmable=lambda stored: bool(can_trim_prompt_cache(stored.layers)),
         )
@@ -145,7 +159,7 @@ class PromptCache:
         if match.trim:
             trim_prompt_cache(cache, match.trim)
         grown = match.reused >= match.value.prompt_tokens
-        return Reuse(cache, match.reused, match.key if grown else None)
+        return Reuse(cache, match.reused, match.key if grown else None, match.value.moved)
 
     def store(
         self,
@@ -191,8 +205,8 @@ class PromptCache:
         nbytes = sum(int(layer.nbytes) for layer in layers) * self._share[0] // self._share[1]
         self._core.insert(
             tenant,
-            tokens,
-            _Stored(layers, prompt_tokens),
+            _unmoved(tokens),
+            _Stored(layers, prompt_tokens, moved_of(tokens[0])),
             nbytes,
             supersedes_prefixes=can_trim_prompt_cache(layers),
             replaces=replaces,

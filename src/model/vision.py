@@ -449,6 +449,12 @@ def shift_tag(moved: int, first: int) -> int:
     return -(TAG + (moved << 24) + first)
 
 
+def moved_of(token: int) -> int:
+    """How far a tagged first id (``shift_tag``) says its prompt's positions are moved; 0 for
+    any other id."""
+    return (-token - TAG) >> 24 if token <= -TAG else 0
+
+
 def untag(token: int) -> int:
     """The model's id at a tagged position (``shift_tag``); any other id unchanged."""
     return (-token - TAG) & ((1 << 24) - 1) if token <= -TAG else token

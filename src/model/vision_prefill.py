@@ -11,7 +11,10 @@ Invariants:
 - Called only on the generation thread (MLX), with the images the sequence's ``Admit`` carries
   (``ImageInput``): nothing is read from an object another thread holds.
 - What the prompt cache already holds is not computed again: prefill starts at the reused
-  length when it falls between images (a reuse that ends inside an image is dropped).
+  length when it falls between images (a reuse that ends inside an image is dropped), also on
+  M-RoPE families, whose reused keys were first turned to this prompt's move (``moved``).
+- A reused cache is prefilled into only through arrays of its own (``_detached``): the stored
+  entry it came from never changes.
 - The model never sees a negative id: the prompt handed on has the model's image token there.
 - The prompt cache keys what the sequence stores by the prompt *with* its image handles
   (``keyed``), so only the same image can ever be served from it.
@@ -24,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .inbound import ImageInput
-from .vision import VisionModel, image_arrays, image_runs, untag
+from .prompt_cache import Reuse
+from .vision import VisionModel, image_arrays, image_runs, moved_of, untag
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ def vision_prefill(
     """Prefill ``prompt``'s image span (after the ``reused`` tokens ``cache`` holds) from
     ``images``, the arrays of each handle in it."""
     import mlx.core as mx
+    import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
     real = model_prompt(vision, prompt)
@@ -107,11 +112,11 @@ def vision_prefill(
     end = runs[-1][1] if runs else 0
     if reused >= end:
         return VisionStart(real, reused, cache, reused)
-    if vision.mrope or any(start < reused < stop for start, stop, _ in runs):
-        # M-RoPE numbers positions from the prompt's start: its images are prefilled whole.
-        cache, reused = None, 0
+    if any(start < reused < stop for start, stop, _ in runs):
+        cache, reused = None, 0  # a reuse that ends inside an image
     todo = [run for run in runs if run[0] >= reused]
-    arrays = _stacked(_images(todo, {image.handle: image for image in images}))
+    by_handle = {image.handle: image for image in images}
+    arrays = _stacked(_images(todo, by_handle))
     ids = mx.array(real[reused:end])[None]
     pixels = arrays.pop("pixel_values")
     features = vision.model.get_input_embeddings(
@@ -122,9 +127,14 @@ def vision_prefill(
         if getattr(features, unsupported, None) is not None:
             raise RuntimeError(f"this model's vision input needs {unsupported} (unsupported)")
     embeddings = getattr(features, "inputs_embeds", features)
-    if cache is None:
-        cache = make_prompt_cache(model)
-    positions = _mrope_positions(vision, ids, arrays) if vision.mrope else None
+    cache = make_prompt_cache(model) if cache is None else _detached(cache)
+    positions = None
+    if vision.mrope:  # numbered from the prompt's start, so with every image's grid
+        grids = np.concatenate(
+            [image_arrays(image)["image_grid_thw"] for image in _images(runs, by_handle)]
+        )
+        whole = mx.array(real[:end])[None]
+        positions = _mrope_positions(vision, whole, mx.array(grids))[:, :, reused:end]
     length = end - reused
     for a in range(0, length, step):
         b = min(a + step, length)
@@ -179,7 +189,7 @@ def _deepstack(vision: VisionModel, features: Any) -> _Deepstack | None:
     return _Deepstack(mask, list(embeds), before)
 
 
-def _mrope_positions(vision: VisionModel, ids: Any, arrays: dict[str, Any]) -> Any:
+def _mrope_positions(vision: VisionModel, ids: Any, grids: Any) -> Any:
     """Qwen-VL's multimodal positions of ``ids`` (the prompt up to its last image), moved so
     that the text after the last image sits at its own index.
 
@@ -191,6 +201,62 @@ def _mrope_positions(vision: VisionModel, ids: Any, arrays: dict[str, Any]) -> A
     import mlx.core as mx
 
     positions, deltas = vision.model.language_model.get_rope_index(
-        ids, arrays.get("image_grid_thw"), None, mx.ones(ids.shape)
+        ids, grids, None, mx.ones(ids.shape)
     )
     return positions - mx.reshape(deltas, (1, -1, 1))
+
+
+def _detached(cache: list[Any]) -> list[Any]:
+    """``cache`` with each plain KV layer holding its own arrays: a fetched layer shares its
+    arrays with the stored entry, and a prefill that fits in their spare room would write
+    into them in place (``KVCache.update_and_fetch``), changing the entry under its key."""
+    from mlx_lm.models.cache import KVCache
+
+    out: list[Any] = []
+    for layer in cache:
+        if type(layer) is KVCache and layer.keys is not None:
+            fresh = KVCache()
+            count = int(layer.offset)
+            fresh.keys, fresh.values = layer.keys[..., :count, :], layer.values[..., :count, :]
+            fresh.offset = count
+            layer = fresh
+        out.append(layer)
+    return out
+
+
+def moved(model: Any, reuse: Reuse, prompt: Sequence[int]) -> list[Any] | None:
+    """``reuse``'s cache with its keys' positions turned from its entry's move to ``prompt``'s
+    (``vision.shift_tag``); None when they differ and cannot be turned (then nothing is reused).
+
+    Rotary attention rotates a key at position p by p times each frequency, so a key stored
+    at p + m becomes the key at p + m' by one more rotation of m' - m, for every key alike: the
+    prefix an M-RoPE image prompt shares with a text prompt, or with one of other images, is
+    reused instead of prefilled again (Codex's turn that adds a ``view_image`` output reuses the
+    turn before it). Only plain KV caches under a plain rotary embedding are turned."""
+    import mlx.core as mx
+    from mlx.nn import RoPE
+    from mlx_lm.models.cache import KVCache
+
+    cache = reuse.cache
+    shift = (moved_of(prompt[0]) if prompt else 0) - reuse.moved
+    if cache is None or shift == 0:
+        return cache
+    layers = getattr(model, "layers", None)
+    if layers is None or len(layers) != len(cache):
+        return None
+    turned: list[Any] = []
+    for layer, held in zip(layers, cache, strict=True):
+        rope: Any = getattr(getattr(layer, "self_attn", None), "rope", None)
+        if type(rope) is not RoPE or type(held) is not KVCache or held.keys is None:
+            return None
+        count = int(held.offset)
+        keys = held.keys[..., :count, :]
+        batch, heads, _, width = keys.shape
+        # One position per row: every key rotated by ``shift`` alone.
+        keys = rope(keys.reshape(batch, heads * count, 1, width), offset=shift)
+        fresh = KVCache()
+        fresh.keys = keys.reshape(batch, heads, count, width)
+        fresh.values, fresh.offset = held.values[..., :count, :], count
+        turned.append(fresh)
+    mx.eval([layer.keys for layer in turned])
+    return turned
