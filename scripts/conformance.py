@@ -42,6 +42,19 @@ What it runs (docs/clients.md, "Conformance"):
    `anth-image-input` (anthropic, which also requires the answer to end: the fixture is trained
    to describe the suite's photo briefly, scripts/build_vision_fixture.py).
 
+9. Codex's `view_image` round trip on the Qwen3-VL fixture (tests/fixtures/vision/qwen3-vl, a
+   tiny Qwen3-VL whose template has tools, docs/vision.md): a fourth server (`--model` the
+   fixture, `--alias qwen3-vl-tiny`), `codex exec` with the small profile but `view_image = true`
+   under `[features]`, a 56x56 solid blue square.png in Codex's working directory, and "What
+   colour is the square in square.png?". Required: `turn.completed` and no error event (the
+   fallback-metadata notice is an `error` *item*, not counted, as in every Codex check); Codex's
+   own session record (its rollout file: Codex's JSON output shows no item for view_image)
+   holds exactly one function call, `view_image`, and one function_call_output holding an
+   `input_image`; the server's log shows two `POST /v1/responses` (the call, then the answer),
+   both 200; the agent message is `blue`. The fixture is trained on the server's rendering of
+   Codex's captured view_image requests (tests/fixtures/codex-0.171.0-small-view-image-*.json);
+   when its prompts.json lists no `codex_` prompt the check is listed under `not_run`.
+
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
 """
@@ -170,7 +183,7 @@ web_search = "disabled"
 {extra}
 [features]
 goals = false
-view_image = false
+view_image = {view_image}
 shell_tool = false
 
 [skills]
@@ -213,20 +226,42 @@ GPT_OSS_MODEL = "gpt-oss-tiny"
 # The vision fixture: a tiny Qwen2-VL trained on coloured squares and llm-comply's photo.
 VISION = ROOT / "tests" / "fixtures" / "vision" / "qwen2-vl"
 VISION_MODEL = "qwen2-vl-tiny"
+# The Qwen3-VL fixture: its template has tools, and it is trained on Codex's view_image turns.
+VISION_CODEX = ROOT / "tests" / "fixtures" / "vision" / "qwen3-vl"
+VISION_CODEX_MODEL = "qwen3-vl-tiny"
 
 
-def codex_exec(base: str, prompt: str, *, mcp: bool, model: str = MODEL) -> list[dict[str, Any]]:
+def codex_exec(
+    base: str,
+    prompt: str,
+    *,
+    mcp: bool,
+    model: str = MODEL,
+    view_image: bool = False,
+    files: dict[str, bytes] | None = None,
+    rollout: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """``codex exec --json`` with the smallest profile, asking for ``model``; its JSON
-    events."""
+    events. ``view_image`` turns Codex's image tool on, ``files`` are written to its working
+    directory first, and ``rollout`` receives the items of Codex's own session record (what it
+    sent the model, tool outputs included)."""
     with tempfile.TemporaryDirectory(prefix="codex-home-", dir=RESULTS) as home:
         instructions = Path(home) / "instructions.md"
         instructions.write_text("You are a coding agent. Use the tools when asked.\n")
-        profile = CODEX_PROFILE.format(model=model, instructions=instructions, base=base, extra="")
+        profile = CODEX_PROFILE.format(
+            model=model,
+            instructions=instructions,
+            base=base,
+            extra="",
+            view_image="true" if view_image else "false",
+        )
         if mcp:
             profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
         (Path(home) / "small.config.toml").write_text(profile)
         work = Path(home) / "work"
         work.mkdir()
+        for name, data in (files or {}).items():
+            (work / name).write_bytes(data)
         env = {**os.environ, "CODEX_HOME": home, "MLX_RESPONSES_KEY": "local"}
         command = [str(CODEX), "exec", "-p", "small", "--skip-git-repo-check", "--json"]
         run = subprocess.run(
@@ -239,7 +274,26 @@ def codex_exec(base: str, prompt: str, *, mcp: bool, model: str = MODEL) -> list
             timeout=RUN_DEADLINE,
             check=False,
         )
+        if rollout is not None:
+            rollout.extend(_rollout_items(Path(home)))
     return _json_lines(run.stdout, run.returncode, run.stderr)
+
+
+def _rollout_items(home: Path) -> list[dict[str, Any]]:
+    """The response items of Codex's session record(s) under ``home`` (``sessions/**/
+    rollout-*.jsonl``: one JSON line per event; ``response_item`` lines hold the items)."""
+    items: list[dict[str, Any]] = []
+    for path in sorted(home.glob("sessions/**/rollout-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("type") == "response_item":
+                payload = record.get("payload")
+                if isinstance(payload, dict):
+                    items.append(payload)
+    return items
 
 
 # Codex with its built-in `openai` provider and only the base URL changed (issue 28): it talks
@@ -268,7 +322,7 @@ def codex_builtin(
             "" if compact_limit is None else f"model_auto_compact_token_limit = {compact_limit}\n"
         )
         profile = CODEX_BUILTIN_PROFILE.format(
-            model=MODEL, instructions=instructions, base=base, extra=extra
+            model=MODEL, instructions=instructions, base=base, extra=extra, view_image="false"
         )
         if mcp:
             profile += CODEX_MCP.format(python=sys.executable, server=MCP_SERVER)
@@ -466,6 +520,91 @@ def codex_tool_round_trip(base: str, model: str = MODEL) -> dict[str, Any]:
     }
 
 
+def _square_png(rgb: tuple[int, int, int], side: int = 56) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), rgb).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _posts(log_path: Path, start: int) -> list[int]:
+    """The statuses of the ``POST /v1/responses`` request-log lines after byte ``start``."""
+    with log_path.open("rb") as log:
+        log.seek(start)
+        text = log.read().decode("utf-8", "replace")
+    statuses = []
+    for line in text.splitlines():
+        _, found, rest = line.partition("request ")
+        if found and rest.startswith("{"):
+            entry = json.loads(rest)
+            if (entry.get("method"), entry.get("path")) == ("POST", "/v1/responses"):
+                statuses.append(int(entry["status"]))
+    return statuses
+
+
+def _image_outputs(rollout: list[dict[str, Any]]) -> list[str]:
+    """The ``function_call_output`` items of Codex's record whose output holds an
+    ``input_image`` (a data URL): the view_image result it sent back."""
+    found = []
+    for item in rollout:
+        output = item.get("output") if item.get("type") == "function_call_output" else None
+        parts = output if isinstance(output, list) else []
+        for part in parts:
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                found.append(str(part.get("image_url", ""))[:22])
+    return found
+
+
+def codex_view_image(base: str, log_path: Path) -> dict[str, Any]:
+    """Codex's ``view_image`` round trip (issue 27): a 56x56 blue square.png in its working
+    directory, "What colour is the square in square.png?"; the model calls view_image, Codex
+    reads the file and sends it back as an ``input_image`` in the call's output (a second
+    POST), and the model answers the colour."""
+    if not CODEX.exists():
+        return {"ok": False, "error": f"{CODEX} is missing: run `npm ci` in conformance/"}
+    start = log_path.stat().st_size
+    rollout: list[dict[str, Any]] = []
+    events = codex_exec(
+        base,
+        "What colour is the square in square.png?",
+        mcp=False,
+        model=VISION_CODEX_MODEL,
+        view_image=True,
+        files={"square.png": _square_png((0, 0, 255))},
+        rollout=rollout,
+    )
+    kinds = [event.get("type") for event in events]
+    messages = [item.get("text") for item in _items(events, "agent_message")]
+    calls = [
+        (item.get("name"), item.get("arguments"))
+        for item in rollout
+        if item.get("type") == "function_call"
+    ]
+    images = _image_outputs(rollout)
+    posts = _posts(log_path, start)
+    ok = (
+        "turn.completed" in kinds
+        and not _errors(events)
+        and [name for name, _ in calls] == ["view_image"]
+        and len(images) == 1
+        and images[0].startswith("data:image/")
+        and posts == [200, 200]
+        and messages == ["blue"]
+    )
+    return {
+        "ok": ok,
+        "events": kinds,
+        "function_calls": calls,
+        "image_outputs": images,
+        "responses_posts": posts,
+        "agent_messages": messages,
+        "errors": _errors(events),
+    }
+
+
 # The bundled model's documented tool prompts (docs/bundled-model.md): the same tool, the same
 # tool output, so the Agents SDK's loop renders exactly the documented `tool_call` and
 # `tool_result` prompts.
@@ -595,6 +734,22 @@ def vision_checks(summary: dict[str, Any]) -> None:
         )
 
 
+def view_image_checks(summary: dict[str, Any]) -> None:
+    """Codex's view_image round trip on the Qwen3-VL fixture, on a server of its own."""
+    name = "codex exec on the qwen3-vl fixture (view_image round trip)"
+    trained = VISION_CODEX / "prompts.json"
+    records = json.loads(trained.read_text()) if trained.exists() else []
+    if not any(str(r.get("name", "")).startswith("codex_") for r in records):
+        summary.setdefault("not_run", {})[name] = (
+            f"the qwen3-vl fixture was not trained on Codex's view_image turns ({trained} lists "
+            "no codex_ prompt)"
+        )
+        return
+    extra = ["--model", str(VISION_CODEX), "--alias", VISION_CODEX_MODEL]
+    with serving(extra, "server-vision-codex.log") as base:
+        summary[name] = codex_view_image(base, RESULTS / "server-vision-codex.log")
+
+
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     # Open Responses requires `background` on every Response (issue 28).
@@ -623,6 +778,7 @@ def main() -> int:
             }
     gpt_oss_checks(summary)
     vision_checks(summary)
+    view_image_checks(summary)
     text = json.dumps(summary, indent=2)
     (RESULTS / "summary.json").write_text(text + "\n")
     print(text)
