@@ -367,7 +367,8 @@ class VisionModel:
         out.extend(ids[start:])
         if self.mrope and out:
             # Its prefill moves every position by this much (vision_prefill): the first id
-            # carries it, so only a prompt moved alike is ever served from its cache entry.
+            # carries it, the prompt cache keeps it beside the entry, and a prompt moved
+            # otherwise turns the keys it reuses to its own move (vision_prefill.moved).
             moved = sum(len(p.tokens) - p.advance for p in prepared)
             out[0] = shift_tag(moved, out[0])
         return out
