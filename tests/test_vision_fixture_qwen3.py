@@ -142,3 +142,36 @@ async def test_mlx_vlm_answers_each_documented_prompt(
     with trio.fail_after(DEADLINE):
         result = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
     assert result.text.strip() == prompt["expected"]
+
+
+TEXT_ONLY = [p for p in PROMPTS if p["image"] is None]
+
+
+@pytest.fixture(scope="module")
+def text_model() -> tuple[Any, Any]:
+    from mlx_lm import load
+
+    return load(str(FIXTURE))
+
+
+@pytest.mark.parametrize("prompt", TEXT_ONLY, ids=[p["name"] for p in TEXT_ONLY])
+async def test_mlx_lms_text_model_answers_each_prompt_without_an_image(
+    text_model: tuple[Any, Any], prompt: dict[str, Any]
+) -> None:
+    """The server loads the language model with mlx-lm (its 1-D RoPE is M-RoPE's when a prompt
+    has no image): Codex's first turn calls view_image there too."""
+    from mlx_lm.generate import generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = text_model
+    ids = tokenizer.apply_chat_template(
+        prompt["messages"], tools=prompt.get("tools"), add_generation_prompt=True
+    )
+    if "prompt_ids" in prompt:
+        assert ids == prompt["prompt_ids"]
+    run = functools.partial(
+        generate, model, tokenizer, ids, max_tokens=100, sampler=make_sampler(temp=0.0)
+    )
+    with trio.fail_after(DEADLINE):
+        text = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    assert text == prompt["expected"]
