@@ -149,6 +149,8 @@ class Prompt:
     rgb: tuple[int, int, int] | None
     side: int
     expected: str
+    # The tools the template is given (scripts/build_qwen3_vl_fixture.py's Codex turns).
+    tools: list[dict[str, Any]] | None = None
 
 
 def square(rgb: tuple[int, int, int], side: int) -> Image.Image:
@@ -471,20 +473,39 @@ def logits_of(model: Any, ex: Example) -> mx.array:
     return out.logits  # type: ignore[no-any-return]
 
 
-def train(model: nn.Module, data: list[Example], steps: int) -> float:
+def answer_loss(logits: mx.array, ids: mx.array, mask: mx.array) -> mx.array:
+    """The summed cross-entropy of the answer tokens (where ``mask``) of ``ids``."""
+    losses = nn.losses.cross_entropy(logits[:, :-1], ids[:, 1:])
+    return (losses * mask[:, 1:]).sum()
+
+
+def train(
+    model: nn.Module,
+    data: list[Any],
+    steps: int,
+    loss_of: Any = None,
+    learning_rate: float = LEARNING_RATE,
+) -> float:
+    """Full-batch Adam on ``data``, the loss averaged over its answer tokens (``ex.mask``);
+    ``loss_of(model, ex)`` gives one batch's summed loss (scripts/build_qwen3_vl_fixture.py
+    passes its own)."""
     tokens = sum(ex.mask.sum().item() for ex in data)
+
+    def batch_loss(m: nn.Module, ex: Example) -> mx.array:
+        return answer_loss(logits_of(m, ex), ex.ids, ex.mask)
+
+    per_batch = batch_loss if loss_of is None else loss_of
 
     def loss_fn(m: nn.Module) -> mx.array:
         total = mx.array(0.0)
         for ex in data:
-            losses = nn.losses.cross_entropy(logits_of(m, ex)[:, :-1], ex.ids[:, 1:])
-            total = total + (losses * ex.mask[:, 1:]).sum()
+            total = total + per_batch(m, ex)
         return total / tokens
 
     def schedule(step: mx.array) -> mx.array:
         warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
         cos = 0.5 * (1 + mx.cos(math.pi * mx.minimum(step, steps) / steps))
-        return LEARNING_RATE * warm * (0.1 + 0.9 * cos)
+        return learning_rate * warm * (0.1 + 0.9 * cos)
 
     optimizer = optim.Adam(learning_rate=schedule)
     grad_fn = nn.value_and_grad(model, loss_fn)
@@ -498,11 +519,11 @@ def train(model: nn.Module, data: list[Example], steps: int) -> float:
     return float(loss.item())
 
 
-def min_margin(model: Any, data: list[Example]) -> float:
+def min_margin(model: Any, data: list[Any], forward: Any = None) -> float:
     """The smallest gap, over every answer token, between its logit and the runner-up's."""
     worst = math.inf
     for number, ex in enumerate(data):
-        logits = logits_of(model, ex)[:, :-1]
+        logits = (logits_of if forward is None else forward)(model, ex)[:, :-1]
         target = ex.ids[:, 1:]
         right = mx.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
         others = mx.where(mx.arange(logits.shape[-1]) == target[..., None], -mx.inf, logits)
@@ -521,7 +542,7 @@ def check_with_mlx_vlm(folder: Path, prompts: list[Prompt]) -> list[str]:
     answers = []
     for prompt in prompts:
         text = processor.tokenizer.apply_chat_template(
-            prompt.messages, tokenize=False, add_generation_prompt=True
+            prompt.messages, tools=prompt.tools, tokenize=False, add_generation_prompt=True
         )
         image = None if prompt.rgb is None else [image_of(prompt)]
         result = generate(
@@ -542,6 +563,7 @@ def prompts_json(prompts: list[Prompt]) -> list[dict[str, Any]]:
             if p.side == PHOTO
             else {"kind": "solid square", "rgb": list(p.rgb), "side": p.side},
             "expected": p.expected,
+            **({} if p.tools is None else {"tools": p.tools}),
         }
         for p in prompts
     ]
