@@ -182,6 +182,63 @@ async def test_every_route_an_image_arrives_by_reaches_the_model(nursery: trio.N
     assert next_in_conversation.usage.input_tokens > inline.usage.input_tokens
 
 
+async def test_conversation_items_take_images_as_a_responses_input_does(
+    nursery: trio.Nursery,
+) -> None:
+    """An image added to a conversation directly (``POST /v1/conversations`` and its
+    ``/items``, by data URL or file id) is checked as a response's, listed as its
+    ``input_image``, and seen by the model when a response continues the conversation; a bad
+    one is a 400 naming it and adds nothing."""
+    server = await start(nursery, FIXTURE)
+    green, blue = png(COLOURS["green"]), png(COLOURS["blue"])
+    ask: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_output_tokens": 8}
+    again = "And again: " + QUESTION
+    async with (
+        AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        with trio.fail_after(DEADLINE):
+            # The same two turns as a response with the image and its answer would leave.
+            by_url = await sdk.conversations.create(
+                items=[
+                    image_message(data_url(green)),  # type: ignore[list-item]
+                    {"role": "assistant", "content": "green"},
+                ]
+            )
+            uploaded = await sdk.files.create(file=("b.png", blue, "image/png"), purpose="vision")
+            by_file = await sdk.conversations.create(items=[])
+            await sdk.conversations.items.create(
+                by_file.id,
+                items=[
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [
+                            {"type": "input_image", "file_id": uploaded.id, "detail": "auto"},
+                            {"type": "input_text", "text": QUESTION},
+                        ],
+                    },
+                    {"type": "message", "role": "assistant", "content": "blue"},
+                ],
+            )
+            listed = await sdk.conversations.items.list(by_file.id, order="asc")
+            refused = await http.post(
+                f"/v1/conversations/{by_file.id}/items",
+                json={"items": [image_message("data:image/png;base64,aGVsbG8gd29ybGQ=")]},
+            )
+            after_refusal = await sdk.conversations.items.list(by_file.id)
+            continued_green = await sdk.responses.create(conversation=by_url.id, input=again, **ask)
+            continued_blue = await sdk.responses.create(conversation=by_file.id, input=again, **ask)
+    user = listed.data[0].model_dump()
+    assert [part["type"] for part in user["content"]] == ["input_image", "input_text"]
+    assert user["content"][0]["image_url"] == data_url(blue)  # the file, as its data URL
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "items[0].content[0].image_url"
+    assert len(after_refusal.data) == 2
+    assert first_text(continued_green) == "green"
+    assert first_text(continued_blue) == "blue"
+
+
 async def test_bad_images_are_refused_naming_the_part_and_nothing_is_stored(
     nursery: trio.Nursery,
 ) -> None:

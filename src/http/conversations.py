@@ -3,6 +3,8 @@
 Invariants:
 - Thin: bodies are decoded strictly (decision 3) and validated by the pure
   ``protocol.conversation_items``; state is reached only through ``ConversationStoreHandle``.
+- Images in items are taken as a response's are (``image_inputs.py``, on a vision model
+  only), before the parser sees the body: a bad image is a 400 and nothing is kept.
 - A refused request changes nothing: every body and query is fully validated before the first
   message that mutates the store, and ``append`` is atomic (all the items or none).
 - With the conversation store disabled (``--conversation-store-max-entries 0``) every route
@@ -32,7 +34,8 @@ from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
 from .common import View, decode_json_body, json_response, mount, runtime, tenant
-from .image_inputs import refuse_markers
+from .image_inputs import inline_image_inputs
+from .pipeline import image_sources
 from .schemas import INCLUDABLE
 
 if TYPE_CHECKING:
@@ -105,8 +108,8 @@ async def existing(conversation_id: str) -> ConversationRecord:
 
 
 async def create_conversation() -> Response:
-    raw = await body(empty_is_object=True)
-    refuse_markers(raw)  # an image enters a conversation only through a response
+    # Images are read and checked as a response's are (docs/vision.md), before anything is kept.
+    raw = await inline_image_inputs(await body(empty_is_object=True), image_sources(), "items")
     parsed = parse_create_body(raw)
     return json_response(
         conversation_object(await _store().create(parsed.metadata, parsed.items, tenant()))
@@ -144,8 +147,7 @@ async def list_conversation_items(conversation_id: str) -> Response:
 
 async def create_conversation_items(conversation_id: str) -> Response:
     check_include(query())
-    raw = await body()
-    refuse_markers(raw)
+    raw = await inline_image_inputs(await body(), image_sources(), "items")
     items = parse_items_body(raw)
     if await _store().append(conversation_id, items, tenant()) is None:
         raise conversation_not_found(conversation_id)

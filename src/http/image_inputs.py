@@ -171,24 +171,27 @@ async def _parts(parts: list[Any], path: str, sources: ImageSources) -> list[Any
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 
-async def inline_image_inputs(body: object, sources: ImageSources | None) -> object:
-    """A Responses body with every ``input_image`` part accepted (see the module header)."""
+async def inline_image_inputs(
+    body: object, sources: ImageSources | None, key: str = "input"
+) -> object:
+    """A Responses body with every ``input_image`` part of its ``key`` items accepted (see the
+    module header); ``key="items"``: a conversation's items (``/v1/conversations``)."""
     refuse_markers(body)
-    if sources is None or not isinstance(body, dict) or not isinstance(body.get("input"), list):
+    if sources is None or not isinstance(body, dict) or not isinstance(body.get(key), list):
         return body
     new_input: list[Any] = []
     changed = False
-    for i, item in enumerate(body["input"]):
-        key = "output" if isinstance(item, dict) and item.get("type") in _OUTPUTS else "content"
+    for i, item in enumerate(body[key]):
+        field = "output" if isinstance(item, dict) and item.get("type") in _OUTPUTS else "content"
         # An assistant's image stays as sent: the parser refuses it (as OpenAI does).
         takes = isinstance(item, dict) and item.get("role") != "assistant"
-        parts = item.get(key) if takes else None
+        parts = item.get(field) if takes else None
         replaced = (
-            await _parts(parts, f"input[{i}].{key}", sources) if isinstance(parts, list) else None
+            await _parts(parts, f"{key}[{i}].{field}", sources) if isinstance(parts, list) else None
         )
-        new_input.append(item if replaced is None else {**item, key: replaced})
+        new_input.append(item if replaced is None else {**item, field: replaced})
         changed = changed or replaced is not None
-    return {**body, "input": new_input} if changed else body
+    return {**body, key: new_input} if changed else body
 
 
 # --- /v1/messages ------------------------------------------------------------------------------

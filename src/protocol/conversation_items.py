@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from .errors import ApiError, invalid_request
 from .ids import new_id
+from .images import has_images, image_parts
 from .objects import output_text_part
 from .records import ConversationRecord, JsonObject
 from .request import json_type
@@ -56,6 +57,7 @@ ROLES: Final = ("user", "system", "developer", "assistant")
 STATUSES: Final = ("in_progress", "completed", "incomplete")
 PHASES: Final = ("commentary", "final_answer")
 _INPUT_PART_TYPES: Final = ("input_text",)
+_IMAGE_PART_TYPES: Final = ("input_image",)
 _ASSISTANT_PART_TYPES: Final = ("output_text", "refusal", "input_text")
 
 
@@ -187,7 +189,22 @@ def _content(raw: object, role: str, path: str) -> list[JsonObject]:
     if not isinstance(raw, list):
         raise _wrong_type(path, "a string or an array of content parts", raw)
     allowed = _ASSISTANT_PART_TYPES if role == "assistant" else _INPUT_PART_TYPES
-    return [_part(part, allowed, role, f"{path}[{i}]") for i, part in enumerate(raw)]
+    return _parts(raw, allowed, role, path)
+
+
+def _parts(raw: list[Any], allowed: Sequence[str], role: str, path: str) -> list[JsonObject]:
+    """Content parts -> their stored form. An image the HTTP edge accepted reaches here as a
+    marker in an ``input_text`` part (``images.py``; client text holding one was refused
+    there) and is stored as its ``input_image`` part, as a response's input is."""
+    out: list[JsonObject] = []
+    for i, raw_part in enumerate(raw):
+        part = _part(raw_part, allowed, role, f"{path}[{i}]")
+        text = part.get("text")
+        if part["type"] == "input_text" and isinstance(text, str) and has_images(text):
+            out.extend(image_parts(text, "input_text"))
+        else:
+            out.append(part)
+    return out
 
 
 def _part(raw: object, allowed: Sequence[str], role: str, path: str) -> JsonObject:
@@ -195,6 +212,13 @@ def _part(raw: object, allowed: Sequence[str], role: str, path: str) -> JsonObje
     kind = part.get("type")
     if kind is None:
         raise _missing(f"{path}.type")
+    if kind in _IMAGE_PART_TYPES and role != "assistant":
+        # On a vision model the edge turned each image into text already (``images.py``).
+        raise invalid_request(
+            f"Invalid value for '{path}.type': {_show(kind)}: the served model is text-only "
+            "and has no image, file or audio input.",
+            f"{path}.type",
+        )
     if kind not in allowed:
         raise invalid_request(
             f"Invalid value for '{path}.type': {_show(kind)} is not supported in a {role} "
@@ -246,10 +270,7 @@ def _function_call_output(item: Mapping[str, Any], path: str, mint: Mint) -> Jso
         raise _missing(f"{path}.output")
     output = item["output"]
     if isinstance(output, list):
-        output = [
-            _part(part, _INPUT_PART_TYPES, "function_call_output", f"{path}.output[{i}]")
-            for i, part in enumerate(output)
-        ]
+        output = _parts(output, _INPUT_PART_TYPES, "function_call_output", f"{path}.output")
     elif not isinstance(output, str):
         raise _wrong_type(f"{path}.output", "a string or an array of content parts", output)
     stored: JsonObject = {
