@@ -45,14 +45,12 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import argparse
 import base64
 import copy
 import io
 import json
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -608,36 +606,13 @@ def build(out: Path, steps: int, untrained: bool) -> int:
     checked = (
         documented[:1] + documented[7:8] if untrained else documented + shared.held_out_prompts()
     )
-    answers = shared.check_with_mlx_vlm(out, checked)
-    failed = 0
-    for prompt, answer in zip(checked, answers, strict=True):
-        ok = answer == prompt.expected
-        failed += not ok
-        shown = answer if len(answer) < 120 else answer[:120] + "..."
-        print(f"  {'ok ' if ok else 'BAD'} {prompt.name}: {shown!r} (expected {prompt.expected!r})")
+    failed = shared.report_checks(checked, shared.check_with_mlx_vlm(out, checked))
     return 0 if untrained else int(failed > 0)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=TRAIN_STEPS)
-    parser.add_argument("--untrained", action="store_true", help="write the random init only")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    args = parser.parse_args()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        if build(folder, args.steps, args.untrained):
-            print("a documented prompt did not reproduce: nothing written", file=sys.stderr)
-            return 1
-        args.out.mkdir(parents=True, exist_ok=True)
-        for name in WRITTEN_FILES:
-            shutil.copyfile(folder / name, args.out / name)
-        if args.out.resolve() != OUT_DIR.resolve():
-            for name in DATA_FILES:
-                shutil.copyfile(folder / name, args.out / name)
-    print(f"wrote {args.out} in {time.monotonic() - started:.0f}s")
-    return 0
+    description = __doc__.split("\n\n")[0]
+    return shared.run_cli(build, OUT_DIR, TRAIN_STEPS, description, WRITTEN_FILES)
 
 
 if __name__ == "__main__":

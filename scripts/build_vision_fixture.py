@@ -599,35 +599,48 @@ def build(out: Path, steps: int, untrained: bool) -> int:
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "prompts.json").write_text(json.dumps(prompts_json(documented), indent=2) + "\n")
     checked = documented + ([] if untrained else held_out_prompts())
-    answers = check_with_mlx_vlm(out, checked)
+    failed = report_checks(checked, check_with_mlx_vlm(out, checked))
+    return 0 if untrained else int(failed > 0)
+
+
+def report_checks(checked: list[Prompt], answers: list[str]) -> int:
+    """Print each checked prompt's answer against its documented one; how many differ."""
     failed = 0
     for prompt, answer in zip(checked, answers, strict=True):
         ok = answer == prompt.expected
         failed += not ok
-        print(
-            f"  {'ok ' if ok else 'BAD'} {prompt.name}: {answer!r} (expected {prompt.expected!r})"
-        )
-    if untrained:
-        return 0
-    return 1 if failed else 0
+        shown = answer if len(answer) < 120 else answer[:120] + "..."
+        print(f"  {'ok ' if ok else 'BAD'} {prompt.name}: {shown!r} (expected {prompt.expected!r})")
+    return failed
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=TRAIN_STEPS)
+def run_cli(
+    build_into: Any, out_dir: Path, steps: int, description: str, written: tuple[str, ...]
+) -> int:
+    """The build scripts' command line: build in a temporary folder, and copy the ``written``
+    files into ``--out`` only when every documented prompt reproduced (the committed data
+    files too when ``--out`` is elsewhere, so that folder loads on its own)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--untrained", action="store_true", help="write the random init only")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--out", type=Path, default=out_dir)
     args = parser.parse_args()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        if build(folder, args.steps, args.untrained):
+        if build_into(folder, args.steps, args.untrained):
             print("a documented prompt did not reproduce: nothing written", file=sys.stderr)
             return 1
         args.out.mkdir(parents=True, exist_ok=True)
-        for name in WRITTEN_FILES:
+        copied = written + (DATA_FILES if args.out.resolve() != out_dir.resolve() else ())
+        for name in copied:
             shutil.copyfile(folder / name, args.out / name)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} in {time.monotonic() - started:.0f}s")
     return 0
+
+
+def main() -> int:
+    return run_cli(build, OUT_DIR, TRAIN_STEPS, __doc__.split("\n\n")[0], WRITTEN_FILES)
 
 
 if __name__ == "__main__":
