@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import formats
@@ -30,6 +31,7 @@ from ..model.prompt_bounds import PromptTooLong
 from ..protocol.decoding import decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.history import resolve
+from ..protocol.items import InputItem
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
@@ -168,7 +170,7 @@ async def _render(
     # defaults apply and chat_template_kwargs sets its own (docs/models.md names each key).
     kwargs = replay.template_kwargs(None, request.template_kwargs)
     try:
-        items = turn.items
+        items: Sequence[InputItem] = turn.items
         if actors.echo is not None:
             items = await actors.echo.restore(request.owner, items)
         chat = to_chat(request.config.instructions, items, replay)

@@ -41,7 +41,7 @@ class Turn:
     """A request read against its history: what it stores, what renders, what it offers."""
 
     new_items: tuple[JsonObject, ...]  # its input, ids assigned
-    items: list[InputItem]  # the history's items, then its input: what renders
+    items: tuple[InputItem, ...]  # the history's items, then its input: what renders
     tools: tuple[FunctionTool, ...] | None  # loaded by the history; None: the request's own
 
 
@@ -49,7 +49,7 @@ def resolve(request: CreateRequest, history: tuple[JsonObject, ...]) -> Turn:
     """``request``'s turn over ``history`` (stored items), each item parsed once."""
     new_items = tuple(item_json(item) for item in request.input)
     replayed = [parsed for item in history if (parsed := read_item(item)) is not None]
-    items = [*replayed, *request.input]
+    items = (*replayed, *request.input)
     if not request.declared_tools or not history:
         return Turn(new_items, items, None)
     tools = offered_tools(discoverable(request.declared_tools, items), request.tool_choice)
