@@ -2,22 +2,23 @@
 
 Invariants:
 - Admission only reads finished values (``prompt.ReadyPrompt``: the grammar is compiled
-  there, before anything exists, so an invalid schema is a 400 and changes nothing).
+  there, before anything exists, so an invalid schema is a 400 and changes nothing; the output
+  budget is computed there).
 - ``admit`` asks the model actor for a sequence; the model actor counts it until the thread
   reports it ended. A refusal (no room in the context window, the batch full, the server
   closing) raises ``ApiError`` and leaves nothing admitted.
-- ``admit_ready`` is a response task's one call here; ``admit_continuation`` is a run's, after
-  a server tool search (issue 13): render, grammar and admission of the next sequence.
+- ``admit_ready`` is a plain create's one call here (a compaction admits on its own route,
+  ``compaction.py``); ``admit_continuation`` is a run's, after a server tool search
+  (issue 13): render, grammar and admission of the next sequence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.constrain import Grammar
 from ..model.inbound import GrammarSpec
 from ..model.penalties import sampling_adjust
-from ..protocol.errors import ApiError
+from ..protocol.errors import ApiError, context_exceeded
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
@@ -29,8 +30,7 @@ from .model import (
     ModelUnavailable,
 )
 from .output import OutputShaper, shaper_for
-from .prompt import PreparedPrompt, ReadyPrompt, constrain, render_items
-from .prompt_limit import context_exceeded, output_budget
+from .prompt import PreparedPrompt, ReadyPrompt, render_items
 from .runtime import Actors
 
 # The temperature OpenAI applies when a request gives none.
@@ -41,38 +41,31 @@ DEFAULT_TEMPERATURE = 1.0
 class Admission:
     """A response's prompt admitted to the batch: what it generates from."""
 
-    prepared: PreparedPrompt
     sequence: GenerationSequence
     shaper: OutputShaper
     compaction: Compacted | None = None  # the history was compacted first
 
 
-async def admit(
-    request: CreateRequest,
-    prepared: PreparedPrompt,
-    model: ModelHandle,
-    grammar: Grammar | None,
-    compaction: Compacted | None = None,
-    *,
-    max_tokens: int | None = None,
+async def admit_ready(
+    ready: ReadyPrompt, model: ModelHandle, compaction: Compacted | None = None
 ) -> Admission:
-    """Admit the prompt to the batch; raises ``ApiError`` (no room, server busy or closing).
-    ``max_tokens`` caps the output below the request's own budget (a warm-up's one token)."""
+    """A prepared response's sequence, with the machine input of its history's compaction if
+    it was compacted first. A warm-up (``generate: false``) prefills its prompt and generates
+    one token, which is not output, with no grammar."""
+    request, prepared, budget = ready.request, ready.prepared, ready.budget
     window = model.info.context_window
-    if window - len(prepared.prompt) < 1:
-        raise context_exceeded(prepared.prompt, window)
-    config = request.config
-    budget = output_budget(request, len(prepared.prompt), window)
-    temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
+    if budget < 1:
+        raise context_exceeded(len(prepared.prompt), window)
     info = model.info
-    shaper = shaper_for(
-        request, info.tool_format, info.has_thinking, model.opens_reasoning(prepared.prompt)
-    )
+    shaper = shaper_for(request, info.tool_format, info.has_thinking, prepared.opens_reasoning)
+    config = request.config
+    temperature = DEFAULT_TEMPERATURE if config.temperature is None else config.temperature
+    grammar = prepared.grammar if request.generate else None
     try:
         sequence = await model.submit(
             GenerationRequest(
                 prompt=prepared.prompt,
-                max_tokens=budget if max_tokens is None else min(budget, max_tokens),
+                max_tokens=budget if request.generate else min(budget, 1),
                 temperature=temperature,
                 top_p=1.0 if config.top_p is None else config.top_p,
                 top_logprobs=request.logprobs,
@@ -89,19 +82,19 @@ async def admit(
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    return Admission(prepared, sequence, shaper, compaction)
+    return Admission(sequence, shaper, compaction)
 
 
-async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission | None:
-    """A prepared response's sequence; None when its history is compacted first (the
-    response task admits it after the summary, ``compaction.compact_and_admit``). A warm-up
-    (``generate: false``) prefills its prompt and generates one token, which is not output."""
-    request = ready.request
-    if not request.generate:
-        return await admit(request, ready.prepared, model, None, max_tokens=1)
-    if ready.compacting:
-        return None
-    return await admit(request, ready.prepared, model, ready.grammar)
+async def admit(
+    request: CreateRequest,
+    prepared: PreparedPrompt,
+    model: ModelHandle,
+    compaction: Compacted | None = None,
+) -> Admission:
+    """``prepared`` (a compacted history, a summary's prompt, a continuation) admitted for
+    ``request``, with the machine input of its compaction if any; raises ``ApiError``."""
+    budget = request.output_budget(len(prepared.prompt), model.info.context_window)
+    return await admit_ready(ReadyPrompt(request, prepared, False, budget), model, compaction)
 
 
 async def admit_continuation(
@@ -109,7 +102,5 @@ async def admit_continuation(
 ) -> Admission:
     """After a server tool search: ``request`` (with the tools it loaded) over the items so
     far and ``output``, rendered, constrained and admitted; raises ``ApiError``."""
-    prompt = await render_items(request, actors, prepared.all_items + output)
-    grammar = await constrain(request, actors.model)
-    following = PreparedPrompt(prepared.history, prepared.new_items, prompt)
-    return await admit(request, following, actors.model, grammar)
+    following = await render_items(request, actors, prepared.all_items + output, constrain=True)
+    return await admit(request, following, actors.model)

@@ -1,6 +1,10 @@
 """Compaction, the actor side: the summary generation and the checks around it (issue 6).
 
 Invariants:
+- A create that compacts takes its own route from the response task (``compact_first``), off
+  a plain create's way down: a ``compaction_trigger`` is checked before anything exists and
+  summarizes inside its response; a background job compacts inside the job
+  (``compact_and_admit`` later); a foreground response's summary generates first.
 - Nothing here stores or changes anything. ``compact`` counts, splits the history
   (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
   response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
@@ -26,9 +30,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..model.constrain import Grammar
-from ..protocol.compaction import auto_summary_tokens, default_keep_tokens, transcript
-from ..protocol.errors import ApiError
+import trio
+
+from ..protocol.compaction import (
+    NothingToSummarize,
+    Split,
+    auto_summary_tokens,
+    default_keep_tokens,
+    item_text,
+    split_everything,
+    split_history,
+    transcript,
+)
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.history import items_from_json
 from ..protocol.ids import new_id
 from ..protocol.items import Compaction, InputMessage, TurnItem, item_json
 from ..protocol.machine import Compacted
@@ -36,7 +51,7 @@ from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import Admission, admit
 from .event_log import EventLog
-from .prompt import PreparedPrompt, cannot_compact, plan, prepare_prompt, render_items
+from .prompt import PreparedPrompt, ReadyPrompt, prepare_prompt, render_items
 from .run import ResponseRun
 from .runtime import Actors, RunningResponses
 
@@ -45,6 +60,9 @@ SUMMARY_INSTRUCTIONS = (
     "and an assistant. Write a summary that can replace it: keep the facts, names, numbers, "
     "decisions, tool results and open tasks; leave out pleasantries. Answer with the summary only."
 )
+# Role markers and separators an item adds to its text when rendered (an estimate: the
+# compaction's split only needs costs that grow with the item).
+ITEM_OVERHEAD_TOKENS = 4
 # Told the summary's log once it exists (``None``: nobody listens).
 OnSummary = Callable[[EventLog], Awaitable[None]] | None
 
@@ -55,6 +73,7 @@ class CompactionResult:
     retained: tuple[TurnItem, ...]
     item: JsonObject  # the compaction item, with its cmp_ id
     prompt: tuple[int, ...]  # the compacted context, rendered
+    opens_reasoning: bool  # the compacted prompt opened a reasoning block
     tokens_before: int
     usage: Usage  # the summary generation's
 
@@ -87,13 +106,16 @@ async def compact(
         on_summary,
     )
     item = item_json(Compaction(summary, split.retained))
-    prompt = await render_items(request, actors, (*prepared.all_items, item))
+    compacted = await render_items(request, actors, (*prepared.all_items, item))
+    prompt = compacted.prompt
     if keep_tokens is not None and len(prompt) >= before:
         raise cannot_compact(
             f"The summary does not shorten the context: the history is {before} tokens, "
             f"compacted it would be {len(prompt)} tokens."
         )
-    return CompactionResult(split.kept, split.retained, item, prompt, before, usage)
+    return CompactionResult(
+        split.kept, split.retained, item, prompt, compacted.opens_reasoning, before, usage
+    )
 
 
 async def compact_now(
@@ -128,7 +150,7 @@ async def _summarize(
     )
     try:
         prepared = await prepare_prompt(summary_request, actors)
-        admission = await admit(summary_request, prepared, actors.model, None)
+        admission = await admit(summary_request, prepared, actors.model)
     except ApiError as error:
         if error.code != "context_length_exceeded":
             raise
@@ -164,12 +186,28 @@ async def _summarize(
     return summary.strip(), usage
 
 
+async def compact_first(
+    ready: ReadyPrompt, actors: Actors, *, background: bool
+) -> Admission | None:
+    """A create whose history is compacted before it generates, at its open: a
+    ``compaction_trigger`` (issue 28) is refused now when it cannot be done at all, and its
+    summary is the response (None); a background job compacts inside the job (None);
+    otherwise the summary generates first, a whole response, and the compacted prompt is
+    admitted before this response exists."""
+    if ready.request.compact_now:
+        await plan(ready.prepared, actors, None)
+        return None
+    if background:
+        return None
+    return await compact_and_admit(ready.request, ready.prepared, actors)
+
+
 async def compact_and_admit(
-    request: CreateRequest, prepared: PreparedPrompt, grammar: Grammar | None, actors: Actors
+    request: CreateRequest, prepared: PreparedPrompt, actors: Actors
 ) -> Admission:
     """Automatic compaction (``context_management``): the summary generates, then the
-    compacted prompt is admitted, with the machine input that puts the compaction item first
-    in the output; raises ``ApiError``."""
+    compacted prompt is admitted (with the request's grammar), with the machine input that
+    puts the compaction item first in the output; raises ``ApiError``."""
     window = actors.model.info.context_window
     result = await compact(
         request,
@@ -178,9 +216,16 @@ async def compact_and_admit(
         keep_tokens=default_keep_tokens(window),
         summary_tokens=auto_summary_tokens(window),
     )
-    compacted = PreparedPrompt(prepared.history, prepared.new_items, result.prompt, prepared.tools)
+    compacted = PreparedPrompt(
+        prepared.history,
+        prepared.new_items,
+        result.prompt,
+        prepared.tools,
+        grammar=prepared.grammar,
+        opens_reasoning=result.opens_reasoning,
+    )
     step = Compacted(result.item, result.tokens_before, result.tokens_after)
-    return await admit(request, compacted, actors.model, grammar, step)
+    return await admit(request, compacted, actors.model, step)
 
 
 async def compact_history(
@@ -210,3 +255,35 @@ async def compact_history(
         "output": [*output, result.item],
         "usage": result.usage.to_json(),
     }
+
+
+def cannot_compact(message: str) -> ApiError:
+    return invalid_request(message, "input", code="context_length_exceeded")
+
+
+async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None) -> Split:
+    """What a compaction would summarize and keep; a 400 ``context_length_exceeded`` when it
+    cannot (the history is over one window, or has nothing to summarize): found before any
+    generation."""
+    model = actors.model
+    window = model.info.context_window
+    before = len(prepared.prompt)
+    if before > window:
+        raise cannot_compact(
+            f"The history is {before} tokens, longer than the context window of {window} "
+            "tokens; compaction needs it to fit in one window."
+        )
+    items = items_from_json(prepared.all_items)
+
+    def cost(item: TurnItem) -> int:
+        return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
+
+    try:
+        if keep_tokens is None:
+            return split_everything(items)
+        # Tokenizing a long history is real work: off the Trio thread.
+        return await trio.to_thread.run_sync(split_history, items, cost, keep_tokens)
+    except NothingToSummarize as exc:
+        raise cannot_compact(
+            f"The summary could not shorten the context of {before} tokens: {exc}."
+        ) from None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
@@ -35,7 +35,7 @@ import trio
 
 from .. import formats
 from ..formats import reasoning_opens_in_prompt
-from ..model.constrain import Constraints, Grammar
+from ..model.constrain import CannotConstrain, InvalidSchema
 from ..model.inbound import (
     Admit,
     Arrivals,
@@ -50,6 +50,7 @@ from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.slot import FinishReason, SequenceSlot
 from ..model.thread import ModelStatistics
 from ..model.vision import ImageError
+from ..protocol.decoding import Decoding
 from ..protocol.errors import invalid_request
 from ..protocol.images import has_images
 from ..protocol.prompt_memo import RenderedPrompt
@@ -60,6 +61,7 @@ from .model_types import (
     GenerationSequence,
     ModelInfo,
     ModelOverloaded,
+    ModelPrompt,
     ModelSettings,
     ModelUnavailable,
     ThreadFactory,
@@ -72,6 +74,7 @@ __all__ = [
     "ModelHandle",
     "ModelInfo",
     "ModelOverloaded",
+    "ModelPrompt",
     "ModelSettings",
     "ModelUnavailable",
     "ThreadFactory",
@@ -206,31 +209,53 @@ class ModelHandle:
         except ImageError as exc:
             raise invalid_request(f"Invalid image: {exc}", "input") from None
 
-    async def render_continuing(
+    async def make_prompt(
         self,
         chat: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
-        max_tokens: int | None,
-        known: RenderedPrompt | None,
-    ) -> RenderedPrompt | None:
-        """``render``, tokenizing only what ``known`` (an earlier render) does not cover
-        (``model/incremental_render.py``): the same ids. ``None`` when this tokenizer or this
-        prompt cannot be tokenized so; then ``render`` it (always, for a prompt with images)."""
-        if self.vision is not None and any(
-            has_images(str(message.get("content"))) for message in chat
-        ):
-            return None
-        return await trio.to_thread.run_sync(
-            self._incremental.render,
-            self._tokenizer,
-            self._bound,
-            max_tokens,
-            chat,
-            tools,
-            template_kwargs,
-            known,
-        )
+        max_tokens: int | None = None,
+        *,
+        keep: bool = False,
+        known: RenderedPrompt | None = None,
+        decoding: Decoding | None = None,
+    ) -> ModelPrompt:
+        """A prompt made ready in one ask: rendered (``render``; with ``keep``, only what
+        ``known``, an earlier render, does not cover is tokenized, ``model/incremental_render.py``:
+        the same ids, and this render comes back to be kept), ``decoding`` compiled
+        (``CannotConstrain`` when it cannot be) and whether the prompt opened a reasoning block."""
+        rendered = None
+        if keep and not (
+            self.vision is not None
+            and any(has_images(str(message.get("content"))) for message in chat)
+        ):  # a prompt with images is rendered whole
+            rendered = await trio.to_thread.run_sync(
+                self._incremental.render,
+                self._tokenizer,
+                self._bound,
+                max_tokens,
+                chat,
+                tools,
+                template_kwargs,
+                known,
+            )
+        if rendered is not None:
+            ids = rendered.ids
+        else:
+            ids = tuple(await self.render(chat, tools, template_kwargs, max_tokens))
+        grammar = None
+        if decoding is not None:
+            constraints, tool_format = self.constraints, self.info.tool_format
+            try:
+                if constraints is None:
+                    raise RuntimeError(
+                        "this model's tokenizer does not support constrained decoding"
+                    )
+                # llguidance on a worker thread (no MLX).
+                grammar = await trio.to_thread.run_sync(constraints.follow, decoding, tool_format)
+            except (InvalidSchema, NotImplementedError, RuntimeError) as exc:
+                raise CannotConstrain(exc) from exc
+        return ModelPrompt(ids, rendered, grammar, self.opens_reasoning(ids))
 
     def opens_reasoning(self, prompt: Sequence[int]) -> bool:
         """Whether the rendered prompt already opened a ``<think>`` block."""
@@ -239,14 +264,6 @@ class ModelHandle:
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
-
-    async def compile(self, build: Callable[[Constraints], Grammar]) -> Grammar:
-        """Compile a grammar on a worker thread (llguidance, no MLX); raises ``InvalidSchema``,
-        or ``RuntimeError`` when this model's tokenizer cannot be constrained."""
-        constraints = self.constraints
-        if constraints is None:
-            raise RuntimeError("this model's tokenizer does not support constrained decoding")
-        return await trio.to_thread.run_sync(build, constraints)
 
     async def submit(self, request: GenerationRequest) -> GenerationSequence:
         """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable`` (or a 400

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..model.constrain import Grammar
 from ..model.inbound import SequenceSpec
 from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
 from ..model.slot import SequenceOutput, SequenceSlot
 from ..model.thread import GenerationThread
 from ..model.topology import Sharding
+from ..protocol.prompt_memo import RenderedPrompt
 
 ThreadFactory = Callable[..., GenerationThread]
 
@@ -56,6 +58,16 @@ class ModelInfo:
     tool_format: str = "none"  # a ``formats`` registry name
     has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
     input_modalities: tuple[str, ...] = ("text",)  # ("text", "image"): a vision model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrompt:
+    """A prompt made ready on the model's side (``ModelHandle.make_prompt``)."""
+
+    ids: tuple[int, ...]
+    rendered: RenderedPrompt | None  # the render, kept for the next turn (``keep_render``)
+    grammar: Grammar | None  # the request's decoding rule, compiled
+    opens_reasoning: bool  # the prompt already opened a reasoning block
 
 
 # A rendered prompt and its sampling settings: what a response task submits is exactly what

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from .. import formats
 from ..formats import (
@@ -39,7 +40,30 @@ from ..formats.grammars import CUSTOM_HEAD, CUSTOM_TAIL
 from ..protocol import machine as m
 from ..protocol.request import CreateRequest
 from ..protocol.tool_search import search
-from ..protocol.tools import CUSTOM_INPUT, CallTarget, call_targets
+from ..protocol.tool_spec import FunctionTool
+from ..protocol.tools import CUSTOM_INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class CallTarget:
+    """What a call the model makes under a tool's offered name becomes as an output item."""
+
+    name: str  # the item's ``name``
+    namespace: str | None
+    custom: bool  # a ``custom_tool_call`` whose ``input`` is the call's ``input`` argument
+    # A ``tool_search_call`` (issue 13): its execution, and the deferred tools a server search
+    # looks through.
+    search: Literal["server", "client"] | None = None
+    catalog: tuple[FunctionTool, ...] = ()
+
+
+def call_targets(tools: tuple[FunctionTool, ...]) -> dict[str, CallTarget]:
+    """Offered name -> call target, for every namespaced or custom tool."""
+    return {
+        t.name: CallTarget(t.call_name, t.namespace, t.is_custom, t.search, t.catalog)
+        for t in tools
+        if t.namespace is not None or t.is_custom or t.search is not None
+    }
 
 
 def custom_input(arguments: str) -> str:

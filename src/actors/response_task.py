@@ -32,8 +32,8 @@ from ..protocol.machine import Fail
 from ..protocol.objects import JsonObject, ResponseErrorCode
 from ..protocol.phase import Phase
 from ..protocol.request import CompactRequest, CreateRequest
-from .admission import admit_ready
-from .compaction import compact_and_admit, compact_history, compact_now
+from .admission import Admission, admit_ready
+from .compaction import compact_and_admit, compact_first, compact_history, compact_now
 from .event_log import EventLog
 from .kit import Reply, ask
 from .prompt import prepare_response
@@ -140,22 +140,15 @@ async def _open(
         # The way down, each step once: prepared (a finished value), admitted, then the run.
         with actors.model.arriving() as arrival:
             ready = await prepare_response(request, actors, running)
-            if ready.compacting:  # a summary generates first: not an arrival to wait for
+            admission: Admission | None = None
+            if ready.compacting:  # its own route: a summary generates first (not an arrival)
                 arrival.done()
+                admission = await compact_first(ready, actors, background=entry.background)
             if entry.background:
                 await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
-            admission = await admit_ready(ready, actors.model)
-            # A compaction_trigger's summary is the response (``_compact_now``); a background
-            # job compacts inside the job (a refusal ends it failed); otherwise the summary
-            # generates first, a whole response, before this one exists.
-            later = ready.request.compact_now or entry.background
-            if admission is None and ready.compacting and not later:
-                admission = await compact_and_admit(
-                    ready.request, ready.prepared, ready.grammar, actors
-                )
-        run = ResponseRun(
-            ready.request, ready.prepared, actors, grammar=ready.grammar, admission=admission
-        )
+            if not ready.compacting:
+                admission = await admit_ready(ready, actors.model)
+        run = ResponseRun(ready.request, ready.prepared, actors, admission=admission)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
             await run.persist_job()  # issue 15: a durable job row before the create answers
@@ -229,7 +222,7 @@ async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
     """A background job's automatic compaction and admission; False when it was refused (the
     run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
     try:
-        run.attach(await compact_and_admit(run.request, run.prepared, run.grammar, actors))
+        run.attach(await compact_and_admit(run.request, run.prepared, actors))
     except ApiError as error:
         code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
         await run.end(Fail(code, error.message, None))

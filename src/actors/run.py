@@ -34,7 +34,6 @@ from typing import assert_never
 
 import trio
 
-from ..model.constrain import Grammar
 from ..model.slot import SequenceOutput
 from ..protocol.errors import ApiError
 from ..protocol.ids import new_id
@@ -100,7 +99,6 @@ class ResponseRun:
         prepared: PreparedPrompt,
         actors: Actors,
         *,
-        grammar: Grammar | None = None,
         admission: Admission | None = None,
     ) -> None:
         self.phase = advance(Phase.PREPARING, Step.PREPARED)
@@ -117,8 +115,6 @@ class ResponseRun:
         self._admission: Admission | None = None
         self._output_tokens = 0
         self._stop_sequence: str | None = None
-        # The grammar a deferred admission (a background job's compaction) will use.
-        self.grammar = grammar
         self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
         # Earlier sequences of this response (a server tool search's continuation, issue 13).
         self._prior = Usage(0, 0)

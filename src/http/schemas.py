@@ -265,7 +265,7 @@ def parse_create_request(
     echoed_tools = echo_tools(tools)
     declared_tools = tools if any(tool.deferred for tool in tools) else ()
     # Tool discovery (issue 13): deferred tools wait for a tool_search_output in the input
-    # (or in the history: protocol/history.py ``history_tools``).
+    # (or in the history: protocol/history.py ``resolve``).
     tools = discoverable(tools, messages)
     tool_choice = parse_tool_choice(body.tool_choice, tools)
     tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those

@@ -54,11 +54,13 @@ from ..formats.grammars import (
     json_schema_grammar,
     validate_grammar,
 )
+from ..protocol.decoding import Decoding
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = [
+    "CannotConstrain",
     "Constraints",
     "Grammar",
     "InvalidSchema",
@@ -70,6 +72,16 @@ log = logging.getLogger(__name__)
 _CACHE_SIZE = 128
 # From this vocabulary size up, overlap the forward pass with the mask computation.
 _OVERLAP_MIN_VOCAB = 32_768
+
+
+class CannotConstrain(Exception):
+    """A decoding rule that could not be compiled: its schema or tools are invalid
+    (``invalid_schema``, the cause an ``InvalidSchema``), or this model cannot follow it."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.invalid_schema = isinstance(cause, InvalidSchema)
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,17 @@ class Constraints:
             return self._compile("tool_call", source)
 
         return self._cached(key, build)
+
+    def follow(self, decoding: Decoding, tool_format: str) -> Grammar:
+        """The grammar of a request's decoding rule (``protocol/decoding.py``), a tool call in
+        ``tool_format``; raises as ``tool_call`` and ``json_schema`` do."""
+        match decoding.kind:
+            case "tool_call":
+                return self.tool_call(decoding.tools, name=decoding.name, tool_format=tool_format)
+            case "json_schema":
+                return self.json_schema(decoding.schema, strict=decoding.strict)
+            case "json_object":
+                return self.json_object()
 
     def from_source(self, kind: str, source: str) -> Grammar:
         """The grammar compiled from its llguidance text: how the generation thread gets the

@@ -64,6 +64,18 @@ def invalid_request(message: str, param: str | None, code: str | None = None) ->
     return ApiError(400, "invalid_request_error", message, param=param, code=code)
 
 
+def context_exceeded(tokens: int, window: int, *, at_least: bool = False) -> ApiError:
+    """400 ``context_length_exceeded``: a prompt of ``tokens`` tokens (``at_least``: refused
+    before it was tokenized) leaves no room for output in a context window of ``window``."""
+    size = f"at least {tokens}" if at_least else f"{tokens}"
+    return invalid_request(
+        f"The input is {size} tokens, which does not fit the model's context window of "
+        f"{window} tokens.",
+        "input",
+        code="context_length_exceeded",
+    )
+
+
 def not_found(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     """404 ``invalid_request_error`` (OpenAI's type for unknown models and objects)."""
     return ApiError(404, "invalid_request_error", message, param=param, code=code)

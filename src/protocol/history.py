@@ -7,13 +7,16 @@ Invariants:
 - ``items_from_json`` reads back items in any of the shapes we store or return (input items,
   output items, conversation items) and skips item types that do not render, so replaying a
   previous ``output`` gives the same items the turn produced.
-- ``history_tools``: a ``tool_search_output`` in the history (a chain, a conversation) loads
-  its deferred tools as one in ``input`` does at the edge.
+- ``resolve`` reads a request's turn once: its input with ids, the history and input as the
+  items that render (the input as parsed at the edge: ``read_item(item_json(x)) == x``), and
+  the tools its history loaded: a ``tool_search_output`` in the history (a chain, a
+  conversation) loads its deferred tools as one in ``input`` does at the edge (issue 13).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .items import InputItem, JsonObject, item_json, read_item
@@ -33,13 +36,21 @@ def items_from_json(items: Sequence[JsonObject]) -> list[InputItem]:
     return [parsed for item in items if (parsed := read_item(item)) is not None]
 
 
-def history_tools(
-    request: CreateRequest, history: tuple[JsonObject, ...]
-) -> tuple[FunctionTool, ...] | None:
-    """The tools offered when a ``tool_search_output`` of the history loaded deferred tools;
-    None when that changes nothing (issue 13)."""
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A request read against its history: what it stores, what renders, what it offers."""
+
+    new_items: tuple[JsonObject, ...]  # its input, ids assigned
+    items: tuple[InputItem, ...]  # the history's items, then its input: what renders
+    tools: tuple[FunctionTool, ...] | None  # loaded by the history; None: the request's own
+
+
+def resolve(request: CreateRequest, history: tuple[JsonObject, ...]) -> Turn:
+    """``request``'s turn over ``history`` (stored items), each item parsed once."""
+    new_items = tuple(item_json(item) for item in request.input)
+    replayed = [parsed for item in history if (parsed := read_item(item)) is not None]
+    items = (*replayed, *request.input)
     if not request.declared_tools or not history:
-        return None
-    items = (*items_from_json(history), *request.input)
+        return Turn(new_items, items, None)
     tools = offered_tools(discoverable(request.declared_tools, items), request.tool_choice)
-    return None if tools == request.tools else tools
+    return Turn(new_items, items, None if tools == request.tools else tools)

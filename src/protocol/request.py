@@ -84,6 +84,12 @@ class CreateRequest:
     # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
     declared_tools: tuple[FunctionTool, ...] = ()
 
+    def output_budget(self, prompt_tokens: int, window: int) -> int:
+        """The most tokens it may generate after a prompt of ``prompt_tokens``: generation is
+        capped at the context left after the prompt (spec 000); below 1, it does not fit."""
+        room = window - prompt_tokens
+        return min(self.config.max_output_tokens or room, room)
+
 
 @dataclass(frozen=True, slots=True)
 class CompactRequest:

@@ -21,8 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from .check_memo import CheckMemo
 from .errors import invalid_request
@@ -36,10 +35,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CUSTOM_INPUT",
     "SEARCH_NAME",
-    "CallTarget",
     "FunctionTool",
     "ToolChoice",
-    "call_targets",
     "custom_parameters",
     "echo_tools",
     "offered_tools",
@@ -163,28 +160,6 @@ def echo_tools(tools: tuple[FunctionTool, ...]) -> list[dict[str, Any]]:
             echoed.append(group)
         group["tools"].append(tool.echo_json())
     return echoed
-
-
-@dataclass(frozen=True, slots=True)
-class CallTarget:
-    """What a call the model makes under a tool's offered name becomes as an output item."""
-
-    name: str  # the item's ``name``
-    namespace: str | None
-    custom: bool  # a ``custom_tool_call`` whose ``input`` is the call's ``input`` argument
-    # A ``tool_search_call`` (issue 13): its execution, and the deferred tools a server search
-    # looks through.
-    search: Literal["server", "client"] | None = None
-    catalog: tuple[FunctionTool, ...] = ()
-
-
-def call_targets(tools: tuple[FunctionTool, ...]) -> dict[str, CallTarget]:
-    """Offered name -> call target, for every namespaced or custom tool."""
-    return {
-        t.name: CallTarget(t.call_name, t.namespace, t.is_custom, t.search, t.catalog)
-        for t in tools
-        if t.namespace is not None or t.is_custom or t.search is not None
-    }
 
 
 def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
