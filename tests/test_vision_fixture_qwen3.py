@@ -16,6 +16,8 @@ import hashlib
 import importlib.util
 import json
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -56,10 +58,31 @@ def script(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def loaded() -> tuple[Any, Any]:
+def mlx_thread() -> Iterator[ThreadPoolExecutor]:
+    """One thread for this module's MLX work, ended here with its streams cleared: MLX work on
+    Trio's worker threads, which exit whenever idle, or on the main thread, whose compiled-
+    function cache outlives the interpreter, can abort the process at exit
+    (docs/testing.md, "MLX on the test's own thread")."""
+    import mlx.core as mx
+
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        yield thread
+        thread.submit(lambda: (mx.synchronize(), mx.clear_streams())).result()
+
+
+async def on_thread(thread: ThreadPoolExecutor, run: Callable[[], Any]) -> Any:
+    with trio.fail_after(DEADLINE):
+        return await trio.to_thread.run_sync(
+            lambda: thread.submit(run).result(), abandon_on_cancel=True
+        )
+
+
+@pytest.fixture(scope="module")
+def loaded(mlx_thread: ThreadPoolExecutor) -> tuple[Any, Any]:
     from mlx_vlm import load
 
-    return load(str(FIXTURE))
+    result: tuple[Any, Any] = mlx_thread.submit(load, str(FIXTURE)).result()
+    return result
 
 
 def test_the_chat_template_is_qwen3_vl_instructs_own() -> None:
@@ -120,7 +143,7 @@ def test_codexs_prompts_are_the_templates_and_the_processors(loaded: tuple[Any, 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
 async def test_mlx_vlm_answers_each_documented_prompt(
-    loaded: tuple[Any, Any], prompt: dict[str, Any]
+    mlx_thread: ThreadPoolExecutor, loaded: tuple[Any, Any], prompt: dict[str, Any]
 ) -> None:
     from mlx_vlm import generate
 
@@ -139,8 +162,7 @@ async def test_mlx_vlm_answers_each_documented_prompt(
         temperature=0.0,
         verbose=False,
     )
-    with trio.fail_after(DEADLINE):
-        result = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    result = await on_thread(mlx_thread, run)
     assert result.text.strip() == prompt["expected"]
 
 
@@ -148,15 +170,16 @@ TEXT_ONLY = [p for p in PROMPTS if p["image"] is None]
 
 
 @pytest.fixture(scope="module")
-def text_model() -> tuple[Any, Any]:
+def text_model(mlx_thread: ThreadPoolExecutor) -> tuple[Any, Any]:
     from mlx_lm import load
 
-    return load(str(FIXTURE))
+    result: tuple[Any, Any] = mlx_thread.submit(load, str(FIXTURE)).result()
+    return result
 
 
 @pytest.mark.parametrize("prompt", TEXT_ONLY, ids=[p["name"] for p in TEXT_ONLY])
 async def test_mlx_lms_text_model_answers_each_prompt_without_an_image(
-    text_model: tuple[Any, Any], prompt: dict[str, Any]
+    mlx_thread: ThreadPoolExecutor, text_model: tuple[Any, Any], prompt: dict[str, Any]
 ) -> None:
     """The server loads the language model with mlx-lm (its 1-D RoPE is M-RoPE's when a prompt
     has no image): Codex's first turn calls view_image there too."""
@@ -172,6 +195,5 @@ async def test_mlx_lms_text_model_answers_each_prompt_without_an_image(
     run = functools.partial(
         generate, model, tokenizer, ids, max_tokens=100, sampler=make_sampler(temp=0.0)
     )
-    with trio.fail_after(DEADLINE):
-        text = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    text = await on_thread(mlx_thread, run)
     assert text == prompt["expected"]
