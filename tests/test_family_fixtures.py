@@ -8,13 +8,10 @@ with its real chat template, built by ``scripts/build_family_fixtures.py`` (docs
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx2 as httpx
@@ -24,25 +21,12 @@ import trio
 from mlx_responses.model.loader import load_model, read_context_window
 from mlx_responses.model.segments import chat_marks, render_without_generation_prompt
 
+from .scripts_loader import script as _script
 from .test_api_prompt_cache_templates import start
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
 DEADLINE = 120
-
-
-def _script(name: str) -> ModuleType:
-    """A module of ``scripts/`` (not a package): the builder imports its sibling by name."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 SPECS = _script("family_specs")

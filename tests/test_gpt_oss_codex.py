@@ -13,10 +13,8 @@ tool's output under a wall time the build never trained or checked.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx2 as httpx
@@ -26,6 +24,7 @@ from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 
 from .conftest import START_DEADLINE, server_settings
+from .scripts_loader import script
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -37,15 +36,6 @@ DEADLINE = 120
 # Codex's "Wall time" line differs on every run; this value is in no list of the build.
 UNSEEN_WALL_TIME = "0.0093"
 ANSWER = "It is sunny and 18 degrees in Paris."
-
-
-def script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fixture(name: str) -> dict[str, Any]:

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import trio
 from PIL import Image
+
+from .scripts_loader import script
 
 ROOT = Path(__file__).parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "vision" / "qwen3-vl"
@@ -41,20 +40,6 @@ def image_of(spec: dict[str, Any]) -> Image.Image:
     assert spec["kind"] == "solid square", spec
     side = spec["side"]
     return Image.new("RGB", (side, side), tuple(spec["rgb"]))
-
-
-def script(name: str) -> ModuleType:
-    """A module of ``scripts/`` (not a package): the builder imports its siblings by name."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
