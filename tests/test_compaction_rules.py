@@ -32,6 +32,7 @@ from mlx_responses.protocol.compaction import (
     split_history,
 )
 from mlx_responses.protocol.errors import ApiError
+from mlx_responses.protocol.item_json import item_json
 from mlx_responses.protocol.items import (
     Compaction,
     FunctionCall,
@@ -40,7 +41,6 @@ from mlx_responses.protocol.items import (
     InputMessage,
     Reasoning,
     TurnItem,
-    item_json,
     parse_item,
 )
 from mlx_responses.protocol.machine import (

@@ -282,7 +282,7 @@ async def test_a_sequence_its_consumer_stops_ends_stop_and_serves_the_next_turn(
         with trio.fail_after(DEADLINE):
             model: ModelHandle = await nursery.start(run_model_actor, settings)
             chat = [{"role": "user", "content": "Tell me a story about a fox."}]
-            prompt = tuple(await model.render(chat))
+            prompt = tuple(await model.prompts.render(chat))
             sequence = await model.submit(GenerationRequest(prompt, 400, 0.0, 1.0))
             partial = await read_sequence(sequence, until_tokens=4)
             await sequence.stop()
@@ -295,7 +295,7 @@ async def test_a_sequence_its_consumer_stops_ends_stop_and_serves_the_next_turn(
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": "Go on."},
             ]
-            following = tuple(await model.render(turn))
+            following = tuple(await model.prompts.render(turn))
             assert following[: len(prompt)] == prompt
             nxt = await model.submit(GenerationRequest(following, 4, 0.0, 1.0))
             await read_sequence(nxt)

@@ -202,7 +202,9 @@ async def test_a_sequence_whose_logits_processor_raises_fails_alone(
     """A fault in one sequence's own code on the generation thread ends that sequence alone;
     the others in the batch and the thread go on."""
     model = server.model
-    prompt = tuple(await model.render([{"role": "user", "content": "Count from 1 to 110."}]))
+    prompt = tuple(
+        await model.prompts.render([{"role": "user", "content": "Count from 1 to 110."}])
+    )
     faults.break_processors("broken", after=3)
 
     with trio.fail_after(DEADLINE):

@@ -20,8 +20,9 @@ from mlx_responses.model.vision import (
 from mlx_responses.model.vision_prefill import keyed
 from mlx_responses.protocol.errors import ApiError
 from mlx_responses.protocol.images import ImageRef, image_parts, marker, split_text
+from mlx_responses.protocol.item_json import item_json
 from mlx_responses.protocol.item_types import FunctionCallOutput, InputMessage
-from mlx_responses.protocol.items import item_json, parse_item, read_item
+from mlx_responses.protocol.items import parse_item, read_item
 
 RED = ImageRef("data:image/png;base64,AAAA", "low")
 

@@ -45,7 +45,8 @@ from ..protocol.compaction import (
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.history import items_from_json
 from ..protocol.ids import new_id
-from ..protocol.items import Compaction, InputMessage, TurnItem, item_json
+from ..protocol.item_json import item_json
+from ..protocol.items import Compaction, InputMessage, TurnItem
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
@@ -276,7 +277,7 @@ async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None
     items = items_from_json(prepared.all_items)
 
     def cost(item: TurnItem) -> int:
-        return model.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
+        return model.prompts.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS
 
     try:
         if keep_tokens is None:

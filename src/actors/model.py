@@ -27,15 +27,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from typing import assert_never
 
 import trio
 
 from .. import formats
-from ..formats import reasoning_opens_in_prompt
-from ..model.constrain import CannotConstrain, InvalidSchema
 from ..model.inbound import (
     Admit,
     Arrivals,
@@ -43,17 +41,12 @@ from ..model.inbound import (
 )
 from ..model.inbound import Cancel as CancelSequence
 from ..model.inbound import Shutdown as StopGeneration
-from ..model.incremental_render import IncrementalTokenizer
-from ..model.loader import LoadedModel, render_prompt
+from ..model.loader import LoadedModel
 from ..model.outbound import BatchFact, Ended, Exited, Loaded
-from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.slot import FinishReason, SequenceSlot
 from ..model.thread import ModelStatistics
 from ..model.vision import ImageError
-from ..protocol.decoding import Decoding
 from ..protocol.errors import invalid_request
-from ..protocol.images import has_images
-from ..protocol.prompt_memo import RenderedPrompt
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
 from .model_types import (
@@ -66,6 +59,7 @@ from .model_types import (
     ModelUnavailable,
     ThreadFactory,
 )
+from .prompt_maker import PromptMaker
 
 __all__ = [
     "Arrival",
@@ -130,6 +124,8 @@ ModelMessage = Submit | Cancel | Stop | Shutdown | FromThread
 class ModelHandle:
     """The typed handle other actors use to reach the model actor."""
 
+    prompts: PromptMaker  # the text side: template, tokenizer, grammar (the caller's task)
+
     def __init__(
         self,
         settings: ModelSettings,
@@ -146,13 +142,10 @@ class ModelHandle:
             loaded.has_thinking or fmt.reasons,
             loaded.input_modalities,
         )
+        self.prompts = PromptMaker(self.info, loaded)
         self.vision = loaded.vision  # a vision model's image side (None: text-only)
-        self.constraints = loaded.constraints
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
         self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
-        self._tokenizer = loaded.tokenizer
-        self._bound = measure_tokenizer(loaded.tokenizer)
-        self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
         self._mailbox = mailbox
         self._engine = engine
         self.restarts = 0
@@ -180,90 +173,6 @@ class ModelHandle:
     def decoding(self) -> int:
         """Sequences decoding at the latest step (cheap: read per output by every run)."""
         return self._engine.latest().decoding
-
-    async def render(
-        self,
-        chat: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-        max_tokens: int | None = None,
-    ) -> list[int]:
-        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX).
-        With ``max_tokens``, a prompt provably longer raises ``PromptTooLong`` untokenized."""
-        tokenizer, bound = self._tokenizer, self._bound
-
-        def plain(chat: Sequence[Mapping[str, Any]]) -> list[int]:
-            if max_tokens is not None:  # cheap refusals (model/prompt_bounds.py)
-                return render_within(tokenizer, bound, max_tokens, chat, tools, template_kwargs)
-            return render_prompt(tokenizer, chat, tools, template_kwargs)
-
-        vision = self.vision
-        if vision is None:
-            if any(has_images(str(message.get("content"))) for message in chat):
-                # A history a vision model stored, replayed to a text-only one.
-                raise invalid_request("The input holds images; this model is text-only.", "input")
-            return await trio.to_thread.run_sync(plain, chat)
-        # Images become the model's image tokens (model/vision.py); a refused one is a 400.
-        try:
-            return await trio.to_thread.run_sync(vision.render, chat, plain)
-        except ImageError as exc:
-            raise invalid_request(f"Invalid image: {exc}", "input") from None
-
-    async def make_prompt(
-        self,
-        chat: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        template_kwargs: Mapping[str, Any] | None,
-        max_tokens: int | None = None,
-        *,
-        keep: bool = False,
-        known: RenderedPrompt | None = None,
-        decoding: Decoding | None = None,
-    ) -> ModelPrompt:
-        """A prompt made ready in one ask: rendered (``render``; with ``keep``, only what
-        ``known``, an earlier render, does not cover is tokenized, ``model/incremental_render.py``:
-        the same ids, and this render comes back to be kept), ``decoding`` compiled
-        (``CannotConstrain`` when it cannot be) and whether the prompt opened a reasoning block."""
-        rendered = None
-        if keep and not (
-            self.vision is not None
-            and any(has_images(str(message.get("content"))) for message in chat)
-        ):  # a prompt with images is rendered whole
-            rendered = await trio.to_thread.run_sync(
-                self._incremental.render,
-                self._tokenizer,
-                self._bound,
-                max_tokens,
-                chat,
-                tools,
-                template_kwargs,
-                known,
-            )
-        if rendered is not None:
-            ids = rendered.ids
-        else:
-            ids = tuple(await self.render(chat, tools, template_kwargs, max_tokens))
-        grammar = None
-        if decoding is not None:
-            constraints, tool_format = self.constraints, self.info.tool_format
-            try:
-                if constraints is None:
-                    raise RuntimeError(
-                        "this model's tokenizer does not support constrained decoding"
-                    )
-                # llguidance on a worker thread (no MLX).
-                grammar = await trio.to_thread.run_sync(constraints.follow, decoding, tool_format)
-            except (InvalidSchema, NotImplementedError, RuntimeError) as exc:
-                raise CannotConstrain(exc) from exc
-        return ModelPrompt(ids, rendered, grammar, self.opens_reasoning(ids))
-
-    def opens_reasoning(self, prompt: Sequence[int]) -> bool:
-        """Whether the rendered prompt already opened a ``<think>`` block."""
-        tail = self._tokenizer.decode(list(prompt[-8:]))
-        return self.info.has_thinking and reasoning_opens_in_prompt(str(tail))
-
-    def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     async def submit(self, request: GenerationRequest) -> GenerationSequence:
         """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable`` (or a 400

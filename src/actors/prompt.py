@@ -37,6 +37,7 @@ from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tools import FunctionTool
 from .model import ModelHandle
+from .prompt_maker import PromptMaker
 from .runtime import Actors, RunningResponses
 
 # The store bytes a background job is assumed to need per token of its output budget.
@@ -156,6 +157,7 @@ async def _render(
     issue 14; the grammar). The instructions go first, merged into the system message, and
     the reasoning of earlier plain replies is echoed back where a replay dropped it."""
     model = actors.model
+    prompts: PromptMaker = model.prompts
     turn = resolve(request, history)
     if turn.tools is not None:
         request = dataclasses.replace(request, tools=turn.tools)
@@ -174,7 +176,7 @@ async def _render(
         if actors.echo is not None:
             items = await actors.echo.restore(request.owner, items)
         chat = to_chat(request.config.instructions, items, replay)
-        made = await model.make_prompt(
+        made = await prompts.make_prompt(
             chat,
             tools,
             kwargs,

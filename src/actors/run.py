@@ -102,6 +102,8 @@ class ResponseRun:
         admission: Admission | None = None,
     ) -> None:
         self.phase = advance(Phase.PREPARING, Step.PREPARED)
+        if admission is not None:
+            self.phase = advance(self.phase, Step.ADMITTED)
         self.request = request
         self.prepared = prepared
         self._actors = actors
@@ -110,9 +112,12 @@ class ResponseRun:
         )
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
         self.log.input_items = prepared.all_items
-        self.log.prompt_tokens = len(prepared.prompt)
         self.log.rendered = prepared.rendered  # issue 14: the transport keeps it
-        self._admission: Admission | None = None
+        self.log.prompt_tokens = len(prepared.prompt)
+        if admission is not None:  # as ``attach`` does
+            self.log.prompt_tokens = admission.sequence.prompt_tokens
+            self.log.watch_cache(lambda: admission.sequence.cached_tokens)  # issue 12
+        self._admission = admission
         self._output_tokens = 0
         self._stop_sequence: str | None = None
         self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
@@ -122,8 +127,6 @@ class ResponseRun:
         # Events fed but not yet published (the closing events of a finished sequence's items,
         # published with the terminal event).
         self._held: list[JsonObject] = []
-        if admission is not None:
-            self.attach(admission)
 
     @property
     def response_id(self) -> str:
@@ -167,7 +170,7 @@ class ResponseRun:
         admission = self._admission
         if admission is None:
             return Usage(0, 0)
-        reasoning = self._actors.model.count_tokens(
+        reasoning = self._actors.model.prompts.count_tokens(
             self._prior_reasoning + admission.shaper.reasoning_text
         )
         return Usage(

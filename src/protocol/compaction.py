@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from .item_json import encode_compaction
 from .items import (
     Compaction,
     FunctionCall,
@@ -39,7 +40,6 @@ from .items import (
     Reasoning,
     TurnItem,
     decode_compaction,
-    encode_compaction,
 )
 
 __all__ = [

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .items import InputItem, JsonObject, item_json, read_item
+from .item_json import item_json
+from .items import InputItem, JsonObject, read_item
 from .tool_search import discoverable
 from .tools import FunctionTool, offered_tools
 

@@ -1,5 +1,6 @@
-"""Input items as internal frozen values (``items.py`` parses and writes them; re-exported
-there): messages, function calls and their outputs, reasoning, and compaction.
+"""Input items as internal frozen values (``items.py`` reads them, ``item_json.py`` writes them;
+re-exported from ``items.py``): messages, function calls and their outputs, reasoning, and
+compaction.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ ROLES: Final[tuple[str, ...]] = get_args(Role)
 
 Phase = Literal["commentary", "final_answer"]
 PHASES: Final[tuple[str, ...]] = get_args(Phase)
+
+# The version of a compaction item's ``encrypted_content`` (``item_json.encode_compaction``).
+COMPACTION_FORMAT_VERSION: Final = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,23 @@
-"""Input items: the internal frozen types, strict parsing of a request's ``input`` array, and the
-JSON shapes we store and list (``input_items``, conversation items).
+"""Input items read: strict parsing of a request's ``input`` array and of the items we stored
+(pure). The types live in ``item_types.py`` (re-exported here); ``item_json.py`` writes them.
 
 Invariants:
-- ``parse_item`` accepts every item type a client replays (messages with or without ``type``,
-  ``function_call``, ``function_call_output``, ``reasoning``) and refuses anything else with an
-  ``ApiError`` whose ``param`` is the JSON path (``input[2].content[0].type``).
-- ``item_json`` and ``read_item`` round-trip: ``read_item(item_json(x, id)) == x``, so a stored
-  history replays exactly the items the original turn rendered; a previous ``output`` sent back
-  verbatim as input parses to the same items the response produced.
+- One reader for every item a client replays (messages with or without ``type``,
+  ``function_call``, ``function_call_output``, their custom-tool forms, ``tool_search_call`` /
+  ``tool_search_output`` (issue 13), ``reasoning``, ``compaction``) and for the fields they hold:
+  ``parse_item`` refuses anything else with an ``ApiError`` whose ``param`` is the JSON path
+  (``input[2].content[0].type``); a field check never guesses a value of another type.
+- ``read_item(item_json(x, id)) == x``, so a stored history replays exactly the items the
+  original turn rendered; a previous ``output`` sent back verbatim as input parses to the same
+  items the response produced.
 - ``input_image`` / ``input_file`` parts from a client are refused with a clear 400 (the model is
   text-only). On a vision model the HTTP edge turned each accepted image into a marker in the
   text first (``images.py``); ``item_json`` lists it as an ``input_image`` part again, and
   ``read_item`` (stored items, never a client's) reads such a part back into the marker.
+- A tool search item: unknown keys and an ``execution`` other than ``server`` / ``client`` are a
+  400 naming the path; a null ``call_id`` (a server search's) reads as ``""``; a
+  ``tool_search_call`` becomes a ``FunctionCall`` named ``tool_search`` with its arguments as
+  JSON text, a ``tool_search_output`` a ``FunctionCallOutput`` whose text names the loaded tools.
 - A ``compaction`` item (issue 6) carries its summary and retained items in ``encrypted_content``
   (base64url JSON, see ``compaction.py``); a malformed one is a 400 naming the problem, and its
   retained items never hold another compaction item.
@@ -22,15 +28,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 from .errors import ApiError, invalid_request
-from .fields import json_type as json_type  # re-exported: importers of items find it here
-from .fields import optional_str as optional_str
-from .fields import require_str
-from .ids import new_id
-from .images import ImageRef, has_images, image_parts, marker
+from .images import ImageRef, marker
 from .item_types import (
+    COMPACTION_FORMAT_VERSION,
     PHASES,
     ROLES,
     Compaction,
@@ -44,12 +48,8 @@ from .item_types import (
     Role,
     TurnItem,
 )
-from .objects import (
-    custom_tool_call_item,
-    tool_search_call_item,
-    tool_search_output_item,
-)
-from .search_items import parse_search_call, parse_search_output
+from .objects import Execution
+from .tool_spec import qualified_name
 
 # The item types live in item_types.py; they stay importable from here.
 __all__ = [
@@ -68,12 +68,11 @@ __all__ = [
     "Role",
     "TurnItem",
     "decode_compaction",
-    "encode_compaction",
-    "item_json",
     "json_type",
     "optional_str",
     "parse_item",
     "read_item",
+    "require_str",
 ]
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
@@ -116,9 +115,9 @@ def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
                 custom=True,
             )
         case "tool_search_call":
-            return parse_search_call(item, path)
+            return _parse_search_call(item, path)
         case "tool_search_output":
-            return parse_search_output(item, path)
+            return _parse_search_output(item, path)
         case "function_call_output" | "custom_tool_call_output":
             output = item.get("output")
             if isinstance(output, list):
@@ -273,92 +272,84 @@ def _text_of_parts(parts: list[Any], owner: str, path: str, stored: bool = False
     return "".join(texts)
 
 
-def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
-    """The stored / listed JSON shape of an input item, with its id."""
-    match item:
-        case InputMessage(role, text, phase):
-            part_type = "output_text" if role == "assistant" else "input_text"
-            part: JsonObject = {"type": part_type, "text": text}
-            if part_type == "output_text":
-                part["annotations"] = []
-            message: JsonObject = {
-                "id": item_id or new_id("msg"),
-                "type": "message",
-                "role": role,
-                "status": "completed",
-                # An image (a marker in the text) is listed as its input_image part.
-                "content": image_parts(text, part_type) if has_images(text) else [part],
-            }
-            if phase is not None:
-                message["phase"] = phase
-            return message
-        case FunctionCall(call_id, name, arguments, search=str(execution)):
-            return tool_search_call_item(
-                item_id or new_id("tsc"),
-                call_id=call_id,
-                execution="client" if execution == "client" else "server",
-                arguments=arguments,
-                status="completed",
-            )
-        case FunctionCallOutput(call_id, search=str(execution), search_tools=str(tools)):
-            return tool_search_output_item(
-                item_id or new_id("tso"),
-                call_id=call_id,
-                execution="client" if execution == "client" else "server",
-                tools=json.loads(tools),
-            )
-        case FunctionCall(call_id, name, arguments, namespace, custom=True):
-            return custom_tool_call_item(
-                item_id or new_id("ctc"),
-                call_id=call_id,
-                name=name,
-                text=arguments,
-                namespace=namespace,
-            )
-        case FunctionCall(call_id, name, arguments, namespace):
-            call: JsonObject = {
-                "id": item_id or new_id("fc"),
-                "type": "function_call",
-                "call_id": call_id,
-                "name": name,
-                "arguments": arguments,
-                "status": "completed",
-            }
-            if namespace is not None:
-                call["namespace"] = namespace
-            return call
-        case FunctionCallOutput(call_id, output, custom=True):
-            return {
-                "id": item_id or new_id("ctco"),
-                "type": "custom_tool_call_output",
-                "call_id": call_id,
-                "output": image_parts(output, "input_text") if has_images(output) else output,
-            }
-        case FunctionCallOutput(call_id, output):
-            return {
-                "id": item_id or new_id("fco"),
-                "type": "function_call_output",
-                "call_id": call_id,
-                # An image the tool returned (Codex's view_image) is listed as its part.
-                "output": image_parts(output, "input_text") if has_images(output) else output,
-                "status": "completed",
-            }
-        case Reasoning(text, encrypted):
-            reasoning: JsonObject = {
-                "id": item_id or new_id("rs"),
-                "type": "reasoning",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": text}] if text else None,
-            }
-            if encrypted is not None:
-                reasoning["encrypted_content"] = encrypted
-            return reasoning
-        case Compaction():
-            return {
-                "id": item_id or new_id("cmp"),
-                "type": "compaction",
-                "encrypted_content": encode_compaction(item),
-            }
+# --- tool search items (issue 13) ------------------------------------------------------------
+
+_SEARCH_CALL_KEYS: Final = frozenset(
+    {"type", "id", "call_id", "execution", "status", "arguments", "created_by"}
+)
+_SEARCH_OUTPUT_KEYS: Final = frozenset(
+    {"type", "id", "call_id", "execution", "status", "tools", "created_by"}
+)
+
+
+def _search_common(item: JsonObject, path: str, keys: frozenset[str]) -> tuple[str, Execution]:
+    """A tool search item's ``call_id`` ("" when null, as a server search's may be) and
+    ``execution`` (default ``server``)."""
+    extra = set(item) - keys
+    if extra:
+        key = sorted(extra)[0]
+        raise invalid_request(f"Unknown parameter: '{path}.{key}'.", f"{path}.{key}")
+    call_id = optional_str(item, "call_id", path) or ""
+    execution = item.get("execution") or "server"
+    if execution not in ("server", "client"):
+        raise invalid_request(
+            f"Invalid value for '{path}.execution': {execution!r}; expected 'server' or 'client'.",
+            f"{path}.execution",
+        )
+    return call_id, "client" if execution == "client" else "server"
+
+
+def _parse_search_call(item: JsonObject, path: str) -> FunctionCall:
+    call_id, execution = _search_common(item, path, _SEARCH_CALL_KEYS)
+    if "arguments" not in item:
+        raise invalid_request(
+            f"Missing required parameter: '{path}.arguments'.", f"{path}.arguments"
+        )
+    arguments = item["arguments"]
+    if not isinstance(arguments, dict):
+        raise invalid_request(
+            f"Invalid type for '{path}.arguments': expected an object, but got "
+            f"{json_type(arguments)}.",
+            f"{path}.arguments",
+        )
+    text = json.dumps(arguments, ensure_ascii=False)
+    return FunctionCall(call_id, "tool_search", text, search=execution)
+
+
+def _parse_search_output(item: JsonObject, path: str) -> FunctionCallOutput:
+    call_id, execution = _search_common(item, path, _SEARCH_OUTPUT_KEYS)
+    tools = item.get("tools")
+    if not isinstance(tools, list):
+        raise invalid_request(
+            f"Invalid type for '{path}.tools': expected an array of tools, but got "
+            f"{json_type(tools)}.",
+            f"{path}.tools",
+        )
+    names = _loaded_names(tools)
+    summary = "Tools loaded: " + (", ".join(names) if names else "none") + "."
+    return FunctionCallOutput(
+        call_id,
+        summary,
+        search=execution,
+        search_tools=json.dumps(tools, ensure_ascii=False),
+    )
+
+
+def _loaded_names(tools: list[Any]) -> list[str]:
+    """The names the model calls the loaded tools by (a namespace's functions qualified)."""
+    names: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        inner = tool.get("tools") if tool.get("type") == "namespace" else None
+        if isinstance(inner, list):
+            namespace = str(tool.get("name", ""))
+            names += [
+                qualified_name(namespace, str(t.get("name"))) for t in inner if isinstance(t, dict)
+            ]
+        elif isinstance(tool.get("name"), str):
+            names.append(tool["name"])
+    return names
 
 
 def read_item(item: JsonObject) -> InputItem | None:
@@ -369,21 +360,7 @@ def read_item(item: JsonObject) -> InputItem | None:
         return None
 
 
-COMPACTION_FORMAT_VERSION: Final = 1
-
-
-# --- the compaction item's encrypted_content (base64url JSON; spec 000) --------------------------------------------------------------------
-
-
-def encode_compaction(compaction: Compaction) -> str:
-    items = []
-    for item in compaction.retained:
-        shaped = item_json(item, "-")
-        del shaped["id"]  # ids are minted again on output; the content needs none
-        items.append(shaped)
-    payload = {"v": COMPACTION_FORMAT_VERSION, "summary": compaction.summary, "items": items}
-    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+# --- the compaction item's encrypted_content (base64url JSON; spec 000) --------------------
 
 
 def _malformed(path: str, why: str) -> ApiError:
@@ -420,3 +397,48 @@ def decode_compaction(text: str, path: str) -> Compaction:
             raise _malformed(path, f"retained item {index} is itself a compaction item")
         retained.append(item)
     return Compaction(summary, tuple(retained))
+
+
+# --- one field, strictly: the 400 names its path ----------------------------------------
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a value's type, for error messages."""
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list() | tuple():
+            return "an array"
+        case dict():
+            return "an object"
+    return type(value).__name__
+
+
+def require_str(item: Mapping[str, Any], key: str, path: str) -> str:
+    """``item[key]``, a required string; else a 400 naming ``path.key``."""
+    value = item.get(key)
+    if value is None:
+        raise invalid_request(f"Missing required parameter: '{path}.{key}'.", f"{path}.{key}")
+    if not isinstance(value, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
+            f"{path}.{key}",
+        )
+    return value
+
+
+def optional_str(item: Mapping[str, Any], key: str, path: str) -> str | None:
+    """``item[key]`` when a string or absent/null; else a 400 naming ``path.key``."""
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
+            f"{path}.{key}",
+        )
+    return value

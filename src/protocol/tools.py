@@ -25,7 +25,7 @@ from typing import Any
 
 from .check_memo import CheckMemo
 from .errors import invalid_request
-from .fields import json_type, optional_str
+from .items import json_type, optional_str
 from .tool_spec import FunctionTool, ToolChoice, qualified_name
 
 log = logging.getLogger(__name__)

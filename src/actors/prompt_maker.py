@@ -1,0 +1,130 @@
+"""The model's text side: its chat template, tokenizer and grammar compiler, on the Trio side.
+
+Invariants:
+- A ``PromptMaker`` turns chat messages into the model's prompt ids and a grammar, and counts
+  tokens. It holds only read-only things of the loaded model (tokenizer, the tokenizer's length
+  bound, the grammar compiler, a vision model's image side) and never the model actor's state:
+  its work runs on worker threads in the caller's task (tokenizer, Jinja, llguidance; no MLX),
+  so a long render never holds up the model actor's mailbox.
+- ``make_prompt`` is a prompt's one trip here: rendered (``render``; with ``keep``, only what
+  ``known``, an earlier render, does not cover is tokenized, ``model/incremental_render.py``:
+  the same ids, and this render comes back to be kept), ``decoding`` compiled
+  (``CannotConstrain`` when it cannot be), and whether the prompt opened a reasoning block.
+- A refused image is a 400 (``Invalid image``); images in a history replayed to a text-only
+  model are a 400; ``PromptTooLong`` refuses a provably too long prompt untokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from ..formats import reasoning_opens_in_prompt
+from ..model.constrain import CannotConstrain, InvalidSchema
+from ..model.incremental_render import IncrementalTokenizer
+from ..model.loader import LoadedModel, render_prompt
+from ..model.prompt_bounds import measure_tokenizer, render_within
+from ..model.vision import ImageError
+from ..protocol.decoding import Decoding
+from ..protocol.errors import invalid_request
+from ..protocol.images import has_images
+from ..protocol.prompt_memo import RenderedPrompt
+from .model_types import ModelInfo, ModelPrompt
+
+
+class PromptMaker:
+    """Chat messages -> the model's prompt (``ModelHandle.prompts``)."""
+
+    def __init__(self, info: ModelInfo, loaded: LoadedModel) -> None:
+        self.info = info
+        self.vision = loaded.vision  # a vision model's image side (None: text-only)
+        self.constraints = loaded.constraints
+        self._tokenizer = loaded.tokenizer
+        self._bound = measure_tokenizer(loaded.tokenizer)
+        self._incremental = IncrementalTokenizer.for_tokenizer(loaded.tokenizer, self._bound)
+
+    async def render(
+        self,
+        chat: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> list[int]:
+        """Apply the chat template and tokenize on a worker thread (tokenizer only, no MLX).
+        With ``max_tokens``, a prompt provably longer raises ``PromptTooLong`` untokenized."""
+        tokenizer, bound = self._tokenizer, self._bound
+
+        def plain(chat: Sequence[Mapping[str, Any]]) -> list[int]:
+            if max_tokens is not None:  # cheap refusals (model/prompt_bounds.py)
+                return render_within(tokenizer, bound, max_tokens, chat, tools, template_kwargs)
+            return render_prompt(tokenizer, chat, tools, template_kwargs)
+
+        vision = self.vision
+        if vision is None:
+            if any(has_images(str(message.get("content"))) for message in chat):
+                # A history a vision model stored, replayed to a text-only one.
+                raise invalid_request("The input holds images; this model is text-only.", "input")
+            return await trio.to_thread.run_sync(plain, chat)
+        # Images become the model's image tokens (model/vision.py); a refused one is a 400.
+        try:
+            return await trio.to_thread.run_sync(vision.render, chat, plain)
+        except ImageError as exc:
+            raise invalid_request(f"Invalid image: {exc}", "input") from None
+
+    async def make_prompt(
+        self,
+        chat: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        max_tokens: int | None = None,
+        *,
+        keep: bool = False,
+        known: RenderedPrompt | None = None,
+        decoding: Decoding | None = None,
+    ) -> ModelPrompt:
+        """A prompt made ready in one ask: rendered (``render``; with ``keep``, only what
+        ``known``, an earlier render, does not cover is tokenized, ``model/incremental_render.py``:
+        the same ids, and this render comes back to be kept), ``decoding`` compiled
+        (``CannotConstrain`` when it cannot be) and whether the prompt opened a reasoning block."""
+        rendered = None
+        if keep and not (
+            self.vision is not None
+            and any(has_images(str(message.get("content"))) for message in chat)
+        ):  # a prompt with images is rendered whole
+            rendered = await trio.to_thread.run_sync(
+                self._incremental.render,
+                self._tokenizer,
+                self._bound,
+                max_tokens,
+                chat,
+                tools,
+                template_kwargs,
+                known,
+            )
+        if rendered is not None:
+            ids = rendered.ids
+        else:
+            ids = tuple(await self.render(chat, tools, template_kwargs, max_tokens))
+        grammar = None
+        if decoding is not None:
+            constraints, tool_format = self.constraints, self.info.tool_format
+            try:
+                if constraints is None:
+                    raise RuntimeError(
+                        "this model's tokenizer does not support constrained decoding"
+                    )
+                # llguidance on a worker thread (no MLX).
+                grammar = await trio.to_thread.run_sync(constraints.follow, decoding, tool_format)
+            except (InvalidSchema, NotImplementedError, RuntimeError) as exc:
+                raise CannotConstrain(exc) from exc
+        return ModelPrompt(ids, rendered, grammar, self.opens_reasoning(ids))
+
+    def opens_reasoning(self, prompt: Sequence[int]) -> bool:
+        """Whether the rendered prompt already opened a ``<think>`` block."""
+        tail = self._tokenizer.decode(list(prompt[-8:]))
+        return self.info.has_thinking and reasoning_opens_in_prompt(str(tail))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
