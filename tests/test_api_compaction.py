@@ -611,3 +611,31 @@ async def test_compacting_the_same_history_again_reports_cached_tokens(
     assert one["input_tokens"] == two["input_tokens"] > 0
     assert 0 < two["input_tokens_details"]["cached_tokens"] < two["input_tokens"]
     assert first.json()["output"][-1]["type"] == second.json()["output"][-1]["type"]
+
+
+async def test_a_client_that_leaves_while_its_history_compacts_frees_the_summary(
+    nursery: trio.Nursery,
+) -> None:
+    """A streamed create whose history compacts first: the client hangs up while the summary
+    is prefilling; the summary leaves the batch then, and nothing else is admitted."""
+    # One prompt token per prefill step: the summary's prefill takes long enough to leave in.
+    server = await start_server(nursery, context_size=512, prefill_step_size=1)
+    model = server.model
+    body = {"model": MODEL, "input": LONG_INPUT, "stream": True, **managed(1)}
+    async def create(http: httpx.AsyncClient) -> None:
+        async with http.stream("POST", "/v1/responses", json=body) as reply:
+            async for _ in reply.aiter_bytes():
+                pass
+
+    with trio.fail_after(DEADLINE):
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            async with trio.open_nursery() as client:
+                client.start_soon(create, http)
+                await wait_until(lambda: model.statistics().prompt_tokens_processed > 0)
+                client.cancel_scope.cancel()  # the client leaves, the summary half prefilled
+        await model.wait_idle()
+        await wait_until(lambda: server.responses.statistics().tasks == 0)
+    stats = model.statistics()
+    assert stats.sequences_cancelled == 1  # the summary left the batch
+    assert stats.sequences_finished == 0  # it did not run on, nor did the response's own
+    assert stats.active == 0

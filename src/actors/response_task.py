@@ -11,6 +11,9 @@ Invariants:
 - Every way a response ends gives exactly one terminal event: finished, refused after it was
   announced (a background job's compaction), cancelled (the cancel endpoint, the client leaving,
   shutdown, a steer) or an exception inside it (``failed`` / ``server_error``).
+- The task's cancel scope (``TaskEntry.scope``) and its opener's presence cover its whole life,
+  preparation and admission included: a client that leaves while a summary generates before
+  its response exists (automatic compaction) takes the summary out of the batch at once.
 - The task talks to its supervisor three times at most: ``Register`` once its response exists
   (it becomes findable, cancellable and counted), ``Reserve`` (a background job's bytes), and
   ``Ended``, last, always.
@@ -111,10 +114,21 @@ async def respond(
     mailbox: Mailbox,
 ) -> None:
     async with mailbox:
+        run: ResponseRun | None = None
         try:
-            run = await _open(entry, request, opened, actors, running, mailbox)
-            if run is not None:
-                await _drive_published(entry, run, presence, actors)
+            # Cancelled by the supervisor (the cancel endpoint, shutdown, a steer) or, from the
+            # first step, by the client leaving: a summary that generates before the response
+            # exists (automatic compaction) leaves the batch with it.
+            with entry.scope:
+                async with trio.open_nursery() as nursery:
+                    if presence is not None:
+                        nursery.start_soon(_watch_presence, presence, entry)
+                    run = await _open(entry, request, opened, actors, running, mailbox)
+                    if run is not None:
+                        await _drive_published(entry, run, actors)
+                    nursery.cancel_scope.cancel()
+            if run is not None and not run.terminal:
+                await _end_cancelled(entry, run, actors)
         finally:
             if presence is not None:
                 presence.close()
@@ -169,30 +183,22 @@ async def _open(
     return run
 
 
-async def _drive(
-    entry: TaskEntry,
-    run: ResponseRun,
-    presence: trio.MemoryReceiveChannel[None] | None,
-    actors: Actors,
-) -> None:
-    """From waiting (or prefilling) to ended, whatever happens: one terminal event."""
-    with entry.scope:
-        try:
-            async with trio.open_nursery() as nursery:
-                if presence is not None:
-                    nursery.start_soon(_watch_presence, presence, entry)
-                if not run.request.generate:
-                    await run.warm_up()
-                elif run.request.compact_now:
-                    await _compact_now(run, actors)
-                elif run.phase is not Phase.WAITING or await _admit_later(run, actors):
-                    await run.generate()
-                nursery.cancel_scope.cancel()
-        except Exception:
-            log.exception("response %s failed", run.response_id)
-            await run.end_failed("The server had an internal error while generating this response.")
-    if run.terminal:
-        return
+async def _drive(run: ResponseRun, actors: Actors) -> None:
+    """From waiting (or prefilling) to its terminal event, unless it is cancelled first."""
+    try:
+        if not run.request.generate:
+            await run.warm_up()
+        elif run.request.compact_now:
+            await _compact_now(run, actors)
+        elif run.phase is not Phase.WAITING or await _admit_later(run, actors):
+            await run.generate()
+    except Exception:
+        log.exception("response %s failed", run.response_id)
+        await run.end_failed("The server had an internal error while generating this response.")
+
+
+async def _end_cancelled(entry: TaskEntry, run: ResponseRun, actors: Actors) -> None:
+    """A run cancelled before its terminal event: one terminal event all the same."""
     report_cancel(actors.timings, entry.reason)  # issue 16: cancellations by reason
     if entry.reason == "steered":
         await run.end_steered()
@@ -203,18 +209,17 @@ async def _drive(
 async def _drive_published(
     entry: TaskEntry,
     run: ResponseRun,
-    presence: trio.MemoryReceiveChannel[None] | None,
     actors: Actors,
 ) -> None:
     """``_drive``; with replicas (issue 15), a stored background job's events are published
     to the shared store while it runs, so any replica can follow it."""
     replica = actors.replica
     if replica is None or not entry.background or entry.ephemeral:
-        await _drive(entry, run, presence, actors)
+        await _drive(run, actors)
         return
     async with trio.open_nursery() as nursery:
         nursery.start_soon(replica.publish, run.log)
-        await _drive(entry, run, presence, actors)
+        await _drive(run, actors)
         nursery.cancel_scope.cancel()  # its record is stored: followers read that
 
 
