@@ -7,8 +7,8 @@ Invariants:
 - ``admit`` asks the model actor for a sequence; the model actor counts it until the thread
   reports it ended. A refusal (no room in the context window, the batch full, the server
   closing) raises ``ApiError`` and leaves nothing admitted.
-- ``admit_ready`` is a plain create's one call here (a compaction admits on its own route,
-  ``compaction.py``); ``admit_continuation`` is a run's, after a server tool search
+- ``admit_ready`` is a create's one call here (its prompt compacted first or not, the
+  compacted one ready from ``compaction.compacted``); ``admit_continuation`` is a run's, after a server tool search
   (issue 13): render, grammar and admission of the next sequence.
 """
 
@@ -46,11 +46,9 @@ class Admission:
     compaction: Compacted | None = None  # the history was compacted first
 
 
-async def admit_ready(
-    ready: ReadyPrompt, model: ModelHandle, compaction: Compacted | None = None
-) -> Admission:
+async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission:
     """A prepared response's sequence, with the machine input of its history's compaction if
-    it was compacted first. A warm-up (``generate: false``) prefills its prompt and generates
+    it was compacted first (``ready.compaction``). A warm-up (``generate: false``) prefills its prompt and generates
     one token, which is not output, with no grammar."""
     request, prepared, budget = ready.request, ready.prepared, ready.budget
     window = model.info.context_window
@@ -82,19 +80,14 @@ async def admit_ready(
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc
     except ModelOverloaded as exc:
         raise ApiError(503, "server_error", str(exc), code="server_overloaded") from exc
-    return Admission(sequence, shaper, compaction)
+    return Admission(sequence, shaper, ready.compaction)
 
 
-async def admit(
-    request: CreateRequest,
-    prepared: PreparedPrompt,
-    model: ModelHandle,
-    compaction: Compacted | None = None,
-) -> Admission:
-    """``prepared`` (a compacted history, a summary's prompt, a continuation) admitted for
-    ``request``, with the machine input of its compaction if any; raises ``ApiError``."""
+async def admit(request: CreateRequest, prepared: PreparedPrompt, model: ModelHandle) -> Admission:
+    """``prepared`` (a summary's prompt, a continuation) admitted for ``request``; raises
+    ``ApiError``."""
     budget = request.output_budget(len(prepared.prompt), model.info.context_window)
-    return await admit_ready(ReadyPrompt(request, prepared, False, budget), model, compaction)
+    return await admit_ready(ReadyPrompt(request, prepared, False, budget), model)
 
 
 async def admit_continuation(

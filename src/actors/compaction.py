@@ -4,7 +4,8 @@ Invariants:
 - A create that compacts takes its own route from the response task (``compact_first``), off
   a plain create's way down: a ``compaction_trigger`` is checked before anything exists and
   summarizes inside its response; a background job compacts inside the job
-  (``compact_and_admit`` later); a foreground response's summary generates first.
+  (``compacted`` later); a foreground response's summary generates first. Either way the
+  compacted prompt comes back ready (a ``ReadyPrompt``) and is admitted as a plain one is.
 - Nothing here stores or changes anything. ``compact`` counts, splits the history
   (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
   response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
@@ -43,14 +44,13 @@ from ..protocol.compaction import (
     transcript,
 )
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.history import items_from_json
 from ..protocol.ids import new_id
 from ..protocol.item_json import item_json
 from ..protocol.items import Compaction, InputMessage, TurnItem
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
-from .admission import Admission, admit
+from .admission import admit
 from .event_log import EventLog
 from .prompt import PreparedPrompt, ReadyPrompt, prepare_prompt, render_items
 from .run import ResponseRun
@@ -189,26 +189,26 @@ async def _summarize(
 
 async def compact_first(
     ready: ReadyPrompt, actors: Actors, *, background: bool
-) -> Admission | None:
+) -> ReadyPrompt | None:
     """A create whose history is compacted before it generates, at its open: a
     ``compaction_trigger`` (issue 28) is refused now when it cannot be done at all, and its
-    summary is the response (None); a background job compacts inside the job (None);
-    otherwise the summary generates first, a whole response, and the compacted prompt is
-    admitted before this response exists."""
+    summary is the response (None: nothing to admit); a background job compacts inside the
+    job (None); otherwise the summary generates first, a whole response, and the compacted
+    prompt is ready to admit before this response exists."""
     if ready.request.compact_now:
         await plan(ready.prepared, actors, None)
         return None
     if background:
         return None
-    return await compact_and_admit(ready.request, ready.prepared, actors)
+    return await compacted(ready.request, ready.prepared, actors)
 
 
-async def compact_and_admit(
+async def compacted(
     request: CreateRequest, prepared: PreparedPrompt, actors: Actors
-) -> Admission:
-    """Automatic compaction (``context_management``): the summary generates, then the
-    compacted prompt is admitted (with the request's grammar), with the machine input that
-    puts the compaction item first in the output; raises ``ApiError``."""
+) -> ReadyPrompt:
+    """Automatic compaction (``context_management``): the summary generates; the compacted
+    prompt is ready to admit (with the request's grammar), with the machine input that puts
+    the compaction item first in the output; raises ``ApiError``."""
     window = actors.model.info.context_window
     result = await compact(
         request,
@@ -217,16 +217,18 @@ async def compact_and_admit(
         keep_tokens=default_keep_tokens(window),
         summary_tokens=auto_summary_tokens(window),
     )
-    compacted = PreparedPrompt(
+    ready_prompt = PreparedPrompt(
         prepared.history,
         prepared.new_items,
+        prepared.items,
         result.prompt,
         prepared.tools,
         grammar=prepared.grammar,
         opens_reasoning=result.opens_reasoning,
     )
     step = Compacted(result.item, result.tokens_before, result.tokens_after)
-    return await admit(request, compacted, actors.model, step)
+    budget = request.output_budget(len(result.prompt), window)
+    return ReadyPrompt(request, ready_prompt, False, budget, compaction=step)
 
 
 async def compact_history(
@@ -274,7 +276,7 @@ async def plan(prepared: PreparedPrompt, actors: Actors, keep_tokens: int | None
             f"The history is {before} tokens, longer than the context window of {window} "
             "tokens; compaction needs it to fit in one window."
         )
-    items = items_from_json(prepared.all_items)
+    items = list(prepared.items)  # read once, at preparation
 
     def cost(item: TurnItem) -> int:
         return model.prompts.count_tokens(item_text(item)) + ITEM_OVERHEAD_TOKENS

@@ -62,7 +62,7 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class ModelPrompt:
-    """A prompt made ready on the model's side (``ModelHandle.make_prompt``)."""
+    """A prompt made ready on the model's side (``PromptMaker.make_prompt``)."""
 
     ids: tuple[int, ...]
     rendered: RenderedPrompt | None  # the render, kept for the next turn (``keep_render``)

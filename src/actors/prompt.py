@@ -6,9 +6,9 @@ Invariants:
   leaves no trace.
 - ``prepare_response`` is a response task's one call here, first on its way down, and one
   pass: the model check and the history (here), the turn read once (``protocol/history``),
-  the decoding rule (``protocol/decoding``), the chat messages (``model/chat``), one ask of
-  the model actor that renders and compiles (``ModelHandle.make_prompt``), then the limits. Its
-  ``ReadyPrompt`` is a finished value that admission and the run only read.
+  the decoding rule (``protocol/decoding``), the chat messages (``model/chat``), one call of
+  the model's text side that renders and compiles (``PromptMaker.make_prompt``), then the
+  limits. Its ``ReadyPrompt`` is a finished value that admission and the run only read.
 - The limits a prompt meets: a request whose over-long input is compacted rather than refused
   (``compact_threshold`` set) has no early limit (it must be tokenized to be compacted);
   otherwise the limit is ``context_window - 1`` tokens, so the early refusal (issue 17,
@@ -32,6 +32,7 @@ from ..protocol.decoding import decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.history import resolve
 from ..protocol.items import InputItem
+from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
@@ -50,6 +51,8 @@ class PreparedPrompt:
 
     history: tuple[JsonObject, ...]  # items replayed before this request's input
     new_items: tuple[JsonObject, ...]  # this request's input, ids assigned
+    # Both as parsed, once (``history.resolve``): what renders, before the reasoning echo.
+    items: tuple[InputItem, ...]
     prompt: tuple[int, ...]
     # The tools offered once the history's tool searches loaded theirs (issue 13); None: the
     # request's own ``tools``.
@@ -76,6 +79,9 @@ class ReadyPrompt:
     compacting: bool
     budget: int  # the most tokens it may generate (``CreateRequest.output_budget``)
     job_bytes: int = 0  # a background job's share of the store's byte budget (an estimate)
+    # Compacted first (``compaction.compacted``): the machine input that puts the compaction
+    # item first in the output; ``prepared`` is then the compacted prompt.
+    compaction: Compacted | None = None
 
 
 async def prepare_response(
@@ -203,6 +209,7 @@ async def _render(
     return PreparedPrompt(
         history,
         turn.new_items,
+        turn.items,
         made.ids,
         turn.tools,
         made.rendered,

@@ -36,10 +36,10 @@ from ..protocol.objects import JsonObject, ResponseErrorCode
 from ..protocol.phase import Phase
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import Admission, admit_ready
-from .compaction import compact_and_admit, compact_first, compact_history, compact_now
+from .compaction import compact_first, compact_history, compact_now, compacted
 from .event_log import EventLog
 from .kit import Reply, ask
-from .prompt import prepare_response
+from .prompt import ReadyPrompt, prepare_response
 from .run import ResponseRun
 from .runtime import Actors, RunningResponses
 from .timings import report_cancel
@@ -154,14 +154,15 @@ async def _open(
         # The way down, each step once: prepared (a finished value), admitted, then the run.
         with actors.model.arriving() as arrival:
             ready = await prepare_response(request, actors, running)
-            admission: Admission | None = None
+            admitting: ReadyPrompt | None = ready
             if ready.compacting:  # its own route: a summary generates first (not an arrival)
                 arrival.done()
-                admission = await compact_first(ready, actors, background=entry.background)
+                admitting = await compact_first(ready, actors, background=entry.background)
             if entry.background:
                 await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
-            if not ready.compacting:
-                admission = await admit_ready(ready, actors.model)
+            admission: Admission | None = None
+            if admitting is not None:  # the compacted prompt, if it was compacted first
+                admission = await admit_ready(admitting, actors.model)
         run = ResponseRun(ready.request, ready.prepared, actors, admission=admission)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
@@ -227,7 +228,8 @@ async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
     """A background job's automatic compaction and admission; False when it was refused (the
     run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
     try:
-        run.attach(await compact_and_admit(run.request, run.prepared, actors))
+        ready = await compacted(run.request, run.prepared, actors)
+        run.attach(await admit_ready(ready, actors.model))
     except ApiError as error:
         code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
         await run.end(Fail(code, error.message, None))

@@ -4,18 +4,18 @@ Invariants:
 - ``input_items`` gives every input item an id (``msg_``, ``fc_``, ``rs_``...) once; the same
   ids appear in ``GET /v1/responses/{id}/input_items`` and in the history a chained response
   replays.
-- ``items_from_json`` reads back items in any of the shapes we store or return (input items,
-  output items, conversation items) and skips item types that do not render, so replaying a
-  previous ``output`` gives the same items the turn produced.
 - ``resolve`` reads a request's turn once: its input with ids, the history and input as the
-  items that render (the input as parsed at the edge: ``read_item(item_json(x)) == x``), and
+  items that render (the history's items in any of the shapes we store or return: input,
+  output and conversation items, skipping types that do not render, so replaying a previous
+  ``output`` gives the items the turn produced; the input as parsed at the edge:
+  ``read_item(item_json(x)) == x``), and
   the tools its history loaded: a ``tool_search_output`` in the history (a chain, a
   conversation) loads its deferred tools as one in ``input`` does at the edge (issue 13).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,11 +30,6 @@ if TYPE_CHECKING:
 
 def input_items(items: Iterable[InputItem]) -> tuple[JsonObject, ...]:
     return tuple(item_json(item) for item in items)
-
-
-def items_from_json(items: Sequence[JsonObject]) -> list[InputItem]:
-    """The input items a sequence of stored items renders as."""
-    return [parsed for item in items if (parsed := read_item(item)) is not None]
 
 
 @dataclass(frozen=True, slots=True)
