@@ -106,8 +106,10 @@ async def compact(
         summary_tokens,
         on_summary,
     )
-    item = item_json(Compaction(summary, split.retained))
-    compacted = await render_items(request, actors, (*prepared.all_items, item))
+    compaction = Compaction(summary, split.retained)
+    item = item_json(compaction)
+    parsed = (*prepared.items, compaction)  # the turn as read at preparation, not again
+    compacted = await render_items(request, actors, (*prepared.all_items, item), parsed=parsed)
     prompt = compacted.prompt
     if keep_tokens is not None and len(prompt) >= before:
         raise cannot_compact(

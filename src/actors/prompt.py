@@ -30,7 +30,7 @@ from ..model.constrain import CannotConstrain, Grammar
 from ..model.prompt_bounds import PromptTooLong
 from ..protocol.decoding import decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
-from ..protocol.history import resolve
+from ..protocol.history import Turn, resolve
 from ..protocol.items import InputItem
 from ..protocol.machine import Compacted
 from ..protocol.objects import JsonObject
@@ -143,12 +143,14 @@ async def render_items(
     items: tuple[JsonObject, ...],
     *,
     constrain: bool = False,
+    parsed: tuple[InputItem, ...] | None = None,
 ) -> PreparedPrompt:
     """``items`` (stored items, the input among them) rendered as ``request`` renders
     (instructions, its tools as they are): a compacted history, or a response's items so far
-    (a server tool search's continuation)."""
+    (a server tool search's continuation). ``parsed``: ``items`` as read already (a compacted
+    history: the turn's items and the compaction item), not read again."""
     settled = dataclasses.replace(request, input=(), declared_tools=())
-    return await _render(settled, actors, items, None, constrain)
+    return await _render(settled, actors, items, None, constrain, parsed)
 
 
 async def _render(
@@ -157,14 +159,16 @@ async def _render(
     history: tuple[JsonObject, ...],
     max_tokens: int | None,
     constrain: bool,
+    parsed: tuple[InputItem, ...] | None = None,
 ) -> PreparedPrompt:
-    """``request`` over ``history``: its turn read once, then one ask of the model actor (the
+    """``request`` over ``history``: its turn read once (unless ``parsed`` is that reading of
+    ``history`` already), then one call of the model's text side (the
     render, with ``keep_render`` only what the previous render does not share tokenized,
     issue 14; the grammar). The instructions go first, merged into the system message, and
     the reasoning of earlier plain replies is echoed back where a replay dropped it."""
     model = actors.model
     prompts: PromptMaker = model.prompts
-    turn = resolve(request, history)
+    turn = resolve(request, history) if parsed is None else Turn((), parsed, None)
     if turn.tools is not None:
         request = dataclasses.replace(request, tools=turn.tools)
     decoding = None
