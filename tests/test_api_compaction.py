@@ -622,6 +622,7 @@ async def test_a_client_that_leaves_while_its_history_compacts_frees_the_summary
     server = await start_server(nursery, context_size=512, prefill_step_size=1)
     model = server.model
     body = {"model": MODEL, "input": LONG_INPUT, "stream": True, **managed(1)}
+
     async def create(http: httpx.AsyncClient) -> None:
         async with http.stream("POST", "/v1/responses", json=body) as reply:
             async for _ in reply.aiter_bytes():
