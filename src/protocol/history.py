@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,12 @@ def input_items(items: Iterable[InputItem]) -> tuple[JsonObject, ...]:
     return tuple(item_json(item) for item in items)
 
 
+def items_from_json(items: Sequence[JsonObject]) -> list[InputItem]:
+    """The input items a sequence of stored items renders as (what ``resolve`` reads a history
+    as; the scripts that render captured requests read them so too)."""
+    return [parsed for item in items if (parsed := read_item(item)) is not None]
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """A request read against its history: what it stores, what renders, what it offers."""
@@ -44,7 +50,7 @@ class Turn:
 def resolve(request: CreateRequest, history: tuple[JsonObject, ...]) -> Turn:
     """``request``'s turn over ``history`` (stored items), each item parsed once."""
     new_items = tuple(item_json(item) for item in request.input)
-    replayed = [parsed for item in history if (parsed := read_item(item)) is not None]
+    replayed = items_from_json(history)
     items = (*replayed, *request.input)
     if not request.declared_tools or not history:
         return Turn(new_items, items, None)
