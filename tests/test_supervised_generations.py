@@ -233,3 +233,42 @@ async def test_a_steering_successor_is_a_running_response_cancellable_by_id(
     assert steered["response"]["incomplete_details"] == {"reason": "steered"}
     assert events[-1]["response"]["id"] == successor
     assert server.responses.statistics().tasks == 0
+
+
+async def test_a_compacting_creates_summary_is_a_running_response_cancellable_by_id(
+    gate: Gate, nursery: trio.Nursery
+) -> None:
+    """Automatic compaction: a foreground create's summary generates before its response
+    exists. The summary is listed on ``/status`` while it runs, and cancelling it by its id
+    ends the create with a ``cancelled`` error; nothing is stored or left running."""
+    with trio.fail_after(START_DEADLINE):
+        # A 512-token window: the history has turns older than the kept ones to summarize.
+        server: ServerHandle = await nursery.start(
+            serve, server_settings(thread_factory=gate.factory, context_size=512)
+        )
+    managed = [{"type": "compaction", "compact_threshold": 1}]
+    body = {"model": MODEL, "input": HISTORY, "context_management": managed}
+    answer: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            gate.open.clear()  # the summary is admitted and waits for its first step
+            async with trio.open_nursery() as client:
+
+                async def create() -> None:
+                    answer.append(await http.post("/v1/responses", json=body))
+
+                client.start_soon(create)
+                summary_id = await wait_running(server)
+                assert await running_ids(http) == [summary_id]  # on /status
+                cancelled = await http.post(f"/v1/responses/{summary_id}/cancel")
+                gate.open.set()
+            await server.model.wait_idle()
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
+    (reply,) = answer
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["code"] == "cancelled"
+    stats = server.responses.statistics()
+    assert (stats.tasks, stats.running) == (0, 0)
+    assert server.store.statistics().entries == 0
+    assert server.model.statistics().sequences_cancelled == 1  # the summary left the batch

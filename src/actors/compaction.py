@@ -190,23 +190,27 @@ async def _summarize(
 
 
 async def compact_first(
-    ready: ReadyPrompt, actors: Actors, *, background: bool
+    ready: ReadyPrompt, actors: Actors, *, background: bool, on_summary: OnSummary = None
 ) -> ReadyPrompt | None:
     """A create whose history is compacted before it generates, at its open: a
     ``compaction_trigger`` (issue 28) is refused now when it cannot be done at all, and its
     summary is the response (None: nothing to admit); a background job compacts inside the
     job (None); otherwise the summary generates first, a whole response, and the compacted
-    prompt is ready to admit before this response exists."""
+    prompt is ready to admit before this response exists (``on_summary`` hears of the
+    summary's log: the task registers it, so the summary is listed and cancellable by id)."""
     if ready.request.compact_now:
         await plan(ready.prepared, actors, None)
         return None
     if background:
         return None
-    return await compacted(ready.request, ready.prepared, actors)
+    return await compacted(ready.request, ready.prepared, actors, on_summary)
 
 
 async def compacted(
-    request: CreateRequest, prepared: PreparedPrompt, actors: Actors
+    request: CreateRequest,
+    prepared: PreparedPrompt,
+    actors: Actors,
+    on_summary: OnSummary = None,
 ) -> ReadyPrompt:
     """Automatic compaction (``context_management``): the summary generates; the compacted
     prompt is ready to admit (with the request's grammar), with the machine input that puts
@@ -218,6 +222,7 @@ async def compacted(
         actors,
         keep_tokens=default_keep_tokens(window),
         summary_tokens=auto_summary_tokens(window),
+        on_summary=on_summary,
     )
     ready_prompt = PreparedPrompt(
         prepared.history,

@@ -14,12 +14,15 @@ Invariants:
 - The task's cancel scope (``TaskEntry.scope``) and its opener's presence cover its whole life,
   preparation and admission included: a client that leaves while a summary generates before
   its response exists (automatic compaction) takes the summary out of the batch at once.
-- The task talks to its supervisor three times at most: ``Register`` once its response exists
-  (it becomes findable, cancellable and counted), ``Reserve`` (a background job's bytes), and
-  ``Ended``, last, always.
+- The task talks to its supervisor four times at most: ``Register`` once its response exists
+  (it becomes findable, cancellable and counted), ``Reserve`` (a background job's bytes),
+  ``Ended``, last, always; and before those, ``Register`` of the summary a create's automatic
+  compaction generates before its response exists (the response's own ``Register`` then
+  replaces it).
 - A compaction (``POST /v1/responses/compact``) is a task of the same kind: its summary is a
   response registered like any other (listed on ``/status``, cancellable by its id, awaited at
-  shutdown); the compaction object is the task's answer to its opener.
+  shutdown); the compaction object is the task's answer to its opener. So is a create's
+  summary: cancelled by its id, the create is answered ``cancelled`` (400).
 """
 
 from __future__ import annotations
@@ -148,6 +151,10 @@ async def _open(
     once its response exists (announced to the opener), or None after a refusal (told to the
     opener; nothing is left)."""
     run: ResponseRun | None = None
+
+    async def register(summary: EventLog) -> None:  # a summary that generates first
+        await ask(mailbox, lambda reply: Register(entry, summary, reply))
+
     try:
         # On its way to the model until admitted or refused: an idle batch that gets another
         # request's sequence meanwhile waits for this one (a burst is prefilled together).
@@ -157,7 +164,9 @@ async def _open(
             admitting: ReadyPrompt | None = ready
             if ready.compacting:  # its own route: a summary generates first (not an arrival)
                 arrival.done()
-                admitting = await compact_first(ready, actors, background=entry.background)
+                admitting = await compact_first(
+                    ready, actors, background=entry.background, on_summary=register
+                )
             if entry.background:
                 await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
             admission: Admission | None = None
@@ -173,12 +182,9 @@ async def _open(
         if isinstance(exc, Exception):
             opened.fail(exc)
             return None
-        # Cancelled (the server is stopping): the opener still gets an answer.
-        opened.fail(
-            ApiError(
-                503, "server_error", "The server is shutting down.", code="server_shutting_down"
-            )
-        )
+        # Cancelled (the server stopping; its compaction's summary cancelled by id; the
+        # client gone): the opener still gets an answer.
+        opened.fail(_cancelled("The response", entry.reason))
         raise
     opened.send(run.log)
     return run
@@ -287,16 +293,16 @@ async def compact(
         except Exception as exc:
             answer.fail(exc)
         finally:
-            answer.fail(_compaction_cancelled(entry.reason))  # unless answered already
+            answer.fail(_cancelled("The compaction", entry.reason))  # unless answered already
             if presence is not None:
                 presence.close()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await mailbox.send(Ended(entry))
 
 
-def _compaction_cancelled(reason: CancelReason | None) -> ApiError:
+def _cancelled(what: str, reason: CancelReason | None) -> ApiError:
     if reason == "shutdown" or reason is None:
         return ApiError(
             503, "server_error", "The server is shutting down.", code="server_shutting_down"
         )
-    return invalid_request(f"The compaction was cancelled ({reason}).", None, code="cancelled")
+    return invalid_request(f"{what} was cancelled ({reason}).", None, code="cancelled")

@@ -266,8 +266,12 @@ async def run_response_supervisor(
                         send.clone(),
                     )
                 case Register(entry, log_, reply):
+                    earlier = entry.log  # a summary that generated before its response
+                    if earlier is None:
+                        state.jobs_started += entry.background
+                    elif state.entries.get(earlier.key) is entry:
+                        del state.entries[earlier.key]
                     entry.log = log_
-                    state.jobs_started += entry.background
                     state.entries[log_.key] = entry
                     reply.send(None)
                 case Reserve(entry, size, reply):
