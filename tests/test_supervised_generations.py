@@ -74,33 +74,48 @@ async def wait_running(server: ServerHandle) -> str:
     return only.response_id
 
 
-async def test_a_compaction_is_a_running_response_cancellable_by_id(
-    gated: ServerHandle, gate: Gate
-) -> None:
-    server = gated
+async def cancel_the_summary(
+    server: ServerHandle, gate: Gate, path: str, body: dict[str, Any]
+) -> tuple[httpx.Response, httpx.Response]:
+    """POST ``body`` to ``path``, whose summary generates first, and cancel that summary by the
+    id ``/status`` lists it under: the cancel's answer and the opener's."""
     answer: list[httpx.Response] = []
     async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
         with trio.fail_after(DEADLINE):
             gate.open.clear()  # the summary is admitted and waits for its first step
             async with trio.open_nursery() as nursery:
 
-                async def compact() -> None:
-                    answer.append(await http.post("/v1/responses/compact", json=COMPACT))
+                async def open_it() -> None:
+                    answer.append(await http.post(path, json=body))
 
-                nursery.start_soon(compact)
+                nursery.start_soon(open_it)
                 summary_id = await wait_running(server)
                 assert await running_ids(http) == [summary_id]  # on /status
                 cancelled = await http.post(f"/v1/responses/{summary_id}/cancel")
                 gate.open.set()
             await server.model.wait_idle()
+    (reply,) = answer
+    return cancelled, reply
+
+
+def assert_cancelled_leaving_nothing(
+    server: ServerHandle, cancelled: httpx.Response, reply: httpx.Response
+) -> None:
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"
-    (reply,) = answer
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] == "cancelled"
     stats = server.responses.statistics()
     assert (stats.tasks, stats.running) == (0, 0)
     assert server.store.statistics().entries == 0  # a summary is never stored
+    assert server.model.statistics().sequences_cancelled == 1  # the summary left the batch
+
+
+async def test_a_compaction_is_a_running_response_cancellable_by_id(
+    gated: ServerHandle, gate: Gate
+) -> None:
+    cancelled, reply = await cancel_the_summary(gated, gate, "/v1/responses/compact", COMPACT)
+    assert_cancelled_leaving_nothing(gated, cancelled, reply)
 
 
 async def test_a_compaction_whose_client_leaves_ends_with_its_summary(
@@ -248,27 +263,5 @@ async def test_a_compacting_creates_summary_is_a_running_response_cancellable_by
         )
     managed = [{"type": "compaction", "compact_threshold": 1}]
     body = {"model": MODEL, "input": HISTORY, "context_management": managed}
-    answer: list[httpx.Response] = []
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
-        with trio.fail_after(DEADLINE):
-            gate.open.clear()  # the summary is admitted and waits for its first step
-            async with trio.open_nursery() as client:
-
-                async def create() -> None:
-                    answer.append(await http.post("/v1/responses", json=body))
-
-                client.start_soon(create)
-                summary_id = await wait_running(server)
-                assert await running_ids(http) == [summary_id]  # on /status
-                cancelled = await http.post(f"/v1/responses/{summary_id}/cancel")
-                gate.open.set()
-            await server.model.wait_idle()
-    assert cancelled.status_code == 200, cancelled.text
-    assert cancelled.json()["status"] == "cancelled"
-    (reply,) = answer
-    assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["code"] == "cancelled"
-    stats = server.responses.statistics()
-    assert (stats.tasks, stats.running) == (0, 0)
-    assert server.store.statistics().entries == 0
-    assert server.model.statistics().sequences_cancelled == 1  # the summary left the batch
+    cancelled, reply = await cancel_the_summary(server, gate, "/v1/responses", body)
+    assert_cancelled_leaving_nothing(server, cancelled, reply)
