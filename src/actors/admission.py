@@ -8,8 +8,8 @@ Invariants:
   reports it ended. A refusal (no room in the context window, the batch full, the server
   closing) raises ``ApiError`` and leaves nothing admitted.
 - ``admit_ready`` is a create's one call here (its prompt compacted first or not, the
-  compacted one ready from ``compaction.compacted``); ``admit_continuation`` is a run's, after a server tool search
-  (issue 13): render, grammar and admission of the next sequence.
+  compacted one ready from ``compaction.compacted``); ``admit_continuation`` is a run's,
+  after a server tool search (issue 13): render, grammar and admission of the next sequence.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class Admission:
 
 async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission:
     """A prepared response's sequence, with the machine input of its history's compaction if
-    it was compacted first (``ready.compaction``). A warm-up (``generate: false``) prefills its prompt and generates
-    one token, which is not output, with no grammar."""
+    it was compacted first (``ready.compaction``). A warm-up (``generate: false``) prefills
+    its prompt and generates one token, which is not output, with no grammar."""
     request, prepared, budget = ready.request, ready.prepared, ready.budget
     window = model.info.context_window
     if budget < 1:

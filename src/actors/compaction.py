@@ -224,7 +224,7 @@ async def compacted(
         summary_tokens=auto_summary_tokens(window),
         on_summary=on_summary,
     )
-    ready_prompt = PreparedPrompt(
+    compacted_prompt = PreparedPrompt(
         prepared.history,
         prepared.new_items,
         prepared.items,
@@ -235,7 +235,7 @@ async def compacted(
     )
     step = Compacted(result.item, result.tokens_before, result.tokens_after)
     budget = request.output_budget(len(result.prompt), window)
-    return ReadyPrompt(request, ready_prompt, False, budget, compaction=step)
+    return ReadyPrompt(request, compacted_prompt, False, budget, compaction=step)
 
 
 async def compact_history(

@@ -60,10 +60,12 @@ class EventLog:
         # it when it consults the cache, before the sequence's first output).
         self._cache_read: Callable[[], int] | None = None
 
-    def watch_cache(self, read: Callable[[], int]) -> None:
-        """Sender: the owner, as its first sequence is admitted (later ones are not kept)."""
+    def admitted(self, prompt_tokens: int, cached: Callable[[], int]) -> None:
+        """Sender: the owner, as its first sequence is admitted: that prompt's tokens, and how
+        to read its prompt-cache hit (a later sequence's reader is not kept)."""
+        self.prompt_tokens = prompt_tokens
         if self._cache_read is None:
-            self._cache_read = read
+            self._cache_read = cached
 
     @property
     def cached_tokens(self) -> int:

@@ -114,9 +114,9 @@ class ResponseRun:
         self.log.input_items = prepared.all_items
         self.log.rendered = prepared.rendered  # issue 14: the transport keeps it
         self.log.prompt_tokens = len(prepared.prompt)
-        if admission is not None:  # as ``attach`` does
-            self.log.prompt_tokens = admission.sequence.prompt_tokens
-            self.log.watch_cache(lambda: admission.sequence.cached_tokens)  # issue 12
+        if admission is not None:  # issue 12: message_start reads its cache hit
+            sequence = admission.sequence
+            self.log.admitted(sequence.prompt_tokens, lambda: sequence.cached_tokens)
         self._admission = admission
         self._output_tokens = 0
         self._stop_sequence: str | None = None
@@ -157,9 +157,8 @@ class ResponseRun:
         """The run's sequence is admitted: generation may start."""
         self.phase = advance(self.phase, Step.ADMITTED)
         self._admission = admission
-        self.log.prompt_tokens = admission.sequence.prompt_tokens
         sequence = admission.sequence
-        self.log.watch_cache(lambda: sequence.cached_tokens)  # issue 12: message_start
+        self.log.admitted(sequence.prompt_tokens, lambda: sequence.cached_tokens)  # issue 12
 
     @property
     def admission(self) -> Admission | None:
