@@ -25,7 +25,8 @@ Invariants, checked after every step by polling every known id, and at teardown:
   ``response.created`` (``queued``) then ``response.queued`` for a job, ends with exactly one
   terminal event that agrees with the polls, and a resumed stream is the tail of the whole one;
   a watcher that cancels a long job it saw start sees it end ``cancelled``;
-- at teardown, once every job is terminal, the batch is empty (``model.statistics().active``),
+- at teardown, once every job is terminal, the batch is empty (``model.statistics().active``
+  and ``admitted``),
   no job is active (``jobs.statistics().jobs_active``), and every admitted sequence ended exactly once
   (``sequences_finished + sequences_cancelled`` equals the creates that answered 200).
 """
@@ -529,12 +530,18 @@ class BackgroundMachine(RuleBasedStateMachine):
         deadline = time.monotonic() + IDLE_DEADLINE
         # The actors' statistics are snapshots with no event to wait on (the model's is
         # replaced by the generation thread after each step): polled, as ``wait_until`` does.
-        while (model.statistics().active or jobs.statistics().jobs_active) and (
-            time.monotonic() < deadline
-        ):
+        # A job cancelled just after it submitted is terminal before the generation thread has
+        # taken in its sequence: the sequence is still admitted (not yet in the batch), and
+        # leaves at the thread's next step, so ``admitted`` is waited on as well as ``active``.
+        while (
+            model.statistics().active
+            or model.statistics().admitted
+            or jobs.statistics().jobs_active
+        ) and (time.monotonic() < deadline):
             time.sleep(0.005)
         stats = model.statistics()
         assert stats.active == 0, f"sequences left in the batch: {stats}"
+        assert stats.admitted == 0, f"sequences left admitted: {stats}"
         assert jobs.statistics().jobs_active == 0, f"jobs left active: {jobs.statistics()}"
         ended = stats.sequences_finished + stats.sequences_cancelled
         assert ended == self.admitted, f"{self.admitted} sequences admitted, {ended} ended: {stats}"

@@ -146,7 +146,12 @@ def wait_idle(server: ServerHandle, http: httpx.Client | None = None) -> None:
     """Background jobs and running sequences finish (they store when they end); with ``http``,
     the stores have also taken in what they sent."""
     deadline = time.monotonic() + IDLE_DEADLINE
-    while server.responses.statistics().tasks or server.model.statistics().active:
+    model = server.model
+    while (
+        server.responses.statistics().tasks
+        or model.statistics().active
+        or model.statistics().admitted
+    ):
         if time.monotonic() > deadline:
             raise AssertionError("the server did not become idle")
         time.sleep(0.01)
