@@ -6,6 +6,6 @@ from .blas import preload_openblas
 
 __version__ = "0.1.0"
 
-# Issue 16: OpenBLAS before MLX for whoever imports this package first (the entry point, the
+# OpenBLAS before MLX for whoever imports this package first (the entry point, the
 # test suite, the benchmarks); MLX_RESPONSES_OPENBLAS=0 skips it.
 preload_openblas()

@@ -5,7 +5,7 @@ Invariants:
 - Conversations live in the store actor (``store.py``), inside a ``ConversationStorage``
   backend; others ask by message through ``ConversationStoreHandle``. JSON is deep-copied on the way in (by the handle)
   and the backend hands out records no one else holds (the storage interface's rule).
-- Budgets are the backend's (spec 000, Storage Flags): a conversation is one entry; LRU eviction
+- Budgets are the backend's: a conversation is one entry; LRU eviction
   until the entry and byte limits hold, TTL from the last write (create, update, append, item
   delete), a conversation over the byte budget not kept. Every request refreshes recency; an
   evicted or expired conversation reads as absent (None).
@@ -111,7 +111,7 @@ class ConversationStoreHandle(StorePart[ConversationMessage]):
     def enabled(self) -> bool:
         return self.limits.max_entries > 0
 
-    # Every method takes the tenant (``owner``, decision 12): ids are scoped to it, so another
+    # Every method takes the tenant (``owner``): ids are scoped to it, so another
     # tenant's conversation is simply absent.
 
     async def create(

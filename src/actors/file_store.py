@@ -1,5 +1,4 @@
-"""The store actor's files (``Store.files``): the only owner of uploaded files (decision 13,
-spec 001 "Files").
+"""The store actor's files (``Store.files``): the only owner of uploaded files (docs/files.md).
 
 Invariants:
 - Files live in the store actor (``store.py``), inside a ``FileStorage`` backend; every other
@@ -11,7 +10,7 @@ Invariants:
   backend refused it (over the per-file limit or the whole byte budget), which stores nothing.
 - Every request names an ``owner`` (the tenant, ``""`` when the server is open). A file of
   another owner is absent: ``get`` and ``delete`` answer as for an unknown id and ``list`` never
-  shows it (decision 12: 404, never 403), and such a request touches nothing of that file.
+  shows it (404, never 403), and such a request touches nothing of that file.
 - Budgets and expiry are the backend's (LRU under ``--files-max-bytes``, TTL
   ``--files-ttl-secs``): ``get`` refreshes recency, ``list`` does not; an evicted or expired
   file reads as absent (None).

@@ -14,7 +14,7 @@ Invariants:
   puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
   it had not taken in yet go to a new thread, which loads the model again: the server keeps
-  serving. Except when the model is split over several ranks (issue 26): a rank that is gone
+  serving. Except when the model is split over several ranks: a rank that is gone
   cannot be rejoined, so the sequences end with ``error`` and ``failed`` says why: the server
   stops (``server.py``) and exits non-zero.
 - ``statistics()`` returns the thread's latest immutable snapshot, with ``admitted`` from here.
@@ -149,8 +149,8 @@ class ModelHandle:
         self._mailbox = mailbox
         self._engine = engine
         self.restarts = 0
-        self.topology = loaded.topology  # issue 26: the ranks (None: one process)
-        # Issue 26: set with ``fatal`` when a sharded model stopped for good.
+        self.topology = loaded.topology  # the ranks (None: one process)
+        # Set with ``fatal`` when a sharded model stopped for good.
         self.failed = trio.Event()
         self.fatal: str | None = None
 

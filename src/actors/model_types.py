@@ -44,7 +44,7 @@ class ModelSettings:
     blas_threads: int | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
     tool_format: str | None = None
-    # Issue 26: this server is rank 0 of a model split over several ranks (None: one process).
+    # This server is rank 0 of a model split over several ranks (None: one process).
     sharding: Sharding | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread

@@ -8,7 +8,7 @@ Invariants:
   delta of that batch; a batch that produced no visible text (reasoning, a tool call, text
   still held back by the parser) contributes none.
 - A call to a namespaced function (its qualified name) begins an item with ``name`` and
-  ``namespace`` apart (issue 13).
+  ``namespace`` apart.
 - A call to ``tool_search`` begins a ``tool_search_call``; with server execution its end
   carries the tools the server's search loaded (``protocol.tool_search.search``).
 - ``reasoning_text`` is all reasoning seen, for ``usage.output_tokens_details``.
@@ -51,7 +51,7 @@ class CallTarget:
     name: str  # the item's ``name``
     namespace: str | None
     custom: bool  # a ``custom_tool_call`` whose ``input`` is the call's ``input`` argument
-    # A ``tool_search_call`` (issue 13): its execution, and the deferred tools a server search
+    # A ``tool_search_call``: its execution, and the deferred tools a server search
     # looks through.
     search: Literal["server", "client"] | None = None
     catalog: tuple[FunctionTool, ...] = ()

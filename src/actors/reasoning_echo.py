@@ -1,4 +1,4 @@
-"""The reasoning echo (spec 000): remember the reasoning behind each plain reply, and give it
+"""The reasoning echo: remember the reasoning behind each plain reply, and give it
 back when a later request replays that reply without its reasoning item.
 
 Invariants:

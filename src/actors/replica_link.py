@@ -1,4 +1,4 @@
-"""The replica link (issue 15): what one replica of a shared PostgreSQL store does with the
+"""The replica link: what one replica of a shared PostgreSQL store does with the
 others: cancels, live job events and its lease.
 
 ```

@@ -6,7 +6,7 @@ Invariants:
   copy at ``put`` (the memory backend serialises the record) and hands out records no one else
   holds (the storage interface's rule), so no caller can mutate what is stored; ``put``
   returns only once the backend has its copy.
-- Budgets are the backend's (spec 000, Storage Flags; the memory backend: LRU eviction until
+- Budgets are the backend's (Storage Flags; the memory backend: LRU eviction until
   the entry and byte limits hold, TTL from the last write, a record over the byte budget not
   kept). A ``get`` refreshes recency; an evicted or expired response reads as absent (None).
 - A response is stored only at its terminal event (the response actor puts it then), so a

@@ -17,7 +17,7 @@ from .reasoning_echo import ReasoningEchoHandle
 from .response_store import ResponseStoreHandle
 from .timings import TimingsObserver
 
-if TYPE_CHECKING:  # issue 15
+if TYPE_CHECKING:
     from .replica_link import ReplicaLink
 
 
@@ -36,9 +36,9 @@ class Actors:
     conversations: ConversationStoreHandle
     files: FileStoreHandle
     echo: ReasoningEchoHandle | None = None
-    # How long a store: false background job's final object stays readable (spec 000).
+    # How long a store: false background job's final object stays readable.
     ephemeral_ttl_seconds: float = 600.0
-    # Issue 16: where responses report time to first token and decode speed (``/metrics``).
+    # Where responses report time to first token and decode speed (``/metrics``).
     timings: TimingsObserver | None = None
-    # Issue 15: the link to the other replicas of a shared PostgreSQL store (None otherwise).
+    # The link to the other replicas of a shared PostgreSQL store (None otherwise).
     replica: ReplicaLink | None = None

@@ -1,4 +1,4 @@
-"""The status page's history (issue 16): the batch over the last minutes and the last requests.
+"""The status page's history: the batch over the last minutes and the last requests.
 
 Invariants:
 - This task alone owns the two rings: the samples (at most ``HISTORY_SECONDS`` of them, one

@@ -14,7 +14,7 @@ Invariants:
 - The books are ours, not mlx-lm's: each sequence's phase (queued, prefilling, decoding) follows
   the responses ``next()`` returns, and the token counts and prefill time come from
   ``BatchGenerator.stats()`` around each step; mlx-lm is used through its public API only.
-- Segment checkpoints (issue 12): on a model whose cache cannot be trimmed
+- Segment checkpoints: on a model whose cache cannot be trimmed
   (``prompt_cache.needs_checkpoints``), a sequence's prompt is inserted as segments cut at the
   boundaries that survive re-rendering (``segments.boundaries``), and the cache is stored at
   each cut as its prefill passes it. On other models a prompt is one segment.
@@ -168,7 +168,7 @@ class Batch:
 
     @property
     def stream(self) -> Any:
-        """The MLX stream the batch computes on (issue 26: the ranks' exchanges join it)."""
+        """The MLX stream the batch computes on (the ranks' exchanges join it)."""
         return self._stream
 
     @property
@@ -177,12 +177,12 @@ class Batch:
 
     @property
     def sequences(self) -> int:
-        """How many sequences it holds (issue 26: each rank's figure for rank 0)."""
+        """How many sequences it holds (each rank's figure for rank 0)."""
         return len(self._live)
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens the prompt cache has served since start (issue 26: each rank's figure,
+        """Prompt tokens the prompt cache has served since start (each rank's figure,
         equal on every rank when they reuse alike)."""
         return self._prompt_cache.stats.tokens_reused
 

@@ -1,4 +1,4 @@
-"""One model sharded over several ranks (issue 26): the broadcast of the inbound stream.
+"""One model sharded over several ranks: the broadcast of the inbound stream.
 
 Invariants:
 - Every rank runs the same generation thread over the same batch. Rank 0's thread is the free
@@ -14,7 +14,7 @@ Invariants:
   order on every rank: a packet is one ``all_sum`` of its header (a ``Step`` alone is the
   length -1 and nothing else) and, when it carries more, one ``all_sum`` of its bytes, which
   the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. A
-  packet also goes out at an ``Admit`` that carries images (issue 27): its image prefill runs
+  packet also goes out at an ``Admit`` that carries images: its image prefill runs
   collectives as the Admit is applied, so every rank must hold it first. Once
   the batch exists they run on its stream (``Link.stream``), behind the model's own.
 - The header is a small int32 vector: the length (rank 0 writes it, the others 0), then one

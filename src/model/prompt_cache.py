@@ -121,7 +121,7 @@ class PromptCache:
 
     def __init__(self, max_bytes: int, max_entries: int, share: tuple[int, int] = (1, 1)) -> None:
         self._core: PrefixCache[_Stored] = PrefixCache(max_bytes, max_entries)
-        # Issue 26: a rank holds a share of each entry; it counts the whole (its bytes times
+        # A rank holds a share of each entry; it counts the whole (its bytes times
         # ``share[0] / share[1]``), so that every rank evicts alike (distributed.py).
         self._share = share
 

@@ -1,4 +1,4 @@
-"""Anthropic Messages requests -> the internal ``CreateRequest`` (pure; decision 14).
+"""Anthropic Messages requests -> the internal ``CreateRequest`` (pure).
 
 A ``POST /v1/messages`` body is decoded under Anthropic's rules (the ``anthropic`` SDK's
 ``MessageCreateParams`` is the reference) and normalised once into the same frozen
@@ -59,7 +59,7 @@ __all__ = [
 
 
 # The SDK's MessageCountTokensParams keys; create adds generation settings, and the sampling
-# settings the SDK no longer types but the API (and decision 14's issue) still accepts.
+# settings the SDK no longer types but the API still accepts.
 COUNT_TOKENS_KEYS: Final = keyset(
     "model messages system tools tool_choice thinking cache_control output_config speed "
     "user_profile_id workspace_id"

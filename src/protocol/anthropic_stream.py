@@ -1,4 +1,4 @@
-"""Our Responses events -> Anthropic's Messages stream and ``message`` object (pure; decision 14).
+"""Our Responses events -> Anthropic's Messages stream and ``message`` object (pure).
 
 One :class:`MessageEncoder` per message. The route feeds it the events the response actor
 publishes (``response.created``, ``response.output_text.delta``, ...); ``feed`` returns the
@@ -94,7 +94,7 @@ def usage_from_response(response: Mapping[str, Any]) -> Usage | None:
 
 
 # Fields of the pinned SDK's ``Usage`` with no local meaning: no billed cache writes, no server
-# tools, one service tier, no inference region (issue 13; docs/messages.md).
+# tools, one service tier, no inference region (docs/messages.md).
 _NO_SERVER_TOOLS: Final = {"web_fetch_requests": 0, "web_search_requests": 0}
 
 

@@ -1,4 +1,4 @@
-"""A bounded memo of pure checks on JSON values (issue 14): a tool definition that an agent
+"""A bounded memo of pure checks on JSON values: a tool definition that an agent
 resends every turn has its JSON Schema checked once, not once a turn (pure).
 
 Invariants:

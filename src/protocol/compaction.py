@@ -1,5 +1,5 @@
 """Compaction, the pure part: where a history splits, what a compaction item replays, and the
-item's content (spec 000 "Compaction", decision 10).
+item's content.
 
 Invariants:
 - ``split_history`` keeps every system and developer message, in order, and splits the other
@@ -62,10 +62,10 @@ __all__ = [
 ]
 
 SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n"
-# Spec 000: the summary's max_output_tokens defaults to 1024, from 1 to 16384.
+# The summary's max_output_tokens defaults to 1024, from 1 to 16384.
 DEFAULT_SUMMARY_TOKENS: Final = 1024
 MAX_SUMMARY_TOKENS: Final = 16384
-# Spec 000: keep_tokens defaults to 1/16 of the context window, at most 8192.
+# keep_tokens defaults to 1/16 of the context window, at most 8192.
 KEEP_TOKENS_CAP: Final = 8192
 
 
@@ -191,7 +191,7 @@ def legal_splits(turns: Sequence[TurnItem]) -> list[int]:
 
 
 def split_everything(items: Sequence[InputItem]) -> Split:
-    """A remote compaction's split (issue 28): every turn is summarized, nothing retained (the
+    """A remote compaction's split: every turn is summarized, nothing retained (the
     client keeps what it wants to resend, as Codex does its user messages); raises
     ``NothingToSummarize`` when there is no turn."""
     prior, view = _expand(items)

@@ -1,4 +1,4 @@
-"""API errors and OpenAI's error envelope (decision 2).
+"""API errors and OpenAI's error envelope.
 
 Invariants:
 - Every refusal the API answers is an :class:`ApiError`; its body is always
@@ -6,7 +6,7 @@ Invariants:
   unset), as OpenAI sends it.
 - ``type`` uses OpenAI's vocabulary. OpenAI answers an unknown model *and* an unknown object
   (``GET /v1/responses/resp_missing``) with HTTP 404 and ``type: "invalid_request_error"``, so
-  :func:`not_found` does the same (code ``model_not_found`` for a model, decision 1).
+  :func:`not_found` does the same (code ``model_not_found`` for a model).
 - Raising one changes no state: the constructors are pure.
 """
 

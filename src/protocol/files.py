@@ -1,4 +1,4 @@
-"""The Files API objects and rules (decision 13, spec 001 "Files"), and text extraction.
+"""The Files API objects and rules, and text extraction.
 
 Pure: no I/O, no clock, no actor. The HTTP layer (``http/files.py``) parses with these and the
 response actor turns an ``input_file`` into text with :func:`extract_text`.

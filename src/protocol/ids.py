@@ -2,8 +2,8 @@
 
 Invariants:
 - An id is ``<prefix><sep><48 lowercase hex digits>``, 192 bits from :mod:`secrets`, so ids never
-  collide in practice and cannot be enumerated across tenants (decision 12).
-- ``sep`` is ``_`` for every prefix except ``file``, which OpenAI spells ``file-`` (decision 4).
+  collide in practice and cannot be enumerated across tenants.
+- ``sep`` is ``_`` for every prefix except ``file``, which OpenAI spells ``file-``.
 - Pure apart from the OS random source: no clock, no counter, no global state.
 """
 
@@ -18,7 +18,7 @@ ID_HEX_LEN = 48
 """Number of hex digits after the separator."""
 
 KNOWN_PREFIXES = frozenset({"resp", "msg", "fc", "rs", "cmp", "cmpt", "conv", "file"})
-"""Prefixes of decision 4; others are accepted but are a likely typo at a call site."""
+"""The prefixes the server mints (docs/api.md); others are accepted but are a likely typo at a call site."""
 
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]*")
 

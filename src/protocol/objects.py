@@ -6,9 +6,9 @@ Invariants:
   does not define; callers may mutate what they get back.
 - Timestamps are integer Unix seconds (the SDK types them ``float``; OpenAI sends integers).
 - A foreground object has no ``background`` key at all; a background one carries
-  ``"background": true`` (spec 000, Background Mode).
+  ``"background": true``.
 - ``store``, ``presence_penalty`` and ``frequency_penalty`` are echoed on every Response object
-  (decision 21, Open Responses requires them) though the pinned SDK's ``Response`` model does not
+  (Open Responses requires them) though the pinned SDK's ``Response`` model does not
   declare them; they are the documented extension keys (docs/api.md).
 - :class:`ResponseConfig` is deeply immutable: nested JSON (tools, text format, metadata) is
   frozen into read-only mappings and tuples at construction and thawed into fresh JSON on output.
@@ -177,8 +177,8 @@ class ResponseConfig:
     store: bool = True
     metadata: Mapping[str, str] = field(default_factory=_empty_mapping)
     background: bool = False
-    # --background-key always (issue 28): a foreground Response says ``"background": false``
-    # too, as OpenAI does; by default it has no such key (spec 000, decision 21).
+    # --background-key always: a foreground Response says ``"background": false``
+    # too, as OpenAI does; by default it has no such key.
     background_key: bool = False
     previous_response_id: str | None = None
     conversation_id: str | None = None

@@ -46,19 +46,19 @@ class CreateRequest:
     stream: bool
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice = AUTO
-    # Extension (issue 3): keyword arguments for the chat template, e.g. enable_thinking.
+    # Extension: keyword arguments for the chat template, e.g. enable_thinking.
     template_kwargs: Mapping[str, Any] = field(default_factory=_no_kwargs)
     # Alternatives per token when include asks for output_text logprobs; None: not asked.
     logprobs: int | None = None
     # Extension: a seed makes sampling reproducible.
     seed: int | None = None
     text_format: TextFormat = TEXT
-    # The tenant (decision 12): set by the HTTP edge from the API key; "" when the server is open.
+    # The tenant: set by the HTTP edge from the API key; "" when the server is open.
     owner: str = ""
-    # context_management's compact_threshold (issue 6): compact the history before generating
+    # context_management's compact_threshold: compact the history before generating
     # when the rendered input reaches it or leaves no room for output; None: never.
     compact_threshold: int | None = None
-    # Issue 28: the input ended with a ``compaction_trigger``: the response compacts the
+    # The input ended with a ``compaction_trigger``: the response compacts the
     # history (everything but system and developer messages) into one ``compaction`` item and
     # generates nothing else.
     compact_now: bool = False
@@ -70,23 +70,23 @@ class CreateRequest:
     # False: a warm-up (the WebSocket mode's ``generate: false``): validate and render, answer
     # a chainable response with no output, generate nothing.
     generate: bool = True
-    # Anthropic's top_k (issue 13): keep the k most likely tokens; 0: off.
+    # Anthropic's top_k: keep the k most likely tokens; 0: off.
     top_k: int = 0
-    # include "reasoning.encrypted_content" (decision 23): seals a reasoning item's text.
+    # include "reasoning.encrypted_content": seals a reasoning item's text.
     seal: Callable[[str], str] | None = None
-    # Issue 14: a WebSocket connection's previous render (a hint: a continuation tokenizes
+    # A WebSocket connection's previous render (a hint: a continuation tokenizes
     # only what is new). With ``keep_render``, this turn's render is kept on the response's
     # log (``EventLog.rendered``) for the next turn.
     previous_render: RenderedPrompt | None = field(default=None, compare=False)
     keep_render: bool = False
-    # Tool discovery (issue 13): the tools as declared, deferred ones included, when any is
+    # Tool discovery: the tools as declared, deferred ones included, when any is
     # deferred; a ``tool_search_output`` in the history (``previous_response_id``,
     # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
     declared_tools: tuple[FunctionTool, ...] = ()
 
     def output_budget(self, prompt_tokens: int, window: int) -> int:
         """The most tokens it may generate after a prompt of ``prompt_tokens``: generation is
-        capped at the context left after the prompt (spec 000); below 1, it does not fit."""
+        capped at the context left after the prompt; below 1, it does not fit."""
         room = window - prompt_tokens
         return min(self.config.max_output_tokens or room, room)
 

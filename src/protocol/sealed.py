@@ -1,4 +1,4 @@
-"""Sealed reasoning (decision 23): ``include: ["reasoning.encrypted_content"]`` (pure).
+"""Sealed reasoning: ``include: ["reasoning.encrypted_content"]`` (pure).
 
 Invariants:
 - ``Sealer.seal(text)`` is an opaque string: the text encrypted (an HMAC-SHA256 keystream) and

@@ -2,8 +2,8 @@
 
 Invariants:
 - ``encode_sse`` writes one whole event per call: ``event: <type>\\ndata: <json>\\n\\n``, the JSON
-  compact and on one line (JSON escapes CR and LF inside strings, so none can appear raw), UTF-8
-  (decision 8). ``NaN``/``Infinity`` are refused: they are not JSON.
+  compact and on one line (JSON escapes CR and LF inside strings, so none can appear raw), UTF-8.
+  ``NaN``/``Infinity`` are refused: they are not JSON.
 - ``SseDecoder`` follows the WHATWG event-stream parsing rules (LF, CR or CRLF line ends, ``:``
   comments, multi-line ``data``, one optional space after the colon, a leading BOM) and is
   incremental: feeding any split of the same bytes yields the same events. It buffers a partial

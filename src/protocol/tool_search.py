@@ -1,4 +1,4 @@
-"""Hosted tool discovery (issue 13): ``tool_search``, ``defer_loading`` and the
+"""Hosted tool discovery: ``tool_search``, ``defer_loading`` and the
 ``tool_search_call`` / ``tool_search_output`` items (pure).
 
 Invariants:

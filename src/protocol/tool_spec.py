@@ -35,7 +35,7 @@ class FunctionTool:
     local_name: str = ""  # the name inside its namespace ("" when not in one)
     # A ``custom`` tool (freeform input): its ``format`` as sent; None for a function tool.
     custom_format: Mapping[str, Any] | None = None
-    # Issue 13, tool discovery: ``defer_loading: true`` (offered once a search loads it).
+    # Tool discovery: ``defer_loading: true`` (offered once a search loads it).
     deferred: bool = False
     # A ``tool_search`` tool: its execution, the tool as sent, the deferred tools it searches.
     search: Literal["server", "client"] | None = None

@@ -1,7 +1,7 @@
 """Function tools and ``tool_choice``: strict parsing into frozen values (pure).
 
 Invariants:
-- Only ``function`` tools run (client-side, decision 5). A hosted tool type is a 400 naming
+- Only ``function`` tools run (client-side). A hosted tool type is a 400 naming
   ``tools[i].type`` unless the server drops such tools (``--unsupported-tools drop``, decision
   6); a ``namespace`` tool that only wraps function tools is flattened.
 - ``tool_choice`` is ``auto``, ``none``, ``required`` or one named function, in the flat
@@ -62,7 +62,7 @@ def offered_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why ``schema`` is not a valid JSON Schema (its ``$schema`` dialect, else 2020-12), or
-    None when it is. Remembered per schema (issue 14: an agent resends its tools every turn;
+    None when it is. Remembered per schema (an agent resends its tools every turn;
     ``check_memo.py``, exact)."""
     return _SCHEMA_PROBLEMS(schema)
 
