@@ -1,10 +1,11 @@
-"""The engine's one port (issue 25): a generation thread driven only through its inbound
+"""The engine's one port: a generation thread driven only through its inbound
 stream records what it applied (its journal: plain messages and the steps between them), and
 that journal replayed on a second thread, in lockstep, gives the same outputs token for token:
 greedy and seeded sampling, a grammar named by its text, a cancel and a consumer's stop in the
 middle of a sequence, prompt-cache hits and a cleared cache included. The real thread on the bundled model.
-Image requests too (issue 27): an image travels in its ``Admit`` (the processor's arrays), so the
-journal of a run on the vision fixture replays to the same answers."""
+Image requests too: an image travels in its ``Admit`` (the processor's arrays), so the journal
+of a run on the vision fixture replays to the same answers; an image the prompt cache already
+holds is recorded without its pixels, and the turn answers as it does with them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Images through HTTP on a vision-language model (issue 27): the tiny Qwen2-VL fixture
+"""Images through HTTP on a vision-language model: the tiny Qwen2-VL fixture
 (``tests/fixtures/vision/qwen2-vl``, docs/vision.md) served for real, asked through the
 ``openai`` SDK.
 
