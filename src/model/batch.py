@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
 from ..protocol.stops import StopMatcher
@@ -35,11 +35,11 @@ from .constrain import make_logits_processor
 from .inbound import Admit, SequenceSpec
 from .loader import LoadedModel
 from .outbound import ModelStatistics
-from .prompt_cache import PromptCache, Reuse, needs_checkpoints
+from .prompt_cache import PromptCache, needs_checkpoints
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
 from .slot import FinishReason, SequenceSlot
-from .vision_prefill import KeyedGenerator, VisionStart, keyed, lighter, moved, vision_prefill
+from .vision_prefill import CacheMatch, KeyedGenerator, admission_start, keyed, match_cache
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +119,6 @@ class _Totals:
     generated: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    """What ``Batch.lookup`` found for an Admit: the prompt cache's reuse, its cache turned to
-    the prompt's move (None: nothing reused) and how many tokens that cache holds."""
-
-    seq_id: int
-    reuse: Reuse
-    cache: list[Any] | None
-    reused: int
-
-
 class Batch:
     """The sequences the thread holds and the generator they run in (see the module header)."""
 
@@ -163,7 +152,7 @@ class Batch:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._ended: list[int] = []
-        self._found: _Found | None = None  # ``lookup``'s, for the Admit about to be applied
+        self._found: CacheMatch | None = None  # ``lookup``'s, for the Admit about to be applied
         self.totals = _Totals()
         # OpenBLAS's count per step (decode or prefill).
         self._threads: StepThreads | None = None
@@ -206,29 +195,13 @@ class Batch:
     # -- messages ------------------------------------------------------------------------------
 
     def lookup(self, message: Admit) -> Admit:
-        """Meet ``message`` with the prompt cache before it is recorded or broadcast: it comes
-        back without the pixels of the images the reused prefix holds (``lighter``), and
-        ``admit`` then inserts it with that reuse. Every rank and every replay holds the same
-        cache at this message, so what it leaves out none of them needs."""
-        spec = message.spec
-        reuse = self._prompt_cache.fetch(spec.owner, spec.prompt)
-        try:
-            with self._mx.stream(self._stream):
-                # An entry of an M-RoPE image prompt moved otherwise: its keys turned to ours.
-                cache = moved(self._loaded.model, reuse, spec.prompt)
-        except Exception:
-            log.exception("prompt cache: a reused prefix could not be turned; prefilling it")
-            cache = None
-        reused = reuse.tokens if cache is not None else 0
-        self._found = _Found(message.seq_id, reuse, cache, reused)
-        if not spec.images:
-            return message
-        images = lighter(spec.images, spec.prompt, reused)
-        return (
-            message
-            if images is spec.images
-            else replace(message, spec=replace(spec, images=images))
-        )
+        """``message`` met with the prompt cache before it is recorded or broadcast: without
+        the pixels of the images its reused prefix holds (``vision_prefill.match_cache``);
+        ``admit`` then inserts it with that reuse."""
+        reuse = self._prompt_cache.fetch(message.spec.owner, message.spec.prompt)
+        with self._mx.stream(self._stream):
+            self._found = match_cache(message, reuse, self._loaded.model)
+        return self._found.message
 
     def admit(self, message: Admit) -> None:
         spec = message.spec
@@ -238,12 +211,13 @@ class Batch:
             sampler = self._sampler(spec, fault)
             processors = self._processors(spec)
             # Only the part of the prompt the prompt cache does not hold is prefilled.
-            if self._found is None or self._found.seq_id != message.seq_id:
+            if self._found is None or self._found.message.seq_id != message.seq_id:
                 self.lookup(message)
             found, self._found = self._found, None
             assert found is not None
             reuse = found.reuse
-            start = self._start(spec, found.cache, found.reused)
+            with self._mx.stream(self._stream):
+                start = admission_start(self._loaded, spec, found, self._step)
             slot.report_cache(start.reused)
             prompt = start.prompt
             cuts = boundaries(spec.prompt, self._marks, start.start) if self._marks else ()
@@ -281,18 +255,6 @@ class Batch:
         )
         self._live[message.seq_id] = entry
         self._by_uid[uid] = entry
-
-    def _start(self, spec: SequenceSpec, cache: list[Any] | None, reused: int) -> VisionStart:
-        """Where the sequence enters: after what the prompt cache holds (``cache``, holding
-        ``reused`` tokens), or, for an image prompt, after its images, prefilled here from the
-        vision tower's embeddings."""
-        vision = self._loaded.vision
-        if vision is None or min(spec.prompt, default=0) >= 0:
-            return VisionStart(spec.prompt, reused, cache, reused)
-        with self._mx.stream(self._stream):
-            return vision_prefill(
-                vision, self._loaded.model, spec.prompt, spec.images, cache, reused, self._step
-            )
 
     def cancel(self, seq_id: int) -> None:
         removed = self._live.get(seq_id)

@@ -24,13 +24,19 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from .inbound import ImageInput
+from .inbound import Admit, ImageInput, SequenceSpec
 from .prompt_cache import Reuse
 from .vision import VisionModel, image_arrays, image_runs, moved_of, untag
+
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,49 @@ class VisionStart:
     start: int
     cache: list[Any] | None
     reused: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMatch:
+    """An ``Admit`` met with the prompt cache (``match_cache``), before it is recorded or
+    broadcast: the message as it goes on, what the cache served (``reuse``), that cache turned
+    to the prompt's move (None: nothing reused) and how many tokens it holds."""
+
+    message: Admit
+    reuse: Reuse
+    cache: list[Any] | None
+    reused: int
+
+
+def match_cache(message: Admit, reuse: Reuse, model: Any) -> CacheMatch:
+    """``message`` with what the prompt cache serves it (``reuse``): its reused keys turned to
+    its prompt's move (``moved``), and its images without the pixels of those wholly inside
+    the reused prefix (``lighter``). Every rank and every replay meets the same message with
+    the same cache, so what it leaves out none of them needs."""
+    spec = message.spec
+    try:
+        cache = moved(model, reuse, spec.prompt)
+    except Exception:
+        log.exception("prompt cache: a reused prefix could not be turned; prefilling it")
+        cache = None
+    reused = reuse.tokens if cache is not None else 0
+    images = lighter(spec.images, spec.prompt, reused) if spec.images else spec.images
+    if images is not spec.images:
+        message = replace(message, spec=replace(spec, images=images))
+    return CacheMatch(message, reuse, cache, reused)
+
+
+def admission_start(
+    loaded: LoadedModel, spec: SequenceSpec, found: CacheMatch, step: int
+) -> VisionStart:
+    """Where a sequence enters the batch: after what the prompt cache holds, or, for an image
+    prompt, after its images, prefilled here from the vision tower's embeddings."""
+    vision = loaded.vision
+    if vision is None or min(spec.prompt, default=0) >= 0:
+        return VisionStart(spec.prompt, found.reused, found.cache, found.reused)
+    return vision_prefill(
+        vision, loaded.model, spec.prompt, spec.images, found.cache, found.reused, step
+    )
 
 
 def model_prompt(vision: VisionModel, prompt: Sequence[int]) -> tuple[int, ...]:
