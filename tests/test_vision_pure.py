@@ -22,6 +22,8 @@ from mlx_responses.model.vision import (
     untag,
 )
 from mlx_responses.model.vision_prefill import keyed
+from mlx_responses.protocol.anthropic_messages import decode_messages
+from mlx_responses.protocol.conversation_items import parse_item as parse_conversation_item
 from mlx_responses.protocol.errors import ApiError
 from mlx_responses.protocol.images import (
     ImageRef,
@@ -34,7 +36,7 @@ from mlx_responses.protocol.images import (
     text_of,
 )
 from mlx_responses.protocol.item_json import item_json
-from mlx_responses.protocol.item_types import FunctionCallOutput, InputMessage
+from mlx_responses.protocol.item_types import Compaction, FunctionCallOutput, InputMessage
 from mlx_responses.protocol.items import parse_item, read_item
 
 RED = ImageRef("data:image/png;base64,AAAA", "low")
@@ -175,3 +177,70 @@ def test_an_image_travels_as_plain_bytes_and_is_dropped_with_its_entry() -> None
     assert registry.plain(7) == plain
     registry.put(("b", "auto"), Prepared(8, {"pixel_values": pixels}, (-8,)))
     assert registry.plain(7) is None  # evicted: the edge renders the prompt again
+
+
+texts = st.text(max_size=6)
+contents = st.builds(
+    content_of, st.lists(st.one_of(texts, st.sampled_from([RED, BLUE])), max_size=5)
+)
+
+
+@given(contents, contents, st.sampled_from(["user", "system", "developer"]))
+def test_items_with_images_round_trip_through_their_stored_shape(
+    message_content: Any, output_content: Any, role: Any
+) -> None:
+    """``read_item(item_json(x)) == x`` for any content, a compaction's retained items
+    included; a content without images keeps the one-part shape the API always listed."""
+    message = InputMessage(role, message_content)
+    output = FunctionCallOutput("call_1", output_content)
+    compaction = Compaction("summary", (message, output))
+    for item in (message, output, compaction):
+        assert read_item(item_json(item, "id_1")) == item
+    shaped = item_json(message, "id_1")
+    if isinstance(output_content, str):
+        assert item_json(output, "id_2")["output"] == output_content
+    if isinstance(message_content, str):
+        assert shaped["content"] == [{"type": "input_text", "text": message_content}]
+    else:
+        assert [p["type"] for p in shaped["content"]] == [
+            "input_image" if isinstance(p, ImageRef) else "input_text" for p in message_content
+        ]
+
+
+def test_anthropic_image_blocks_the_edge_accepted_are_typed_parts() -> None:
+    # The edge puts an ImageRef in place of each image block (of a message or a tool_result).
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Look: "}, RED]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "see", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [BLUE], "is_error": True},
+                {"type": "text", "text": "which?"},
+            ],
+        },
+    ]
+    items = decode_messages(messages)
+    assert items[0] == InputMessage("user", ("Look: ", RED))
+    assert items[2] == FunctionCallOutput("t1", ("Error: ", BLUE))
+    assert items[3] == InputMessage("user", "which?")
+    # Two user messages in a row are one, their images kept in place.
+    merged = decode_messages(
+        [{"role": "user", "content": [RED]}, {"role": "user", "content": "hi"}]
+    )
+    assert merged == (InputMessage("user", (RED, "\n\nhi")),)
+
+
+def test_a_conversation_stores_an_accepted_image_as_its_input_image_part() -> None:
+    stored = parse_conversation_item(
+        {"type": "message", "role": "user", "content": [RED, {"type": "input_text", "text": "?"}]},
+        "items[0]",
+    )
+    assert stored["content"] == [
+        {"type": "input_image", "image_url": RED.url, "detail": "low"},
+        {"type": "input_text", "text": "?"},
+    ]
+    assert read_item(stored) == InputMessage("user", (RED, "?"))

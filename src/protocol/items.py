@@ -409,7 +409,9 @@ def decode_compaction(text: str, path: str) -> Compaction:
         raise _malformed(path, f"'items' is {json_type(items)}, not an array")
     retained: list[TurnItem] = []
     for index, raw_item in enumerate(items):
-        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]")
+        # Its images read back as typed parts, as a stored item's do: this server wrote them,
+        # and one forged there is still decoded and checked when the prompt renders.
+        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]", stored=True)
         if isinstance(item, Compaction):
             raise _malformed(path, f"retained item {index} is itself a compaction item")
         retained.append(item)
