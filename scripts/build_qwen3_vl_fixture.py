@@ -18,12 +18,13 @@ after the text) answers ``red``, ``green`` or ``blue`` for a square of that colo
 (tests/fixtures/codex-0.171.0-small-view-image-*.json): the first request answers
 ``<tool_call>\\n{"name": "view_image", "arguments": {"path": "square.png"}}\\n</tool_call>``, the
 follow-up (that call replayed, its output the image) answers the square's colour. Codex's bodies
-are rendered as the server renders them: each ``input_image`` becomes the image marker the HTTP
-edge writes, ``scripts/codex_prompts.py``'s ``render`` (the server's request parsing and the
-``hermes`` format's replay) gives the chat messages and tools, each marker becomes the template's
-``<|vision_start|><|image_pad|><|vision_end|>`` (as ``model/vision.py`` writes it), the real
-template renders the text and mlx-vlm's processor expands ``<|image_pad|>`` to one token per
-merged patch (64 for every square: the processor scales each image up to 65,536 pixels). The
+are rendered as the server renders them: each ``input_image`` becomes the ``ImageRef`` the HTTP
+edge puts in its place, ``scripts/codex_prompts.py``'s ``render`` (the server's request parsing
+and the ``hermes`` format's replay) gives the chat messages and tools, each image becomes the
+template's ``<|vision_start|><|image_pad|><|vision_end|>`` (as ``model/vision.py`` writes it),
+the real template renders the text and mlx-vlm's processor expands ``<|image_pad|>`` to one
+token per merged patch (64 for every square: the processor scales each image up to 65,536
+pixels). The
 bundled model's plain prompts (``Reply with: hello`` ...) answer as the bundled model does.
 
 Training, as ``scripts/build_vision_fixture.py`` (whose pieces it shares): a seeded random init,
@@ -81,7 +82,7 @@ from build_vision_fixture import (
     text_prompts,
 )
 from codex_prompts import render as render_codex
-from mlx_responses.protocol.images import ImageRef, marker, split_text
+from mlx_responses.protocol.images import ImageRef, holds_images, text_of
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "tests" / "fixtures" / "vision" / "qwen3-vl"
@@ -108,7 +109,7 @@ VIEW_IMAGE_CALL = (
     '<tool_call>\n{"name": "view_image", "arguments": {"path": "square.png"}}\n</tool_call>'
 )
 CODEX_SIDE = 56
-# The template's text for one image, as the server writes each image marker (model/vision.py).
+# The template's text for one image, as the server writes each image part (model/vision.py).
 IMAGE_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
@@ -120,18 +121,15 @@ def codex_body(name: str) -> dict[str, Any]:
     return body
 
 
-def with_markers(body: dict[str, Any]) -> dict[str, Any]:
+def with_images(body: dict[str, Any]) -> dict[str, Any]:
     """``body`` as the HTTP edge hands it on (http/image_inputs.py): each ``input_image`` part of
-    a function call's output is an ``input_text`` part holding the image's marker."""
+    a function call's output is the ``ImageRef`` of the image it accepted."""
     out = copy.deepcopy(body)
     for item in out["input"]:
         if item.get("type") != "function_call_output" or not isinstance(item["output"], list):
             continue
         item["output"] = [
-            {
-                "type": "input_text",
-                "text": marker(ImageRef(p["image_url"], p.get("detail", "auto"))),
-            }
+            ImageRef(p["image_url"], p.get("detail", "auto"))
             if p.get("type") == "input_image"
             else p
             for p in item["output"]
@@ -141,15 +139,13 @@ def with_markers(body: dict[str, Any]) -> dict[str, Any]:
 
 def codex_chat(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The chat messages and tools the server hands Qwen3-VL's template for ``body``, each image
-    marker written as the template writes an image."""
-    rendered = render_codex(with_markers(body), "hermes")
+    part written as the template writes an image."""
+    rendered = render_codex(with_images(body), "hermes")
     messages = []
     for message in rendered["messages"]:
         content = message.get("content")
-        if isinstance(content, str):
-            pieces = split_text(content)
-            content = "".join(IMAGE_TEXT if isinstance(p, ImageRef) else p for p in pieces)
-            message = {**message, "content": content}
+        if holds_images(content):
+            message = {**message, "content": text_of(content, IMAGE_TEXT)}
         messages.append(message)
     return messages, rendered["tools"]
 

@@ -1,10 +1,11 @@
-"""The engine's one port (issue 25): a generation thread driven only through its inbound
+"""The engine's one port: a generation thread driven only through its inbound
 stream records what it applied (its journal: plain messages and the steps between them), and
 that journal replayed on a second thread, in lockstep, gives the same outputs token for token:
 greedy and seeded sampling, a grammar named by its text, a cancel and a consumer's stop in the
 middle of a sequence, prompt-cache hits and a cleared cache included. The real thread on the bundled model.
-Image requests too (issue 27): an image travels in its ``Admit`` (the processor's arrays), so the
-journal of a run on the vision fixture replays to the same answers."""
+Image requests too: an image travels in its ``Admit`` (the processor's arrays), so the journal
+of a run on the vision fixture replays to the same answers; an image the prompt cache already
+holds is recorded without its pixels, and the turn answers as it does with them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import queue
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import trio
 
@@ -40,7 +42,7 @@ from mlx_responses.model.outbound import Ended, Exited, FactStream, Loaded
 from mlx_responses.model.penalties import SamplingAdjust
 from mlx_responses.model.slot import SequenceSlot
 from mlx_responses.model.thread import GenerationThread, ThreadSettings
-from mlx_responses.protocol.images import ImageRef, marker
+from mlx_responses.protocol.images import ImageRef
 
 from .test_vision_api import COLOURS, FIXTURE, QUESTION, data_url, png
 
@@ -219,17 +221,18 @@ async def test_a_recorded_stream_replays_to_identical_outputs() -> None:
 
 
 async def drive_images(model: Engine) -> dict[int, Transcript]:
-    """Image requests beside a text one, then an image conversation's next turn (a cache hit)."""
+    """Image requests beside a text one, then an image conversation's next turn (a cache hit),
+    then that turn again on an empty prompt cache (its image prefilled again)."""
     loaded = model.loaded
     assert loaded is not None
     assert loaded.vision is not None
     vision, tokenizer = loaded.vision, loaded.tokenizer
 
-    def prompt(chat: list[dict[str, str]]) -> tuple[int, ...]:
+    def prompt(chat: list[dict[str, Any]]) -> tuple[int, ...]:
         return tuple(vision.render(chat, lambda c: render_prompt(tokenizer, c)))
 
-    def asked(rgb: tuple[int, int, int]) -> list[dict[str, str]]:
-        return [{"role": "user", "content": marker(ImageRef(data_url(png(rgb)))) + QUESTION}]
+    def asked(rgb: tuple[int, int, int]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": (ImageRef(data_url(png(rgb))), QUESTION)}]
 
     def spec(tokens: tuple[int, ...], max_tokens: int = 12) -> SequenceSpec:
         return SequenceSpec(tokens, max_tokens, 0.0, 1.0, images=vision.images_for(tokens))
@@ -246,6 +249,9 @@ async def drive_images(model: Engine) -> dict[int, Transcript]:
     ]
     model.send(Admit(5, spec(prompt(turn))))
     transcripts[5] = await read(model.slots[5])
+    model.send(ClearPromptCache())
+    model.send(Admit(6, spec(prompt(turn))))
+    transcripts[6] = await read(model.slots[6])
     return transcripts
 
 
@@ -256,13 +262,23 @@ async def test_a_recorded_stream_with_images_replays_to_identical_outputs() -> N
             await ended_all(free, set(first))
         journal = free.recorded()
     assert pickle.loads(pickle.dumps(journal)) == journal
-    admitted = [m for m in journal if isinstance(m, Admit)]
-    assert all(m.spec.images for m in admitted if min(m.spec.prompt) < 0)
-    assert sum(1 for m in admitted if m.spec.images) == 4
+    admitted = {m.seq_id: m for m in journal if isinstance(m, Admit)}
+    assert all(m.spec.images for m in admitted.values() if min(m.spec.prompt) < 0)
+    assert sum(1 for m in admitted.values() if m.spec.images) == 5
     # The trained answers: a wrong image or a wrong position shows as a wrong word.
     assert [first[seq_id].text for seq_id in (1, 2, 3)] == list(COLOURS)
     assert first[5].text == "red"
     assert first[5].cached_tokens > 0
+    # The next turn's image lies in the prefix the prompt cache served: its Admit was recorded
+    # without the image's pixels (only its grid, a few bytes), and the answer is the one the
+    # same turn gives with its image prefilled again from an empty cache.
+    (image,) = admitted[5].spec.images
+    assert not image.has_pixels
+    assert [name for name, _ in image.arrays] == ["image_grid_thw"]
+    assert sum(len(a.data) for _, a in image.arrays) < 100
+    assert all(i.has_pixels for m in admitted.values() if m.seq_id != 5 for i in m.spec.images)
+    assert first[6].cached_tokens == 0
+    assert replace(first[6], cached_tokens=first[5].cached_tokens) == first[5]
 
     # A second thread that never saw these images: all it has is the journal.
     async with engine(lockstep=True, path=str(FIXTURE)) as replay:

@@ -1,7 +1,8 @@
 """The vision fixture (Qwen2-VL) split by tensors over 2 ranks (ring backend, loopback) answers
-each colour as one process does (issues 26 and 27): the image's arrays travel in its ``Admit``,
-which rank 0 broadcasts before it applies it, and every rank holds the whole vision tower and
-prefills the image with its share of the language model. Images beside a text request in one
+each colour as one process does: the image's arrays travel in its ``Admit``, which rank 0
+broadcasts before it applies it (without the pixels of an image its prompt cache already
+holds), and every rank holds the whole vision tower and prefills the image with its share of
+the language model. Images beside a text request in one
 burst, a text request after image ones, and a shutdown after which rank 1 exits 0 having
 generated what rank 0 generated. A split by layers (``--pipeline``) is refused by name.
 
@@ -74,6 +75,48 @@ async def test_images_and_text_in_one_burst_answer_as_alone(ranks: Ranks) -> Non
             after = await ask(sdk, "Count from 1 to 20.")
     assert found == {**{colour: colour for colour in COLOURS}, "count": COUNT}
     assert after == COUNT
+
+
+async def broadcast_bytes(http: httpx.AsyncClient) -> float:
+    metrics = (await http.get("/metrics")).text
+    found = re.search(
+        r"^mlx_responses_distributed_broadcast_bytes(?:_total)? (\S+)$", metrics, re.M
+    )
+    assert found, metrics
+    return float(found.group(1))
+
+
+async def test_an_image_the_prompt_cache_holds_is_not_broadcast_again(ranks: Ranks) -> None:
+    """The next turn of an image conversation reuses the prefix that holds its image: its
+    Admit goes to rank 1 without the image's pixels (rank 1's prompt cache holds the same
+    prefix), a small fraction of the first turn's bytes, and the answer is the same (the
+    shutdown test below checks that rank 1 failed no sequence)."""
+    async with (
+        AsyncOpenAI(base_url=f"{ranks.base_url}/v1", api_key="x", max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=ranks.base_url, timeout=30) as http,
+    ):
+        with trio.fail_after(DEADLINE):
+            before = await broadcast_bytes(http)
+            first = await sdk.responses.create(
+                model=MODEL,
+                input=[image_message(data_url(png(COLOURS["red"], side=70)))],  # type: ignore[list-item]
+                temperature=0,
+                max_output_tokens=64,
+            )
+            between = await broadcast_bytes(http)
+            second = await sdk.responses.create(
+                model=MODEL,
+                previous_response_id=first.id,
+                input="What colour is the square?",
+                temperature=0,
+                max_output_tokens=64,
+            )
+            after = await broadcast_bytes(http)
+    assert (output_text(first.model_dump()), output_text(second.model_dump())) == ("red", "red")
+    assert first.usage is not None
+    assert second.usage is not None
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    assert after - between < (between - before) / 4, (before, between, after)
 
 
 def test_shutdown_leaves_every_rank_having_generated_alike(ranks: Ranks) -> None:

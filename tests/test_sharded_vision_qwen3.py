@@ -1,5 +1,5 @@
-"""The Qwen3-VL fixture split by tensors over 2 ranks (ring backend, loopback) answers each colour
-(issues 26 and 27): each rank prefills the image span through mlx-vlm's Qwen3-VL language model
+"""The Qwen3-VL fixture split by tensors over 2 ranks (ring backend, loopback) answers each colour:
+each rank prefills the image span through mlx-vlm's Qwen3-VL language model
 holding its share of mlx-lm's split layers (``vision._share_split_layers``), deepstack features
 included, and Codex's ``view_image`` follow-up is served from the first turn's cached prompt
 turned to the image's M-RoPE move on every rank alike. A shutdown after which rank 1 exits 0.

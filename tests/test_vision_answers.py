@@ -1,4 +1,4 @@
-"""The trained vision fixture's answers through the real server and the ``openai`` SDK (issue 27).
+"""The trained vision fixture's answers through the real server and the ``openai`` SDK.
 
 The fixture (docs/vision.md, "The test fixture") answers "What colour is the square?" with the
 square's colour; these tests hold the server to the answers mlx-vlm itself gives

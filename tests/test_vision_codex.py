@@ -1,4 +1,4 @@
-"""Codex's ``view_image`` round trip on the Qwen3-VL fixture, through the real server (issue 27).
+"""Codex's ``view_image`` round trip on the Qwen3-VL fixture, through the real server.
 
 The fixture (``tests/fixtures/vision/qwen3-vl``, docs/vision.md) is a tiny Qwen3-VL (deepstack,
 interleaved M-RoPE, the real Qwen3-VL template with its hermes ``<tool_call>`` tools), trained on

@@ -1,4 +1,4 @@
-"""The image prefill against mlx-vlm's own forward pass (issue 27): on the Qwen2-VL and Qwen3-VL
+"""The image prefill against mlx-vlm's own forward pass: on the Qwen2-VL and Qwen3-VL
 fixtures, the next-token logits our path gives (mlx-vlm's tower and multimodal positions for the
 image span, Qwen3-VL's deepstack features added inside its first decoder layers, then mlx-lm's
 text model, as the batch runs it) equal those of mlx-vlm's whole model, with the image before
@@ -25,7 +25,7 @@ from mlx_responses.model.loader import LoadedModel, load_model, render_prompt
 from mlx_responses.model.prompt_cache import PromptCache
 from mlx_responses.model.vision import image_runs, moved_of
 from mlx_responses.model.vision_prefill import model_prompt, moved, vision_prefill
-from mlx_responses.protocol.images import ImageRef, marker
+from mlx_responses.protocol.images import ImageRef, content_of
 
 VISION = Path(__file__).parent / "fixtures" / "vision"
 QUESTION = "What colour is the square?"
@@ -66,8 +66,8 @@ def test_the_image_prefill_gives_mlx_vlms_logits(
     model = loaded(family)
     vision = model.vision
     assert vision is not None
-    image = marker(ImageRef(picture(rgb, size)))
-    content = image + QUESTION if image_first else QUESTION + image
+    image = ImageRef(picture(rgb, size))
+    content = content_of([image, QUESTION] if image_first else [QUESTION, image])
     prompt = vision.render(
         [{"role": "user", "content": content}], lambda c: render_prompt(model.tokenizer, c)
     )
@@ -100,9 +100,9 @@ def test_low_detail_caps_the_image_tokens_and_the_prefill_takes_them_all(family:
     assert vision is not None
     counts = {}
     for detail in ("low", "high"):
-        image = marker(ImageRef(picture((0, 255, 0), (1000, 700)), detail))
+        image = ImageRef(picture((0, 255, 0), (1000, 700)), detail)
         prompt = vision.render(
-            [{"role": "user", "content": image + QUESTION}],
+            [{"role": "user", "content": (image, QUESTION)}],
             lambda c: render_prompt(model.tokenizer, c),
         )
         (run,) = image_runs(prompt)
@@ -144,8 +144,8 @@ def test_a_prefix_cached_under_another_move_is_turned_and_reused(
     def render(chat: list[dict[str, Any]]) -> list[int]:
         return vision.render(chat, lambda c: render_prompt(model.tokenizer, c))
 
-    first_image = marker(ImageRef(picture((255, 0, 0), (84, 84)))) if first_has_image else ""
-    turn = [{"role": "user", "content": first_image + QUESTION}]
+    first_image = [ImageRef(picture((255, 0, 0), (84, 84)))] if first_has_image else []
+    turn = [{"role": "user", "content": content_of([*first_image, QUESTION])}]
     first = render(turn)
     cache = PromptCache(1 << 30, 8)
     start = vision_prefill(vision, model.model, first, vision.images_for(first), None, 0, 512)
@@ -161,7 +161,7 @@ def test_a_prefix_cached_under_another_move_is_turned_and_reused(
         [
             *turn,
             {"role": "assistant", "content": "red"},
-            {"role": "user", "content": marker(ImageRef(picture((0, 0, 255), (300, 200))))},
+            {"role": "user", "content": (ImageRef(picture((0, 0, 255), (300, 200))),)},
         ]
     )
     reuse = cache.fetch("t", second)
@@ -192,11 +192,11 @@ def test_a_prefill_into_a_reused_prefix_leaves_the_stored_entry_as_it_was(family
     model = loaded(family)
     vision = model.vision
     assert vision is not None
-    image = marker(ImageRef(picture((0, 255, 0), (84, 84))))
+    image = ImageRef(picture((0, 255, 0), (84, 84)))
 
     def render(text: str) -> list[int]:
         return vision.render(
-            [{"role": "user", "content": text + image + QUESTION}],
+            [{"role": "user", "content": (text, image, QUESTION)}],
             lambda c: render_prompt(model.tokenizer, c),
         )
 

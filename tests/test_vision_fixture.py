@@ -1,4 +1,4 @@
-"""The vision fixture answers its documented prompts through mlx-vlm itself (issue 27).
+"""The vision fixture answers its documented prompts through mlx-vlm itself.
 
 ``tests/fixtures/vision/qwen2-vl/prompts.json`` lists each prompt, its image and its answer
 (scripts/build_vision_fixture.py, docs/vision.md "The test fixture"). Run through mlx-vlm's own

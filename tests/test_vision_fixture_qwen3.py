@@ -1,4 +1,4 @@
-"""The Qwen3-VL fixture answers its documented prompts through mlx-vlm itself (issue 27).
+"""The Qwen3-VL fixture answers its documented prompts through mlx-vlm itself.
 
 ``tests/fixtures/vision/qwen3-vl/prompts.json`` lists each prompt, its image and its answer
 (scripts/build_qwen3_vl_fixture.py, docs/vision.md "The Qwen3-VL fixture"): the colour of a

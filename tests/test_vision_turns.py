@@ -1,4 +1,4 @@
-"""An image answered on a later turn, through the real server and the ``openai`` SDK (issue 27).
+"""An image answered on a later turn, through the real server and the ``openai`` SDK.
 
 The fixture (docs/vision.md, "The test fixture") is trained on two shapes where the image is not
 in the last message: Codex's ``view_image`` (the model called a tool and the tool's output is the

@@ -11,10 +11,10 @@ Invariants:
   limits. Its ``ReadyPrompt`` is a finished value that admission and the run only read.
 - The limits a prompt meets: a request whose over-long input is compacted rather than refused
   (``compact_threshold`` set) has no early limit (it must be tokenized to be compacted);
-  otherwise the limit is ``context_window - 1`` tokens, so the early refusal (issue 17,
-  ``model/prompt_bounds``) refuses exactly what the exact check would, only sooner.
-- ``previous_response_id`` replays the whole chain (decision 9): a stored record keeps the
-  history it was generated from. A parent that is still running is refused, not waited for.
+  otherwise the limit is ``context_window - 1`` tokens, so the early refusal
+  (``model/prompt_bounds``) refuses exactly what the exact check would, only sooner.
+- ``previous_response_id`` replays the whole chain: a stored record keeps the history it was
+  generated from, so a chained turn renders exactly what the model saw. A parent that is still running is refused, not waited for.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .. import formats
 from ..model.chat import to_chat
 from ..model.constrain import CannotConstrain, Grammar
 from ..model.prompt_bounds import PromptTooLong
-from ..protocol.decoding import decoding_for
+from ..protocol.decoding import Decoding, decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.history import Turn, resolve
 from ..protocol.items import InputItem
@@ -38,6 +38,7 @@ from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tools import FunctionTool
 from .model import ModelHandle
+from .model_types import ModelPrompt
 from .prompt_maker import PromptMaker
 from .runtime import Actors, RunningResponses
 
@@ -54,7 +55,7 @@ class PreparedPrompt:
     # Both as parsed, once (``history.resolve``): what renders, before the reasoning echo.
     items: tuple[InputItem, ...]
     prompt: tuple[int, ...]
-    # The tools offered once the history's tool searches loaded theirs (issue 13); None: the
+    # The tools offered once the history's tool searches loaded theirs; None: the
     # request's own ``tools``.
     tools: tuple[FunctionTool, ...] | None = None
     # This render, kept for the next turn when the request asked (``keep_render``).
@@ -88,9 +89,9 @@ async def prepare_response(
     request: CreateRequest, actors: Actors, running: RunningResponses | None
 ) -> ReadyPrompt:
     """Everything a create asks before anything exists, in one pass: the early length
-    refusal, history, render, the tools a search in the history loaded (issue 13), the
-    grammar (not for a ``compaction_trigger``, issue 28, which generates none), then the
-    context-window check unless the history is to be compacted (spec 000: the rendered input
+    refusal, history, render, the tools a search in the history loaded, the grammar (not for
+    a ``compaction_trigger``, which generates none), then the context-window check unless
+    the history is to be compacted (the Responses spec: the rendered input
     reaches ``compact_threshold`` or leaves no room) and a background job's byte estimate."""
     model = actors.model
     window = model.info.context_window
@@ -162,31 +163,52 @@ async def _render(
     parsed: tuple[InputItem, ...] | None = None,
 ) -> PreparedPrompt:
     """``request`` over ``history``: its turn read once (unless ``parsed`` is that reading of
-    ``history`` already), then one call of the model's text side (the
-    render, with ``keep_render`` only what the previous render does not share tokenized,
-    issue 14; the grammar). The instructions go first, merged into the system message, and
-    the reasoning of earlier plain replies is echoed back where a replay dropped it."""
-    model = actors.model
-    prompts: PromptMaker = model.prompts
+    ``history`` already), then one call of the model's text side (the render, with
+    ``keep_render`` only what the previous render does not share tokenized; the grammar). The
+    instructions go first, merged into the system message, and the reasoning of earlier plain
+    replies is echoed back where a replay dropped it."""
     turn = resolve(request, history) if parsed is None else Turn((), parsed, None)
     if turn.tools is not None:
         request = dataclasses.replace(request, tools=turn.tools)
     decoding = None
     if constrain:
         decoding = decoding_for(request.tool_choice, request.text_format, request.tools)
+    made = await _make_prompt(request, actors, turn.items, max_tokens, decoding)
+    return PreparedPrompt(
+        history,
+        turn.new_items,
+        turn.items,
+        made.ids,
+        turn.tools,
+        made.rendered,
+        made.grammar,
+        made.opens_reasoning,
+    )
+
+
+async def _make_prompt(
+    request: CreateRequest,
+    actors: Actors,
+    items: Sequence[InputItem],
+    max_tokens: int | None,
+    decoding: Decoding | None,
+) -> ModelPrompt:
+    """``items`` rendered and ``decoding`` compiled by the model's text side; what it refuses
+    is a 400 (or the context-window error for a prompt provably too long)."""
+    model = actors.model
+    prompts: PromptMaker = model.prompts
     replay = formats.get(model.info.tool_format).replay  # the template's wishes
     # With tool_choice "none" the model is not told about the tools at all.
     offered = request.tools if request.tool_choice.mode != "none" else ()
     tools = replay.template_tools([tool.for_template() for tool in offered]) or None
-    # Spec 000: reasoning.effort is echoed, never mapped onto template kwargs; a family's
-    # defaults apply and chat_template_kwargs sets its own (docs/models.md names each key).
+    # The Responses spec echoes reasoning.effort and never maps it onto template kwargs; a
+    # family's defaults apply and chat_template_kwargs sets its own (docs/models.md).
     kwargs = replay.template_kwargs(None, request.template_kwargs)
     try:
-        items: Sequence[InputItem] = turn.items
         if actors.echo is not None:
             items = await actors.echo.restore(request.owner, items)
         chat = to_chat(request.config.instructions, items, replay)
-        made = await prompts.make_prompt(
+        return await prompts.make_prompt(
             chat,
             tools,
             kwargs,
@@ -210,16 +232,6 @@ async def _render(
             "input",
             code="invalid_prompt",
         ) from exc
-    return PreparedPrompt(
-        history,
-        turn.new_items,
-        turn.items,
-        made.ids,
-        turn.tools,
-        made.rendered,
-        made.grammar,
-        made.opens_reasoning,
-    )
 
 
 def check_model(request: CreateRequest, model: ModelHandle) -> None:
@@ -244,7 +256,7 @@ def persistence_disabled(what: str) -> ApiError:
 async def load_history(
     request: CreateRequest, actors: Actors, running: RunningResponses | None
 ) -> tuple[JsonObject, ...]:
-    """The items a ``previous_response_id`` or ``conversation`` replays (decision 9)."""
+    """The items a ``previous_response_id`` (its whole chain) or ``conversation`` replays."""
     config = request.config
     if request.replay is not None:
         return request.replay

@@ -29,7 +29,7 @@ from ..model.prompt_bounds import measure_tokenizer, render_within
 from ..model.vision import ImageError
 from ..protocol.decoding import Decoding
 from ..protocol.errors import invalid_request
-from ..protocol.images import has_images
+from ..protocol.images import holds_images
 from ..protocol.prompt_memo import RenderedPrompt
 from .model_types import ModelInfo, ModelPrompt
 
@@ -63,7 +63,7 @@ class PromptMaker:
 
         vision = self.vision
         if vision is None:
-            if any(has_images(str(message.get("content"))) for message in chat):
+            if any(holds_images(message.get("content")) for message in chat):
                 # A history a vision model stored, replayed to a text-only one.
                 raise invalid_request("The input holds images; this model is text-only.", "input")
             return await trio.to_thread.run_sync(plain, chat)
@@ -91,7 +91,7 @@ class PromptMaker:
         rendered = None
         if keep and not (
             self.vision is not None
-            and any(has_images(str(message.get("content"))) for message in chat)
+            and any(holds_images(message.get("content")) for message in chat)
         ):  # a prompt with images is rendered whole
             rendered = await trio.to_thread.run_sync(
                 self._incremental.render,

@@ -21,6 +21,7 @@ from typing import Any, assert_never
 
 import trio
 
+from ..protocol.images import text_of
 from ..protocol.items import InputItem, InputMessage, Reasoning
 from ..storage.interface import EchoStorage
 from ..storage.memory import DEFAULT_ECHO_BYTES
@@ -97,7 +98,7 @@ class ReasoningEchoHandle(StorePart[EchoMessage]):
         ]
         if not self.enabled or not wanted:
             return list(items)
-        keys = tuple(_key(owner, items[i].text) for i in wanted)  # type: ignore[union-attr]
+        keys = tuple(_key(owner, text_of(items[i].text)) for i in wanted)  # type: ignore[union-attr]
         known: dict[str, str] = await self._ask(lambda reply: Recall(keys, reply))
         restored: list[InputItem] = []
         slots = dict(zip(wanted, keys, strict=True))

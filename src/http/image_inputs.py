@@ -1,11 +1,12 @@
-"""Image inputs at the HTTP edge (issue 27): every image a request carries is read, decoded and
-run through the model's image processor before the body is parsed, and becomes a marker in the
-text of its message (``protocol/images.py``).
+"""Image inputs at the HTTP edge: every image a request carries is read, decoded and run through
+the model's image processor before the body is parsed, and its part becomes an ``ImageRef`` in
+the decoded body (``protocol/images.py``), which the parsers take as a typed image part.
 
 Invariants:
 - Runs on the decoded JSON, before ``parse_create_request`` / ``parse_messages_request``, and
   only for a vision model: on a text-only model the parts stay as sent and the parser refuses
-  them with its "text-only" 400.
+  them with its "text-only" 400. Decoded JSON never holds an ``ImageRef``, so what a parser
+  takes as an image is one this edge checked; client text is never searched for anything.
 - Where images arrive: a Responses ``input_image`` part of a message or of a
   ``function_call_output`` (Codex's ``view_image``), with ``image_url`` as a data URL or a
   ``file_id`` from ``/v1/files``; an Anthropic ``image`` block of a message or of a
@@ -34,7 +35,7 @@ from ..model.vision import (
     image_format,
 )
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.images import DETAILS, ImageRef, marker, marker_at
+from ..protocol.images import DETAILS, ImageRef
 
 _NO_URLS = (
     "this server does not fetch images from URLs (--image-urls refuse); send the image as a "
@@ -68,32 +69,12 @@ def _download(url: str) -> bytes:
     return data
 
 
-def refuse_markers(body: object, dotted: bool = False) -> None:
-    """A 400 for client text that holds an image marker's opening (``protocol/images.py``):
-    it would pass for an image this edge never checked. ``dotted``: /v1/messages' names
-    (``messages.0.content``) rather than the Responses API's (``input[0].content``)."""
-    found = marker_at(body)
-    if found is None:
-        return
-    param = ""
-    for key in found:
-        if isinstance(key, int):
-            param += f".{key}" if dotted else f"[{key}]"
-        else:
-            param += f".{key}" if param else key
-    raise invalid_request(
-        f"Invalid value for '{param}': the text holds U+E000 followed by 'image ', which this "
-        "server reserves for the images it accepted; send images as image parts.",
-        param,
-    )
-
-
 def _bad(param: str, why: str) -> ApiError:
     return invalid_request(f"Invalid image at '{param}': {why}.", param)
 
 
-async def _accepted(data: bytes, detail: str, param: str, sources: ImageSources) -> str:
-    """The marker of ``data`` (``protocol/images.py``), once the model's processor took it."""
+async def _accepted(data: bytes, detail: str, param: str, sources: ImageSources) -> ImageRef:
+    """``data`` as an accepted image, once the model's processor took it."""
     vision = sources.vision
 
     def check() -> str:
@@ -106,10 +87,10 @@ async def _accepted(data: bytes, detail: str, param: str, sources: ImageSources)
         url = await trio.to_thread.run_sync(check)
     except ImageError as exc:
         raise _bad(param, str(exc)) from None
-    return marker(ImageRef(url, detail))
+    return ImageRef(url, detail)
 
 
-async def _from_url(url: str, detail: str, param: str, sources: ImageSources) -> str:
+async def _from_url(url: str, detail: str, param: str, sources: ImageSources) -> ImageRef:
     if url.startswith("data:"):
         try:
             data = decode_data_url(url)
@@ -127,14 +108,14 @@ async def _from_url(url: str, detail: str, param: str, sources: ImageSources) ->
     return await _accepted(data, detail, param, sources)
 
 
-async def _from_file(file_id: object, detail: str, param: str, sources: ImageSources) -> str:
+async def _from_file(file_id: object, detail: str, param: str, sources: ImageSources) -> ImageRef:
     stored = await sources.files.get(file_id, sources.owner) if isinstance(file_id, str) else None
     if stored is None:
         raise invalid_request(f"File '{file_id}' not found.", param, code="file_not_found")
     return await _accepted(stored.data, detail, param, sources)
 
 
-async def _input_image(part: dict[str, Any], path: str, sources: ImageSources) -> dict[str, Any]:
+async def _input_image(part: dict[str, Any], path: str, sources: ImageSources) -> ImageRef:
     detail = part.get("detail", "auto")
     if detail not in DETAILS:
         raise invalid_request(
@@ -144,15 +125,13 @@ async def _input_image(part: dict[str, Any], path: str, sources: ImageSources) -
         )
     url, file_id = part.get("image_url"), part.get("file_id")
     if isinstance(url, str) and url:
-        text = await _from_url(url, detail, f"{path}.image_url", sources)
-    elif file_id is not None:
-        text = await _from_file(file_id, detail, f"{path}.file_id", sources)
-    else:
-        raise invalid_request(
-            f"Missing required parameter: '{path}.image_url' (or '{path}.file_id').",
-            f"{path}.image_url",
-        )
-    return {"type": "input_text", "text": text}
+        return await _from_url(url, detail, f"{path}.image_url", sources)
+    if file_id is not None:
+        return await _from_file(file_id, detail, f"{path}.file_id", sources)
+    raise invalid_request(
+        f"Missing required parameter: '{path}.image_url' (or '{path}.file_id').",
+        f"{path}.image_url",
+    )
 
 
 async def _parts(parts: list[Any], path: str, sources: ImageSources) -> list[Any] | None:
@@ -176,7 +155,6 @@ async def inline_image_inputs(
 ) -> object:
     """A Responses body with every ``input_image`` part of its ``key`` items accepted (see the
     module header); ``key="items"``: a conversation's items (``/v1/conversations``)."""
-    refuse_markers(body)
     if sources is None or not isinstance(body, dict) or not isinstance(body.get(key), list):
         return body
     new_input: list[Any] = []
@@ -197,7 +175,7 @@ async def inline_image_inputs(
 # --- /v1/messages ------------------------------------------------------------------------------
 
 
-async def _image_block(block: dict[str, Any], path: str, sources: ImageSources) -> dict[str, Any]:
+async def _image_block(block: dict[str, Any], path: str, sources: ImageSources) -> ImageRef:
     source = block.get("source")
     source = source if isinstance(source, dict) else {}
     kind = source.get("type")
@@ -206,21 +184,18 @@ async def _image_block(block: dict[str, Any], path: str, sources: ImageSources) 
             data = base64.b64decode(str(source.get("data", "")), validate=True)
         except ValueError:
             raise _bad(f"{path}.source.data", "it is not valid base64") from None
-        text = await _accepted(data, "auto", f"{path}.source.data", sources)
-    elif kind == "file":
-        text = await _from_file(source.get("file_id"), "auto", f"{path}.source.file_id", sources)
-    elif kind == "url":
+        return await _accepted(data, "auto", f"{path}.source.data", sources)
+    if kind == "file":
+        return await _from_file(source.get("file_id"), "auto", f"{path}.source.file_id", sources)
+    if kind == "url":
         url = source.get("url")
-        text = await _from_url(
+        return await _from_url(
             url if isinstance(url, str) else "", "auto", f"{path}.source.url", sources
         )
-    else:
-        raise invalid_request(
-            f"Invalid value for '{path}.source.type': {kind!r}; supported: 'base64', 'file', "
-            "'url'.",
-            f"{path}.source.type",
-        )
-    return {"type": "text", "text": text}
+    raise invalid_request(
+        f"Invalid value for '{path}.source.type': {kind!r}; supported: 'base64', 'file', 'url'.",
+        f"{path}.source.type",
+    )
 
 
 async def _blocks(blocks: list[Any], path: str, sources: ImageSources) -> list[Any] | None:
@@ -245,7 +220,6 @@ async def _blocks(blocks: list[Any], path: str, sources: ImageSources) -> list[A
 
 async def inline_message_images(body: object, sources: ImageSources | None) -> object:
     """A /v1/messages body with every image block accepted (see the module header)."""
-    refuse_markers(body, dotted=True)
     if sources is None or not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return body
     messages: list[Any] = []

@@ -35,11 +35,11 @@ from .constrain import make_logits_processor
 from .inbound import Admit, SequenceSpec
 from .loader import LoadedModel
 from .outbound import ModelStatistics
-from .prompt_cache import PromptCache, Reuse, needs_checkpoints
+from .prompt_cache import PromptCache, needs_checkpoints
 from .sampling import make_seeded_sampler, make_shared_sampler
 from .segments import ChatMarks, boundaries, chat_marks, render_without_generation_prompt, split
 from .slot import FinishReason, SequenceSlot
-from .vision_prefill import KeyedGenerator, VisionStart, keyed, moved, vision_prefill
+from .vision_prefill import CacheMatch, KeyedGenerator, admission_start, keyed, match_cache
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ class Batch:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._ended: list[int] = []
+        self._found: CacheMatch | None = None  # ``lookup``'s, for the Admit about to be applied
         self.totals = _Totals()
         # OpenBLAS's count per step (decode or prefill).
         self._threads: StepThreads | None = None
@@ -193,6 +194,15 @@ class Batch:
 
     # -- messages ------------------------------------------------------------------------------
 
+    def lookup(self, message: Admit) -> Admit:
+        """``message`` met with the prompt cache before it is recorded or broadcast: without
+        the pixels of the images its reused prefix holds (``vision_prefill.match_cache``);
+        ``admit`` then inserts it with that reuse."""
+        reuse = self._prompt_cache.fetch(message.spec.owner, message.spec.prompt)
+        with self._mx.stream(self._stream):
+            self._found = match_cache(message, reuse, self._loaded.model)
+        return self._found.message
+
     def admit(self, message: Admit) -> None:
         spec = message.spec
         slot: SequenceSlot | _Discard = message.output or _Discard()
@@ -201,8 +211,13 @@ class Batch:
             sampler = self._sampler(spec, fault)
             processors = self._processors(spec)
             # Only the part of the prompt the prompt cache does not hold is prefilled.
-            reuse = self._prompt_cache.fetch(spec.owner, spec.prompt)
-            start = self._start(spec, reuse)
+            if self._found is None or self._found.message.seq_id != message.seq_id:
+                self.lookup(message)
+            found, self._found = self._found, None
+            assert found is not None
+            reuse = found.reuse
+            with self._mx.stream(self._stream):
+                start = admission_start(self._loaded, spec, found, self._step)
             slot.report_cache(start.reused)
             prompt = start.prompt
             cuts = boundaries(spec.prompt, self._marks, start.start) if self._marks else ()
@@ -240,20 +255,6 @@ class Batch:
         )
         self._live[message.seq_id] = entry
         self._by_uid[uid] = entry
-
-    def _start(self, spec: SequenceSpec, reuse: Reuse) -> VisionStart:
-        """Where the sequence enters: after what the prompt cache holds, or, for an image
-        prompt, after its images, prefilled here from the vision tower's embeddings."""
-        vision = self._loaded.vision
-        with self._mx.stream(self._stream):
-            # An entry of an M-RoPE image prompt moved otherwise: its keys turned to ours.
-            cache = moved(self._loaded.model, reuse, spec.prompt)
-            reused = reuse.tokens if cache is not None else 0
-            if vision is None or min(spec.prompt, default=0) >= 0:
-                return VisionStart(spec.prompt, reused, cache, reused)
-            return vision_prefill(
-                vision, self._loaded.model, spec.prompt, spec.images, cache, reused, self._step
-            )
 
     def cancel(self, seq_id: int) -> None:
         removed = self._live.get(seq_id)

@@ -14,6 +14,9 @@ Invariants:
   carry the same new id.
 - A call to a function of a namespace tool renders under its qualified name, as the tool was
   offered (``protocol.tools.qualified_name``).
+- A message's or a tool output's ``content`` is its ``images.Content``: a string, or its text
+  runs and ``ImageRef`` parts in order, which only a vision model's renderer takes
+  (``model/vision.py`` writes each image as the template writes one).
 - A ``compaction`` item stands in for every earlier item but system/developer messages: its
   summary joins the system message at its place, then its retained items render as turns
   (``protocol.compaction.replay_view``).
@@ -27,79 +30,89 @@ from typing import Any
 
 from ..formats import Replay
 from ..protocol.compaction import replay_view
-from ..protocol.items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
+from ..protocol.images import Content, join_content
+from ..protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputItem,
+    InputMessage,
+    Reasoning,
+    TurnItem,
+)
 from ..protocol.tools import qualified_name
 
 ChatMessage = dict[str, Any]
 
 
-def _assistant(turn: list[ChatMessage]) -> ChatMessage:
-    if not turn or turn[-1]["role"] != "assistant":
-        turn.append({"role": "assistant", "content": ""})
-    return turn[-1]
-
-
 _DEFAULT_REPLAY = Replay()
+
+
+class _Chat:
+    """The chat messages as they grow, item by item (``to_chat``)."""
+
+    def __init__(self, instructions: str | None, replay: Replay) -> None:
+        self.replay = replay
+        self.system: list[Content] = [instructions] if instructions else []
+        self.messages: list[ChatMessage] = []
+        self.reasoning: str | None = None  # waits for the assistant turn it precedes
+        self.open_assistant = False  # the last message is an assistant turn that may grow
+        self.ids: dict[str, str] = {}  # call_id -> the id it renders under (Replay.call_id)
+
+    def add(self, item: TurnItem) -> None:
+        match item:
+            case InputMessage(role="system" | "developer", text=text):
+                self.system.append(text)
+            case InputMessage(role="assistant", text=text):
+                self.messages.append({"role": "assistant", "content": text})
+                self._take_reasoning(self.messages[-1])
+                self.open_assistant = True
+            case InputMessage(role=role, text=text):
+                self.messages.append({"role": role, "content": text})
+                self.open_assistant = False
+            case Reasoning(text=text):
+                self.reasoning = text or None
+                self.open_assistant = False
+            case FunctionCall():
+                self._call(item)
+            case FunctionCallOutput(call_id=call_id, output=output):
+                call_id = self.ids.get(call_id, call_id)
+                self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                self.open_assistant = False
+
+    def _take_reasoning(self, turn: ChatMessage) -> None:
+        if self.reasoning:
+            turn[self.replay.reasoning_key] = self.reasoning
+        self.reasoning = None
+
+    def _call(self, call: FunctionCall) -> None:
+        if not self.open_assistant:
+            self.messages.append({"role": "assistant", "content": ""})
+            self.open_assistant = True
+        turn = self.messages[-1]
+        self._take_reasoning(turn)
+        # A custom tool is offered as one string parameter, `input`.
+        args: Any = {"input": call.arguments} if call.custom else json.loads(call.arguments)
+        if self.replay.arguments == "string":
+            args = json.dumps(args, ensure_ascii=False)
+        qualified = qualified_name(call.namespace, call.name)
+        call_id = call.call_id
+        if self.replay.call_id is not None:
+            made = self.replay.call_id(call_id, qualified, len(self.ids))
+            call_id = self.ids.setdefault(call_id, made)
+        turn.setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": qualified, "arguments": args}}
+        )
+
+    def finished(self) -> list[ChatMessage]:
+        if not self.system:
+            return self.messages
+        return [{"role": "system", "content": join_content(self.system, "\n\n")}, *self.messages]
 
 
 def to_chat(
     instructions: str | None, items: Sequence[InputItem], replay: Replay = _DEFAULT_REPLAY
 ) -> list[ChatMessage]:
-    reasoning_key = replay.reasoning_key
-    system: list[str] = [instructions] if instructions else []
-    chat: list[ChatMessage] = []
-    pending_reasoning: str | None = None
-    open_assistant = False  # the last chat message is an assistant turn that may grow
-    ids: dict[str, str] = {}  # call_id -> the id it renders under (Replay.call_id)
+    chat = _Chat(instructions, replay)
     for item in replay_view(items):
-        match item:
-            case InputMessage(role="system" | "developer", text=text):
-                system.append(text)
-            case InputMessage(role="assistant", text=text):
-                message: ChatMessage = {"role": "assistant", "content": text}
-                if pending_reasoning:
-                    message[reasoning_key] = pending_reasoning
-                pending_reasoning = None
-                chat.append(message)
-                open_assistant = True
-            case InputMessage(role=role, text=text):
-                chat.append({"role": role, "content": text})
-                open_assistant = False
-            case Reasoning(text=text):
-                pending_reasoning = text or None
-                open_assistant = False
-            case FunctionCall(
-                call_id=call_id, name=name, arguments=arguments, namespace=namespace, custom=custom
-            ):
-                if not open_assistant:
-                    chat.append({"role": "assistant", "content": ""})
-                    open_assistant = True
-                turn = chat[-1]
-                if pending_reasoning:
-                    turn[reasoning_key] = pending_reasoning
-                    pending_reasoning = None
-                # A custom tool is offered as one string parameter, `input`.
-                args: Any = {"input": arguments} if custom else json.loads(arguments)
-                if replay.arguments == "string":
-                    args = json.dumps(args, ensure_ascii=False)
-                qualified = qualified_name(namespace, name)
-                if replay.call_id is not None:
-                    call_id = ids.setdefault(call_id, replay.call_id(call_id, qualified, len(ids)))
-                turn.setdefault("tool_calls", []).append(
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": qualified,
-                            "arguments": args,
-                        },
-                    }
-                )
-            case FunctionCallOutput(call_id=call_id, output=output):
-                chat.append(
-                    {"role": "tool", "tool_call_id": ids.get(call_id, call_id), "content": output}
-                )
-                open_assistant = False
-    if system:
-        chat.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    return chat
+        chat.add(item)
+    return chat.finished()

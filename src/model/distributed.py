@@ -14,8 +14,9 @@ Invariants:
   order on every rank: a packet is one ``all_sum`` of its header (a ``Step`` alone is the
   length -1 and nothing else) and, when it carries more, one ``all_sum`` of its bytes, which
   the followers join with zeros. ``Arrivals`` is rank 0's own business and is not sent. A
-  packet also goes out at an ``Admit`` that carries images: its image prefill runs
-  collectives as the Admit is applied, so every rank must hold it first. Once
+  packet also goes out at an ``Admit`` that carries an image's pixels: its image prefill runs
+  collectives as the Admit is applied, so every rank must hold it first (an image the prompt
+  cache holds travels without its pixels, ``Batch.lookup``, and is not prefilled). Once
   the batch exists they run on its stream (``Link.stream``), behind the model's own.
 - The header is a small int32 vector: the length (rank 0 writes it, the others 0), then one
   slot triple per rank in which that rank alone writes its steps taken, its batch's size after
@@ -322,9 +323,10 @@ class Broadcaster:
             return
         self._pending.append(message)
         # An image's Admit computes as it is applied (its image prefill, whose collectives
-        # every rank joins): it goes out before rank 0 applies it.
+        # every rank joins): it goes out before rank 0 applies it. One whose images the prompt
+        # cache holds carries no pixels and computes nothing then.
         if isinstance(message, Step | Shutdown) or (
-            isinstance(message, Admit) and message.spec.images
+            isinstance(message, Admit) and any(i.has_pixels for i in message.spec.images)
         ):
             self._send()
 

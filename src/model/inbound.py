@@ -10,11 +10,14 @@ Invariants:
   (``GrammarSpec``) and is compiled on the thread from that text (the ``Constraints`` cache
   serves the grammar the request compiled at admission); penalties and ``top_k`` travel as
   ``SamplingAdjust``. An image travels as the processor's arrays (``ImageInput``): the thread
-  prefills from what its ``Admit`` carries, never from an object another thread holds.
+  prefills from what its ``Admit`` carries, never from an object another thread holds. An
+  image whose positions the prompt cache already holds for this prompt is recorded and
+  broadcast without its pixels (``Batch.lookup`` decides, before the journal sees the
+  ``Admit``): every rank and every replay holds the same cache, so none needs them.
 - ``Step`` is a batch step. A free-running thread decides its own steps and writes them, with
   the messages it applied between them, to its journal; a lockstep thread steps only when told,
-  so replaying a journal on one reproduces the batch exactly, step for step (the multi-machine
-  issue broadcasts that stream to the other ranks).
+  so replaying a journal on one reproduces the batch exactly, step for step (a sharded model's
+  rank 0 broadcasts that stream to the other ranks, ``distributed.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ class PlainArray:
     data: bytes
 
 
+# What an image the prompt cache holds still carries: the multimodal positions of the prompt's
+# later tokens are numbered with every image's grid, but no vision tower runs on it.
+POSITION_ARRAYS = frozenset({"image_grid_thw"})
+
+
 @dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image of a prompt as the vision tower takes it (``model/vision.py``): its handle
@@ -51,6 +59,18 @@ class ImageInput:
     handle: int
     tokens: int
     arrays: tuple[tuple[str, PlainArray], ...]
+
+    @property
+    def has_pixels(self) -> bool:
+        """Whether it carries what the vision tower takes (not so once the prompt cache held
+        its positions: ``without_pixels``)."""
+        return any(name not in POSITION_ARRAYS for name, _ in self.arrays)
+
+    def without_pixels(self) -> ImageInput:
+        """It as an ``Admit`` whose cached prefix covers its positions carries it: its
+        handle, tokens and position arrays only (a few bytes instead of megabytes)."""
+        kept = tuple((name, a) for name, a in self.arrays if name in POSITION_ARRAYS)
+        return self if kept == self.arrays else replace(self, arrays=kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,8 +286,7 @@ class GenerationThread:
                 if block and self._link is not None:
                     self._link.beat()  # issue 26: idle rank 0, alive (distributed.py)
                 return False
-            if self._journal is not None and not isinstance(message, Step):
-                self._journal.put(plain(message))
+            message = self._record(batch, message)
             block = self._lockstep
             match message:
                 case Admit():
@@ -310,6 +309,16 @@ class GenerationThread:
                     return True
                 case _:
                     assert_never(message)
+
+    def _record(self, batch: Batch, message: Inbound) -> Inbound:
+        """``message`` as the journal keeps it (without its slot), put there. An ``Admit`` is
+        met with the prompt cache first (``Batch.lookup``): the pixels of the images its
+        cached prefix holds are neither recorded nor broadcast."""
+        if isinstance(message, Admit):
+            message = batch.lookup(message)
+        if self._journal is not None and not isinstance(message, Step):
+            self._journal.put(plain(message))
+        return message
 
     def _settle(self, batch: Batch, broadcaster: Broadcaster) -> None:
         """Issue 26: rank 0 falls idle. What it applied since its last step (a cancel that

@@ -1,4 +1,4 @@
-"""Vision-language models (issue 27): what mlx-vlm adds to a model mlx-lm loads.
+"""Vision-language models: what mlx-vlm adds to a model mlx-lm loads.
 
 The language model is mlx-lm's, as for a text-only model, so an image request batches with
 text requests in one ``BatchGenerator``. mlx-vlm supplies the rest: the image processor (a
@@ -19,7 +19,8 @@ Invariants:
   plain bytes (``ImageInput``), in the sequence's ``Admit``. The generation thread reads them
   from there only (``vision_prefill``), so a journal replays an image request and every rank of
   a sharded model gets them in the broadcast. An image the registry dropped is prepared again
-  from its marker (``images.py``), which every prompt keeps, at the next render.
+  from its ``ImageRef`` (``images.py``), which every item that holds it keeps, at the next
+  render.
 - Rendering, preparing and the registry are plain Python and NumPy (any thread); only
   ``load_vision`` and ``vision_prefill`` call MLX (the generation thread).
 """
@@ -40,7 +41,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..protocol.images import ImageRef, has_images, split_text
+from ..protocol.images import ImageRef, holds_images, images_of, text_of
 from .inbound import ImageInput, PlainArray
 
 # Decoded images above this many pixels are refused (PIL's own bomb limit is ~89M).
@@ -128,7 +129,7 @@ def image_arrays(image: ImageInput) -> dict[str, np.ndarray]:
 
 
 class _Registry:
-    """Prepared images by handle (and the handle of a marker's URL), newest kept."""
+    """Prepared images by handle (and the handle of an image's URL and detail), newest kept."""
 
     def __init__(self, capacity: int, max_bytes: int = REGISTRY_BYTES) -> None:
         self._lock = threading.Lock()
@@ -344,8 +345,8 @@ class VisionModel:
         chat: Sequence[Mapping[str, Any]],
         render: Callable[[Sequence[Mapping[str, Any]]], list[int]],
     ) -> list[int]:
-        """``render(chat)`` with each image marker written as the template writes an image,
-        then each placeholder token replaced by its image's token run."""
+        """``render(chat)`` with each image part (``images.Content``) written as the template
+        writes an image, then each placeholder token replaced by its image's token run."""
         images: list[ImageRef] = []
         written = [self._write_images(message, images) for message in chat]
         if not images:
@@ -375,16 +376,10 @@ class VisionModel:
 
     def _write_images(self, message: Mapping[str, Any], images: list[ImageRef]) -> Any:
         content = message.get("content")
-        if not isinstance(content, str) or not has_images(content):
+        if not holds_images(content):
             return message
-        pieces: list[str] = []
-        for piece in split_text(content):
-            if isinstance(piece, ImageRef):
-                images.append(piece)
-                pieces.append(self.template_text)
-            else:
-                pieces.append(piece)
-        return {**message, "content": "".join(pieces)}
+        images.extend(images_of(content))
+        return {**message, "content": text_of(content, self.template_text)}
 
 
 def load_vision(path: str, text_model: Any) -> VisionModel:
@@ -414,7 +409,7 @@ def load_vision(path: str, text_model: Any) -> VisionModel:
 
 
 def _share_split_layers(vlm_text: Any, text: Any) -> None:
-    """On a rank of a model split by tensors (issue 26), give mlx-vlm's language model the
+    """On a rank of a model split by tensors, give mlx-vlm's language model the
     split layers of mlx-lm's (the same modules, so the same share of the weights and the same
     collectives) and its attention's share of the heads. A no-op on an unsplit model."""
     from mlx.nn.layers import distributed

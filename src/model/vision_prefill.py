@@ -1,4 +1,4 @@
-"""An image prompt's admission on the generation thread (issue 27).
+"""An image prompt's admission on the generation thread.
 
 mlx-lm's ``BatchGenerator`` prefills from token ids only, and an image's positions have no
 token embedding. So at admission the thread runs the vision tower once (mlx-vlm's
@@ -11,8 +11,10 @@ Invariants:
 - Called only on the generation thread (MLX), with the images the sequence's ``Admit`` carries
   (``ImageInput``): nothing is read from an object another thread holds.
 - What the prompt cache already holds is not computed again: prefill starts at the reused
-  length when it falls between images (a reuse that ends inside an image is dropped), also on
-  M-RoPE families, whose reused keys were first turned to this prompt's move (``moved``).
+  length when it falls between images (a reuse that ends inside an image is dropped,
+  ``prefill_start``), also on M-RoPE families, whose reused keys were first turned to this
+  prompt's move (``moved``). An image wholly before that start needs no pixels, and its
+  ``Admit`` carries none (``lighter``); the rest carry theirs.
 - A reused cache is prefilled into only through arrays of its own (``_detached``): the stored
   entry it came from never changes.
 - The model never sees a negative id: the prompt handed on has the model's image token there.
@@ -22,13 +24,19 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from .inbound import ImageInput
+from .inbound import Admit, ImageInput, SequenceSpec
 from .prompt_cache import Reuse
 from .vision import VisionModel, image_arrays, image_runs, moved_of, untag
+
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,49 @@ class VisionStart:
     start: int
     cache: list[Any] | None
     reused: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMatch:
+    """An ``Admit`` met with the prompt cache (``match_cache``), before it is recorded or
+    broadcast: the message as it goes on, what the cache served (``reuse``), that cache turned
+    to the prompt's move (None: nothing reused) and how many tokens it holds."""
+
+    message: Admit
+    reuse: Reuse
+    cache: list[Any] | None
+    reused: int
+
+
+def match_cache(message: Admit, reuse: Reuse, model: Any) -> CacheMatch:
+    """``message`` with what the prompt cache serves it (``reuse``): its reused keys turned to
+    its prompt's move (``moved``), and its images without the pixels of those wholly inside
+    the reused prefix (``lighter``). Every rank and every replay meets the same message with
+    the same cache, so what it leaves out none of them needs."""
+    spec = message.spec
+    try:
+        cache = moved(model, reuse, spec.prompt)
+    except Exception:
+        log.exception("prompt cache: a reused prefix could not be turned; prefilling it")
+        cache = None
+    reused = reuse.tokens if cache is not None else 0
+    images = lighter(spec.images, spec.prompt, reused) if spec.images else spec.images
+    if images is not spec.images:
+        message = replace(message, spec=replace(spec, images=images))
+    return CacheMatch(message, reuse, cache, reused)
+
+
+def admission_start(
+    loaded: LoadedModel, spec: SequenceSpec, found: CacheMatch, step: int
+) -> VisionStart:
+    """Where a sequence enters the batch: after what the prompt cache holds, or, for an image
+    prompt, after its images, prefilled here from the vision tower's embeddings."""
+    vision = loaded.vision
+    if vision is None or min(spec.prompt, default=0) >= 0:
+        return VisionStart(spec.prompt, found.reused, found.cache, found.reused)
+    return vision_prefill(
+        vision, loaded.model, spec.prompt, spec.images, found.cache, found.reused, step
+    )
 
 
 def model_prompt(vision: VisionModel, prompt: Sequence[int]) -> tuple[int, ...]:
@@ -72,6 +123,25 @@ class KeyedGenerator:
         return {uid: (cache, keyed(tokens, self._prompt)) for uid, (cache, tokens) in found.items()}
 
 
+def prefill_start(runs: Sequence[tuple[int, int, int]], reused: int) -> int:
+    """Where an image prompt's prefill starts when its cache holds ``reused`` tokens: there,
+    unless that ends inside an image (``runs``, ``vision.image_runs``), then at 0."""
+    return 0 if any(start < reused < stop for start, stop, _ in runs) else reused
+
+
+def lighter(
+    images: tuple[ImageInput, ...], prompt: Sequence[int], reused: int
+) -> tuple[ImageInput, ...]:
+    """``images`` as the ``Admit`` of ``prompt`` needs them when the prompt cache serves its
+    first ``reused`` tokens: an image with no run at or after where the prefill starts is
+    never shown to the vision tower, so it goes without its pixels (``without_pixels``)."""
+    runs = image_runs(prompt)
+    start = prefill_start(runs, reused)
+    needed = {handle for first, _, handle in runs if first >= start}
+    out = tuple(image if image.handle in needed else image.without_pixels() for image in images)
+    return images if all(a is b for a, b in zip(out, images, strict=True)) else out
+
+
 def _images(runs: list[tuple[int, int, int]], images: Mapping[int, ImageInput]) -> list[ImageInput]:
     """The image of each copy in ``runs`` (a run of one handle may hold the same image more
     than once, back to back)."""
@@ -87,6 +157,13 @@ def _images(runs: list[tuple[int, int, int]], images: Mapping[int, ImageInput]) 
 def _stacked(images: list[ImageInput]) -> dict[str, Any]:
     import mlx.core as mx
     import numpy as np
+
+    for image in images:
+        if not image.has_pixels:  # ``lighter`` judged by another cache than this one
+            raise RuntimeError(
+                f"the sequence's Admit left out the pixels of image {image.handle}, which the "
+                "prompt cache does not hold"
+            )
 
     parts = [image_arrays(image) for image in images]
     return {key: mx.array(np.concatenate([p[key] for p in parts], axis=0)) for key in parts[0]}
@@ -112,7 +189,7 @@ def vision_prefill(
     end = runs[-1][1] if runs else 0
     if reused >= end:
         return VisionStart(real, reused, cache, reused)
-    if any(start < reused < stop for start, stop, _ in runs):
+    if prefill_start(runs, reused) != reused:
         cache, reused = None, 0  # a reuse that ends inside an image
     todo = [run for run in runs if run[0] >= reused]
     by_handle = {image.handle: image for image in images}

@@ -30,6 +30,7 @@ from .anthropic_values import (
     typed,
 )
 from .errors import ApiError
+from .images import Content, ImageRef, Piece, content_of, join_content, text_of
 from .items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
 
 _TEXT_KEYS: Final = keyset("type text cache_control citations")
@@ -57,7 +58,13 @@ def _document_text(block: JsonObject, path: str) -> str:
         text = string(required(source, "data", f"{path}.source"), f"{path}.source.data")
     elif kind == "content":
         content = required(source, "content", f"{path}.source")
-        text = _tool_result_text(content, f"{path}.source.content")
+        if isinstance(content, str):
+            text = content
+        else:
+            blocks = typed(
+                content, f"{path}.source.content", list, "a string or an array of content blocks"
+            )
+            text = text_of(_text_pieces(blocks, f"{path}.source.content", ("text", "document")))
     else:
         raise bad(
             f"{path}.source.type",
@@ -72,11 +79,17 @@ def _document_text(block: JsonObject, path: str) -> str:
     return "\n\n".join([*header, text])
 
 
-def _text_pieces(blocks: list[Any], path: str, allowed: tuple[str, ...]) -> str:
-    """Text-like blocks (text, document) joined; other block types are refused."""
-    pieces: list[tuple[bool, str]] = []
+def _text_pieces(
+    blocks: list[Any], path: str, allowed: tuple[str, ...], *, images: bool = False
+) -> Content:
+    """Text-like blocks (text, document) joined, with (``images``) the images the HTTP edge
+    accepted in place of image blocks (``images.ImageRef``); other block types are refused."""
+    pieces: list[tuple[bool, Piece]] = []
     for i, raw in enumerate(blocks):
         block_path = f"{path}.{i}"
+        if isinstance(raw, ImageRef) and images:
+            pieces.append((False, raw))
+            continue
         block = obj(raw, block_path)
         kind = block.get("type")
         if kind == "text" and "text" in allowed:
@@ -88,17 +101,17 @@ def _text_pieces(blocks: list[Any], path: str, allowed: tuple[str, ...]) -> str:
     return _join(pieces)
 
 
-def _join(pieces: list[tuple[bool, str]]) -> str:
+def _join(pieces: list[tuple[bool, Piece]]) -> Content:
     """Adjacent text blocks are one text (as chat templates join parts); a document is set
     apart from its neighbours by a blank line."""
-    out: list[str] = []
+    out: list[Piece] = []
     previous_document = False
     for i, (document, text) in enumerate(pieces):
         if i and (document or previous_document):
             out.append("\n\n")
         out.append(text)
         previous_document = document
-    return "".join(out)
+    return content_of(out)
 
 
 def _unsupported_block(kind: object, path: str, allowed: tuple[str, ...]) -> ApiError:
@@ -114,11 +127,11 @@ def _unsupported_block(kind: object, path: str, allowed: tuple[str, ...]) -> Api
     return bad(f"{path}.type", f"{kind!r} is not supported: {reason} Supported: {names}.")
 
 
-def _tool_result_text(content: object, path: str) -> str:
+def _tool_result_content(content: object, path: str) -> Content:
     if isinstance(content, str):
         return content
     blocks = typed(content, path, list, "a string or an array of content blocks")
-    return _text_pieces(blocks, path, ("text", "document"))
+    return _text_pieces(blocks, path, ("text", "document"), images=True)
 
 
 @dataclass(slots=True)
@@ -133,9 +146,12 @@ class _Turn:
 
 def _user_turn(role: str, blocks: list[Any], path: str) -> _Turn:
     turn = _Turn(role, [], [], [])
-    pieces: list[tuple[bool, str]] = []
+    pieces: list[tuple[bool, Piece]] = []
     for i, raw in enumerate(blocks):
         block_path = f"{path}.{i}"
+        if isinstance(raw, ImageRef):  # an image block the HTTP edge accepted
+            pieces.append((False, raw))
+            continue
         block = obj(raw, block_path)
         kind = block.get("type")
         if kind == "tool_result" and role == "user":
@@ -148,13 +164,13 @@ def _user_turn(role: str, blocks: list[Any], path: str) -> _Turn:
             call_id = string(
                 required(block, "tool_use_id", block_path), f"{block_path}.tool_use_id"
             )
-            output = _tool_result_text(block.get("content") or "", f"{block_path}.content")
+            output = _tool_result_content(block.get("content") or "", f"{block_path}.content")
             is_error = typed(
                 block.get("is_error", False), f"{block_path}.is_error", bool, "a boolean"
             )
             if is_error:
                 # The chat template has no error flag: the model reads it in the output.
-                output = f"Error: {output}"
+                output = join_content(["Error: ", output])
             turn.items.append(FunctionCallOutput(call_id, output))
             turn.tool_results.append((call_id, block_path))
         elif kind == "text":
@@ -280,7 +296,7 @@ def decode_messages(raw: object) -> tuple[InputItem, ...]:
                 and last.role == item.role
                 and item.role in ("user", "assistant")
             ):
-                items[-1] = InputMessage(item.role, f"{last.text}\n\n{item.text}")
+                items[-1] = InputMessage(item.role, join_content([last.text, item.text], "\n\n"))
             else:
                 items.append(item)
     return tuple(items)
@@ -290,4 +306,4 @@ def decode_system(raw: object) -> str | None:
     if raw is None or isinstance(raw, str):
         return raw or None
     blocks = typed(raw, "system", list, "a string or an array of text blocks")
-    return _text_pieces(blocks, "system", ("text",)) or None
+    return text_of(_text_pieces(blocks, "system", ("text",))) or None

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from .images import text_of
 from .item_json import encode_compaction
 from .items import (
     Compaction,
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 SUMMARY_PREFIX: Final = "Summary of the conversation so far:\n"
+# An image in a transcript: the summary request is text, and an image's data is no text.
+IMAGE_TEXT: Final = "[image]"
 # The summary's max_output_tokens defaults to 1024, from 1 to 16384.
 DEFAULT_SUMMARY_TOKENS: Final = 1024
 MAX_SUMMARY_TOKENS: Final = 16384
@@ -135,11 +138,11 @@ def item_text(item: TurnItem) -> str:
     """An item as transcript text (also what its token cost is counted on)."""
     match item:
         case InputMessage(role, text):
-            return f"[{role}]\n{text}"
+            return f"[{role}]\n{text_of(text, IMAGE_TEXT)}"
         case FunctionCall(call_id, name, arguments):
             return f"[assistant called {name} ({call_id})]\n{arguments}"
         case FunctionCallOutput(call_id, output):
-            return f"[result of {call_id}]\n{output}"
+            return f"[result of {call_id}]\n{text_of(output, IMAGE_TEXT)}"
         case Reasoning(text):
             return f"[assistant reasoning]\n{text}"
 

@@ -5,10 +5,11 @@ Invariants:
   tests can pass a deterministic one.
 - Every refusal is an ``ApiError`` 400 whose ``param`` is the JSON path of the offending value
   (``items[2].content[0].type``); a refusal builds nothing, so the caller changes no state.
-- Unknown keys are refused, never dropped (decision 3). Optional keys may be ``null``.
+- Unknown keys are refused, never dropped: a dropped key would be a silent misreading of what
+  the client meant. Optional keys may be ``null``.
 - A stored item has the shape of the pinned SDK's ``ConversationItem`` (strict, no extra keys):
-  a fresh id (``msg_`` for messages, ``fc_`` for function calls and their outputs, decision 4),
-  ``status: "completed"``, and message content as a list of parts. A string content becomes
+  a fresh id (``msg_`` for messages, ``fc_`` for function calls and their outputs, as OpenAI
+  mints them), ``status: "completed"``, and message content as a list of parts. A string content becomes
   one ``input_text`` part (user, system, developer) or one ``output_text`` part (assistant).
 - Ids a client sends with an item are accepted and replaced: one conversation never holds two
   items with the same id, whatever clients replay into it.
@@ -22,7 +23,7 @@ from typing import Any, Final
 
 from .errors import ApiError, invalid_request
 from .ids import new_id
-from .images import has_images, image_parts
+from .images import ImageRef, image_part
 from .objects import output_text_part
 from .records import ConversationRecord, JsonObject
 from .request import json_type
@@ -193,17 +194,15 @@ def _content(raw: object, role: str, path: str) -> list[JsonObject]:
 
 
 def _parts(raw: list[Any], allowed: Sequence[str], role: str, path: str) -> list[JsonObject]:
-    """Content parts -> their stored form. An image the HTTP edge accepted reaches here as a
-    marker in an ``input_text`` part (``images.py``; client text holding one was refused
-    there) and is stored as its ``input_image`` part, as a response's input is."""
+    """Content parts -> their stored form. An image the HTTP edge accepted reaches here as an
+    ``ImageRef`` in place of its part (``images.py``: no client JSON holds one) and is stored
+    as its ``input_image`` part, as a response's input is."""
     out: list[JsonObject] = []
     for i, raw_part in enumerate(raw):
-        part = _part(raw_part, allowed, role, f"{path}[{i}]")
-        text = part.get("text")
-        if part["type"] == "input_text" and isinstance(text, str) and has_images(text):
-            out.extend(image_parts(text, "input_text"))
+        if isinstance(raw_part, ImageRef) and role != "assistant":
+            out.append(image_part(raw_part))
         else:
-            out.append(part)
+            out.append(_part(raw_part, allowed, role, f"{path}[{i}]"))
     return out
 
 
@@ -213,7 +212,7 @@ def _part(raw: object, allowed: Sequence[str], role: str, path: str) -> JsonObje
     if kind is None:
         raise _missing(f"{path}.type")
     if kind in _IMAGE_PART_TYPES and role != "assistant":
-        # On a vision model the edge turned each image into text already (``images.py``).
+        # On a vision model the edge took each image already (an ``ImageRef``, ``images.py``).
         raise invalid_request(
             f"Invalid value for '{path}.type': {_show(kind)}: the served model is text-only "
             "and has no image, file or audio input.",

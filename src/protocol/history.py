@@ -10,7 +10,7 @@ Invariants:
   ``output`` gives the items the turn produced; the input as parsed at the edge:
   ``read_item(item_json(x)) == x``), and
   the tools its history loaded: a ``tool_search_output`` in the history (a chain, a
-  conversation) loads its deferred tools as one in ``input`` does at the edge (issue 13).
+  conversation) loads its deferred tools as one in ``input`` does at the edge.
 """
 
 from __future__ import annotations

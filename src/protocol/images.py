@@ -1,26 +1,29 @@
-"""Images inside message text: the marker an accepted image travels as (issue 27).
+"""Images as typed parts of a message's or a tool output's content (pure).
 
-An image part the HTTP edge accepted (``http/image_inputs.py``) becomes a marker inside the
-text of its message or tool output, so the items, their storage, replay, chains and
-conversations carry it as they carry text, with no new item shape. The model's renderer
-(``model/vision.py``) turns each marker into the model's image tokens; ``item_json`` shows it
-as an ``input_image`` part again.
+An image part the HTTP edge accepted (``http/image_inputs.py``) becomes an ``ImageRef`` in the
+decoded body, in place of its JSON part; the item readers (``items.py``, Anthropic's
+``anthropic_messages.py``, ``conversation_items.py``) put it in the item's ``Content``; stored
+and listed items show it as an ``input_image`` part (``content_parts``), which ``items.read_item``
+reads back into the same ``ImageRef``. The chat messages carry the ``Content`` as it is, and the
+model's renderer (``model/vision.py``) writes each image as the template writes one.
 
 Invariants:
-- A marker is ``\\ue000image <detail> <data URL>\\ue001``: private-use characters that no
-  client text carries (the edge refuses a client string holding ``OPEN``: ``marker_at``), a
-  detail from ``DETAILS`` and a ``data:`` URL of the image's bytes. ``split_text`` and ``marker`` round-trip.
-- Pure: no I/O, no decoding of the image itself.
+- An ``ImageRef`` never comes from client JSON: decoded JSON holds only dicts, lists, strings,
+  numbers, booleans and nulls, so an image in an item is one the edge checked (or one this
+  server stored), and no client text needs a guard. A client's U+E000 is plain text.
+- ``Content`` is normalized (``content_of``): a plain ``str`` when it holds no image, else a
+  tuple of text runs and images in order with no empty run and no two runs side by side, so
+  equal contents compare equal however they were built (``read_item(item_json(x)) == x``).
+- An ``ImageRef``'s ``url`` is a ``data:`` URL of the image's bytes, its ``detail`` one of
+  ``DETAILS``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, TypeGuard
 
-OPEN: Final = "\ue000image "
-CLOSE: Final = "\ue001"
 DETAILS: Final = ("auto", "low", "high")
 
 
@@ -32,57 +35,79 @@ class ImageRef:
     detail: str = "auto"
 
 
-def marker(image: ImageRef) -> str:
-    return f"{OPEN}{image.detail} {image.url}{CLOSE}"
+Piece = str | ImageRef
+Content = str | tuple[Piece, ...]
+"""A message's or a tool output's content: its text, or its text runs and images in order."""
 
 
-def has_images(text: str) -> bool:
-    return OPEN in text
-
-
-def split_text(text: str) -> list[str | ImageRef]:
-    """``text`` as its text runs and images, in order (empty runs left out)."""
-    pieces: list[str | ImageRef] = []
-    rest = text
-    while True:
-        start = rest.find(OPEN)
-        end = rest.find(CLOSE, start) if start >= 0 else -1
-        if start < 0 or end < 0:
-            if rest:
-                pieces.append(rest)
-            return pieces
-        if start:
-            pieces.append(rest[:start])
-        detail, _, url = rest[start + len(OPEN) : end].partition(" ")
-        pieces.append(ImageRef(url, detail if detail in DETAILS else "auto"))
-        rest = rest[end + len(CLOSE) :]
-
-
-def image_parts(text: str, text_type: str) -> list[dict[str, object]]:
-    """The content parts of a text holding images: ``text_type`` parts and ``input_image``
-    parts (the shape OpenAI lists an image input in)."""
-    parts: list[dict[str, object]] = []
-    for piece in split_text(text):
+def content_of(pieces: Iterable[Piece]) -> Content:
+    """``pieces`` as normalized ``Content`` (see the module header)."""
+    out: list[Piece] = []
+    for piece in pieces:
         if isinstance(piece, ImageRef):
-            parts.append({"type": "input_image", "image_url": piece.url, "detail": piece.detail})
-        else:
-            parts.append({"type": text_type, "text": piece})
-    return parts
+            out.append(piece)
+        elif piece and out and isinstance(out[-1], str):
+            out[-1] += piece
+        elif piece:
+            out.append(piece)
+    if not any(isinstance(piece, ImageRef) for piece in out):
+        return "".join(p for p in out if isinstance(p, str))
+    return tuple(out)
 
 
-def marker_at(value: object, path: Sequence[str | int] = ()) -> tuple[str | int, ...] | None:
-    """Where, in a client's JSON ``value``, a string holds a marker's opening (the keys and
-    indexes down to it), else None: such text would pass for an image the edge never took."""
-    if isinstance(value, str):
-        return tuple(path) if OPEN in value else None
-    if isinstance(value, dict):
-        items: list[tuple[str | int, object]] = list(value.items())
-    elif isinstance(value, list):
-        items = list(enumerate(value))
-    else:
+def pieces_of(content: Content) -> tuple[Piece, ...]:
+    """``content``'s text runs and images, in order (an empty text: none)."""
+    if isinstance(content, str):
+        return (content,) if content else ()
+    return content
+
+
+def holds_images(content: object) -> TypeGuard[tuple[Piece, ...]]:
+    """Whether ``content`` (a ``Content``, or any chat message's content) holds an image."""
+    return isinstance(content, tuple) and any(isinstance(p, ImageRef) for p in content)
+
+
+def images_of(content: Content) -> list[ImageRef]:
+    return [piece for piece in pieces_of(content) if isinstance(piece, ImageRef)]
+
+
+def join_content(contents: Iterable[Content], separator: str = "") -> Content:
+    """``contents`` one after another, ``separator`` between each two (as ``str.join``)."""
+    pieces: list[Piece] = []
+    for i, content in enumerate(contents):
+        if i:
+            pieces.append(separator)
+        pieces.extend(pieces_of(content))
+    return content_of(pieces)
+
+
+def text_of(content: Content, image_text: str = "") -> str:
+    """``content`` as text, each image written as ``image_text``."""
+    if isinstance(content, str):
+        return content
+    return "".join(image_text if isinstance(p, ImageRef) else p for p in content)
+
+
+def image_part(image: ImageRef) -> dict[str, object]:
+    """An image's stored and listed part (the shape OpenAI lists an image input in)."""
+    return {"type": "input_image", "image_url": image.url, "detail": image.detail}
+
+
+def content_parts(content: Content, text_type: str) -> list[dict[str, object]]:
+    """The content parts of ``content`` holding images: ``text_type`` parts and
+    ``input_image`` parts."""
+    return [
+        image_part(piece) if isinstance(piece, ImageRef) else {"type": text_type, "text": piece}
+        for piece in pieces_of(content)
+    ]
+
+
+def stored_image(part: Mapping[str, Any]) -> ImageRef | None:
+    """The image a stored ``input_image`` part (``image_part``) holds; None when the part is no
+    such part (a client's, which never reaches here unchecked, holds no ``data:`` URL then)."""
+    url, detail = part.get("image_url"), part.get("detail")
+    if part.get("type") != "input_image" or not isinstance(url, str):
         return None
-    for key, inner in items:
-        found = marker_at(inner, (*path, key))
-        if found is not None:
-            return found
-    return None
+    if not url.startswith("data:"):
+        return None
+    return ImageRef(url, detail if detail in DETAILS else "auto")

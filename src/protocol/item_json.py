@@ -4,10 +4,10 @@ history, conversation items) and a compaction item's ``encrypted_content`` (pure
 Invariants:
 - ``item_json`` and ``items.read_item`` round-trip: ``read_item(item_json(x, id)) == x``, so a
   stored history replays exactly the items the original turn rendered.
-- An image (a marker in a message's or a tool output's text, ``images.py``) is listed as its
-  ``input_image`` part again.
+- A message's or a tool output's images (typed parts of its content, ``images.py``) are
+  listed as ``input_image`` parts, between its text parts, in order.
 - ``encode_compaction`` writes the summary and the retained items (without ids) as base64url
-  JSON (spec 000, format ``COMPACTION_FORMAT_VERSION``); ``items.decode_compaction`` reads it.
+  JSON (format ``COMPACTION_FORMAT_VERSION``); ``items.decode_compaction`` reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import base64
 import json
 
 from .ids import new_id
-from .images import has_images, image_parts
+from .images import content_parts, holds_images, text_of
 from .item_types import (
     COMPACTION_FORMAT_VERSION,
     Compaction,
@@ -37,73 +37,12 @@ from .objects import (
 def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
     """The stored / listed JSON shape of an input item, with its id."""
     match item:
-        case InputMessage(role, text, phase):
-            part_type = "output_text" if role == "assistant" else "input_text"
-            part: JsonObject = {"type": part_type, "text": text}
-            if part_type == "output_text":
-                part["annotations"] = []
-            message: JsonObject = {
-                "id": item_id or new_id("msg"),
-                "type": "message",
-                "role": role,
-                "status": "completed",
-                # An image (a marker in the text) is listed as its input_image part.
-                "content": image_parts(text, part_type) if has_images(text) else [part],
-            }
-            if phase is not None:
-                message["phase"] = phase
-            return message
-        case FunctionCall(call_id, name, arguments, search=str(execution)):
-            return tool_search_call_item(
-                item_id or new_id("tsc"),
-                call_id=call_id,
-                execution="client" if execution == "client" else "server",
-                arguments=arguments,
-                status="completed",
-            )
-        case FunctionCallOutput(call_id, search=str(execution), search_tools=str(tools)):
-            return tool_search_output_item(
-                item_id or new_id("tso"),
-                call_id=call_id,
-                execution="client" if execution == "client" else "server",
-                tools=json.loads(tools),
-            )
-        case FunctionCall(call_id, name, arguments, namespace, custom=True):
-            return custom_tool_call_item(
-                item_id or new_id("ctc"),
-                call_id=call_id,
-                name=name,
-                text=arguments,
-                namespace=namespace,
-            )
-        case FunctionCall(call_id, name, arguments, namespace):
-            call: JsonObject = {
-                "id": item_id or new_id("fc"),
-                "type": "function_call",
-                "call_id": call_id,
-                "name": name,
-                "arguments": arguments,
-                "status": "completed",
-            }
-            if namespace is not None:
-                call["namespace"] = namespace
-            return call
-        case FunctionCallOutput(call_id, output, custom=True):
-            return {
-                "id": item_id or new_id("ctco"),
-                "type": "custom_tool_call_output",
-                "call_id": call_id,
-                "output": image_parts(output, "input_text") if has_images(output) else output,
-            }
-        case FunctionCallOutput(call_id, output):
-            return {
-                "id": item_id or new_id("fco"),
-                "type": "function_call_output",
-                "call_id": call_id,
-                # An image the tool returned (Codex's view_image) is listed as its part.
-                "output": image_parts(output, "input_text") if has_images(output) else output,
-                "status": "completed",
-            }
+        case InputMessage():
+            return _message_json(item, item_id)
+        case FunctionCall():
+            return _call_json(item, item_id)
+        case FunctionCallOutput():
+            return _output_json(item, item_id)
         case Reasoning(text, encrypted):
             reasoning: JsonObject = {
                 "id": item_id or new_id("rs"),
@@ -120,6 +59,85 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "type": "compaction",
                 "encrypted_content": encode_compaction(item),
             }
+
+
+def _message_json(message: InputMessage, item_id: str | None) -> JsonObject:
+    part_type = "output_text" if message.role == "assistant" else "input_text"
+    if holds_images(message.text):
+        content = content_parts(message.text, part_type)
+    else:
+        part: JsonObject = {"type": part_type, "text": text_of(message.text)}
+        if part_type == "output_text":
+            part["annotations"] = []
+        content = [part]
+    shaped: JsonObject = {
+        "id": item_id or new_id("msg"),
+        "type": "message",
+        "role": message.role,
+        "status": "completed",
+        "content": content,
+    }
+    if message.phase is not None:
+        shaped["phase"] = message.phase
+    return shaped
+
+
+def _call_json(call: FunctionCall, item_id: str | None) -> JsonObject:
+    if call.search is not None:
+        return tool_search_call_item(
+            item_id or new_id("tsc"),
+            call_id=call.call_id,
+            execution="client" if call.search == "client" else "server",
+            arguments=call.arguments,
+            status="completed",
+        )
+    if call.custom:
+        return custom_tool_call_item(
+            item_id or new_id("ctc"),
+            call_id=call.call_id,
+            name=call.name,
+            text=call.arguments,
+            namespace=call.namespace,
+        )
+    shaped: JsonObject = {
+        "id": item_id or new_id("fc"),
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": "completed",
+    }
+    if call.namespace is not None:
+        shaped["namespace"] = call.namespace
+    return shaped
+
+
+def _output_json(output: FunctionCallOutput, item_id: str | None) -> JsonObject:
+    if output.search is not None and output.search_tools is not None:
+        return tool_search_output_item(
+            item_id or new_id("tso"),
+            call_id=output.call_id,
+            execution="client" if output.search == "client" else "server",
+            tools=json.loads(output.search_tools),
+        )
+    # An image the tool returned (Codex's view_image) is listed as its part.
+    shown = (
+        content_parts(output.output, "input_text") if holds_images(output.output) else output.output
+    )
+    if output.custom:
+        return {
+            "id": item_id or new_id("ctco"),
+            "type": "custom_tool_call_output",
+            "call_id": output.call_id,
+            "output": shown,
+        }
+    return {
+        "id": item_id or new_id("fco"),
+        "type": "function_call_output",
+        "call_id": output.call_id,
+        "output": shown,
+        "status": "completed",
+    }
 
 
 def encode_compaction(compaction: Compaction) -> str:

@@ -1,6 +1,7 @@
 """Input items as internal frozen values (``items.py`` reads them, ``item_json.py`` writes them;
 re-exported from ``items.py``): messages, function calls and their outputs, reasoning, and
-compaction.
+compaction. A message's and a tool output's content is ``images.Content``: its text, or its text
+runs and typed images in order.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from .images import Content
 from .objects import Execution
 
 JsonObject = dict[str, Any]
@@ -25,8 +27,8 @@ COMPACTION_FORMAT_VERSION: Final = 1
 @dataclass(frozen=True, slots=True)
 class InputMessage:
     role: Role
-    text: str
-    # An assistant message's ``phase`` as the client sent it (issue 28): kept and listed back
+    text: Content  # a plain string unless the message holds images
+    # An assistant message's ``phase`` as the client sent it: kept and listed back
     # (``input_items``, replays); it does not change the rendering, nor what equals what.
     phase: Phase | None = field(default=None, compare=False)
 
@@ -36,18 +38,20 @@ class FunctionCall:
     call_id: str
     name: str
     arguments: str  # a JSON object, as text; a custom tool's freeform input when ``custom``
-    namespace: str | None = None  # the namespace tool the function belongs to (issue 13)
-    custom: bool = False  # a ``custom_tool_call`` (issue 13)
-    # A ``tool_search_call`` (issue 13): its execution; ``name`` is ``tool_search``.
+    namespace: str | None = None  # the namespace tool the function belongs to
+    custom: bool = False  # a ``custom_tool_call``
+    # A ``tool_search_call``: its execution; ``name`` is ``tool_search``.
     search: Execution | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallOutput:
     call_id: str
-    output: str  # a ``tool_search_output``: what the model reads (the loaded tools' names)
-    custom: bool = False  # a ``custom_tool_call_output`` (issue 13)
-    # A ``tool_search_output`` (issue 13): its execution and its ``tools`` (JSON text).
+    # A plain string unless the tool returned images (Codex's ``view_image``); a
+    # ``tool_search_output``'s: what the model reads (the loaded tools' names).
+    output: Content
+    custom: bool = False  # a ``custom_tool_call_output``
+    # A ``tool_search_output``: its execution and its ``tools`` (JSON text).
     search: Execution | None = None
     search_tools: str | None = None
 
@@ -55,7 +59,7 @@ class FunctionCallOutput:
 @dataclass(frozen=True, slots=True)
 class Reasoning:
     text: str  # the reasoning text (content, else summary); "" when only encrypted
-    # The item's ``encrypted_content`` as sent (issue 13): opened at the HTTP edge, where the
+    # The item's ``encrypted_content`` as sent: opened at the HTTP edge, where the
     # server secret is (``protocol.sealed``), never trusted unopened.
     encrypted: str | None = None
 

@@ -4,21 +4,22 @@
 Invariants:
 - One reader for every item a client replays (messages with or without ``type``,
   ``function_call``, ``function_call_output``, their custom-tool forms, ``tool_search_call`` /
-  ``tool_search_output`` (issue 13), ``reasoning``, ``compaction``) and for the fields they hold:
+  ``tool_search_output``, ``reasoning``, ``compaction``) and for the fields they hold:
   ``parse_item`` refuses anything else with an ``ApiError`` whose ``param`` is the JSON path
   (``input[2].content[0].type``); a field check never guesses a value of another type.
 - ``read_item(item_json(x, id)) == x``, so a stored history replays exactly the items the
   original turn rendered; a previous ``output`` sent back verbatim as input parses to the same
   items the response produced.
 - ``input_image`` / ``input_file`` parts from a client are refused with a clear 400 (the model is
-  text-only). On a vision model the HTTP edge turned each accepted image into a marker in the
-  text first (``images.py``); ``item_json`` lists it as an ``input_image`` part again, and
-  ``read_item`` (stored items, never a client's) reads such a part back into the marker.
+  text-only). On a vision model the HTTP edge put an ``ImageRef`` in place of each image part
+  it accepted (``images.py``), which becomes a typed part of the item's content; ``item_json``
+  lists it as an ``input_image`` part again, and ``read_item`` (stored items, never a
+  client's) reads such a part back into the same ``ImageRef``.
 - A tool search item: unknown keys and an ``execution`` other than ``server`` / ``client`` are a
   400 naming the path; a null ``call_id`` (a server search's) reads as ``""``; a
   ``tool_search_call`` becomes a ``FunctionCall`` named ``tool_search`` with its arguments as
   JSON text, a ``tool_search_output`` a ``FunctionCallOutput`` whose text names the loaded tools.
-- A ``compaction`` item (issue 6) carries its summary and retained items in ``encrypted_content``
+- A ``compaction`` item carries its summary and retained items in ``encrypted_content``
   (base64url JSON, see ``compaction.py``); a malformed one is a 400 naming the problem, and its
   retained items never hold another compaction item.
 """
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .errors import ApiError, invalid_request
-from .images import ImageRef, marker
+from .images import Content, ImageRef, Piece, content_of, stored_image, text_of
 from .item_types import (
     COMPACTION_FORMAT_VERSION,
     PHASES,
@@ -77,7 +78,7 @@ __all__ = [
 
 _MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
 # Codex CLI (0.171.0, built-in provider) sends its own metadata on every message; OpenAI
-# accepts it (decision 3). It never reaches the model and is not echoed.
+# accepts it, so refusing it would break Codex. It never reaches the model and is not echoed.
 CLIENT_PASSTHROUGH_KEY: Final = "internal_chat_message_metadata_passthrough"
 _MESSAGE_KEYS: Final = frozenset(
     {"type", "role", "content", "id", "status", "phase", CLIENT_PASSTHROUGH_KEY}
@@ -95,51 +96,16 @@ def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
     match kind:
         case "message":
             return _parse_message(item, path, stored)
-        case "function_call":
-            arguments = require_str(item, "arguments", path)
-            _check_arguments(arguments, f"{path}.arguments")
-            namespace = optional_str(item, "namespace", path)
-            return FunctionCall(
-                require_str(item, "call_id", path),
-                require_str(item, "name", path),
-                arguments,
-                namespace or None,
-            )
-        case "custom_tool_call":
-            namespace = optional_str(item, "namespace", path)
-            return FunctionCall(
-                require_str(item, "call_id", path),
-                require_str(item, "name", path),
-                require_str(item, "input", path),
-                namespace or None,
-                custom=True,
-            )
+        case "function_call" | "custom_tool_call":
+            return _parse_call(item, path, custom=kind == "custom_tool_call")
         case "tool_search_call":
             return _parse_search_call(item, path)
         case "tool_search_output":
             return _parse_search_output(item, path)
         case "function_call_output" | "custom_tool_call_output":
-            output = item.get("output")
-            if isinstance(output, list):
-                output = _text_of_parts(output, "function_call_output", f"{path}.output", stored)
-            elif not isinstance(output, str):
-                raise invalid_request(
-                    f"Invalid type for '{path}.output': expected a string or an array of "
-                    f"content parts, but got {json_type(output)}.",
-                    f"{path}.output",
-                )
-            return FunctionCallOutput(
-                require_str(item, "call_id", path), output, kind == "custom_tool_call_output"
-            )
+            return _parse_output(item, path, stored, custom=kind == "custom_tool_call_output")
         case "reasoning":
-            encrypted = item.get("encrypted_content")
-            if encrypted is not None and not isinstance(encrypted, str):
-                raise invalid_request(
-                    f"Invalid type for '{path}.encrypted_content': expected a string, but got "
-                    f"{json_type(encrypted)}.",
-                    f"{path}.encrypted_content",
-                )
-            return Reasoning(_reasoning_text(item, path), encrypted or None)
+            return _parse_reasoning(item, path)
         case "compaction":
             return _parse_compaction(item, path)
         case None:
@@ -151,6 +117,47 @@ def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
         "'compaction'.",
         f"{path}.type",
     )
+
+
+def _parse_call(item: JsonObject, path: str, *, custom: bool) -> FunctionCall:
+    """A ``function_call`` (its arguments a JSON object as text) or a ``custom_tool_call``
+    (its freeform ``input``)."""
+    if custom:
+        namespace = optional_str(item, "namespace", path)
+        call_id, name = require_str(item, "call_id", path), require_str(item, "name", path)
+        arguments = require_str(item, "input", path)
+    else:
+        arguments = require_str(item, "arguments", path)
+        _check_arguments(arguments, f"{path}.arguments")
+        namespace = optional_str(item, "namespace", path)
+        call_id, name = require_str(item, "call_id", path), require_str(item, "name", path)
+    return FunctionCall(call_id, name, arguments, namespace or None, custom=custom)
+
+
+def _parse_output(item: JsonObject, path: str, stored: bool, *, custom: bool) -> FunctionCallOutput:
+    output = item.get("output")
+    if isinstance(output, list):
+        content = _content_of_parts(output, "function_call_output", f"{path}.output", stored)
+    elif isinstance(output, str):
+        content = output
+    else:
+        raise invalid_request(
+            f"Invalid type for '{path}.output': expected a string or an array of "
+            f"content parts, but got {json_type(output)}.",
+            f"{path}.output",
+        )
+    return FunctionCallOutput(require_str(item, "call_id", path), content, custom)
+
+
+def _parse_reasoning(item: JsonObject, path: str) -> Reasoning:
+    encrypted = item.get("encrypted_content")
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.encrypted_content': expected a string, but got "
+            f"{json_type(encrypted)}.",
+            f"{path}.encrypted_content",
+        )
+    return Reasoning(_reasoning_text(item, path), encrypted or None)
 
 
 _COMPACTION_KEYS: Final = frozenset({"type", "id", "encrypted_content", "created_by"})
@@ -183,7 +190,7 @@ def _reasoning_text(item: JsonObject, path: str) -> str:
                 f"Invalid type for '{path}.{key}': expected an array, but got {json_type(parts)}.",
                 f"{path}.{key}",
             )
-        text = _text_of_parts(parts, "reasoning", f"{path}.{key}")
+        text = text_of(_content_of_parts(parts, "reasoning", f"{path}.{key}"))
         if text:
             return text
     return ""
@@ -221,7 +228,7 @@ def _parse_message(item: JsonObject, path: str, stored: bool = False) -> InputMe
             f"parts, but got {json_type(content)}.",
             f"{path}.content",
         )
-    return InputMessage(role, _text_of_parts(content, role, f"{path}.content", stored), phase)
+    return InputMessage(role, _content_of_parts(content, role, f"{path}.content", stored), phase)
 
 
 _ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
@@ -232,47 +239,57 @@ _ALLOWED_PARTS: Final[dict[str, frozenset[str]]] = {
 _DEFAULT_PARTS: Final = frozenset({"input_text"})
 
 
-def _text_of_parts(parts: list[Any], owner: str, path: str, stored: bool = False) -> str:
+# Who may hold images: what the HTTP edge accepts them in (never an assistant's content).
+_IMAGE_OWNERS: Final = frozenset({"user", "system", "developer", "function_call_output"})
+
+
+def _content_of_parts(parts: list[Any], owner: str, path: str, stored: bool = False) -> Content:
+    """Content parts as ``Content``: their text runs, and the images the edge accepted
+    (``ImageRef`` values, which no client JSON holds) or, ``stored``, this server wrote."""
     allowed = _ALLOWED_PARTS.get(owner, _DEFAULT_PARTS)
-    texts: list[str] = []
+    pieces: list[Piece] = []
     for i, part in enumerate(parts):
         part_path = f"{path}[{i}]"
-        if not isinstance(part, dict):
+        image = part if isinstance(part, ImageRef) else None
+        if image is None and stored and isinstance(part, dict):
+            image = stored_image(part)
+        if image is not None and owner in _IMAGE_OWNERS:
+            pieces.append(image)
+        elif not isinstance(part, dict):
             raise invalid_request(
                 f"Invalid type for '{part_path}': expected an object, but got {json_type(part)}.",
                 part_path,
             )
-        kind = part.get("type")
-        if stored and kind == "input_image" and owner != "assistant":
-            url, detail = part.get("image_url"), part.get("detail")
-            if isinstance(url, str) and url.startswith("data:"):
-                texts.append(marker(ImageRef(url, detail if isinstance(detail, str) else "auto")))
-                continue
-        if kind in _MEDIA_PARTS:
-            raise invalid_request(
-                f"Invalid value for '{part_path}.type': {kind!r} is not supported: the served "
-                "model is text-only and has no image, file or audio input.",
-                f"{part_path}.type",
-            )
-        if kind not in allowed:
-            raise invalid_request(
-                f"Invalid value for '{part_path}.type': {kind!r} is not supported in a "
-                f"{owner} item; supported: {', '.join(repr(k) for k in sorted(allowed))}.",
-                f"{part_path}.type",
-            )
-        field = "refusal" if kind == "refusal" else "text"
-        value = part.get(field)
-        if not isinstance(value, str):
-            raise invalid_request(
-                f"Invalid type for '{part_path}.{field}': expected a string, but got "
-                f"{json_type(value)}.",
-                f"{part_path}.{field}",
-            )
-        texts.append(value)
-    return "".join(texts)
+        else:
+            pieces.append(_text_part(part, allowed, owner, part_path))
+    return content_of(pieces)
 
 
-# --- tool search items (issue 13) ------------------------------------------------------------
+def _text_part(part: JsonObject, allowed: frozenset[str], owner: str, path: str) -> str:
+    kind = part.get("type")
+    if kind in _MEDIA_PARTS:
+        raise invalid_request(
+            f"Invalid value for '{path}.type': {kind!r} is not supported: the served "
+            "model is text-only and has no image, file or audio input.",
+            f"{path}.type",
+        )
+    if kind not in allowed:
+        raise invalid_request(
+            f"Invalid value for '{path}.type': {kind!r} is not supported in a "
+            f"{owner} item; supported: {', '.join(repr(k) for k in sorted(allowed))}.",
+            f"{path}.type",
+        )
+    field = "refusal" if kind == "refusal" else "text"
+    value = part.get(field)
+    if not isinstance(value, str):
+        raise invalid_request(
+            f"Invalid type for '{path}.{field}': expected a string, but got {json_type(value)}.",
+            f"{path}.{field}",
+        )
+    return value
+
+
+# --- tool search items ------------------------------------------------------------------
 
 _SEARCH_CALL_KEYS: Final = frozenset(
     {"type", "id", "call_id", "execution", "status", "arguments", "created_by"}
@@ -360,7 +377,7 @@ def read_item(item: JsonObject) -> InputItem | None:
         return None
 
 
-# --- the compaction item's encrypted_content (base64url JSON; spec 000) --------------------
+# --- the compaction item's encrypted_content (base64url JSON) ----------------------------------
 
 
 def _malformed(path: str, why: str) -> ApiError:
@@ -392,7 +409,9 @@ def decode_compaction(text: str, path: str) -> Compaction:
         raise _malformed(path, f"'items' is {json_type(items)}, not an array")
     retained: list[TurnItem] = []
     for index, raw_item in enumerate(items):
-        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]")
+        # Its images read back as typed parts, as a stored item's do: this server wrote them,
+        # and one forged there is still decoded and checked when the prompt renders.
+        item = parse_item(raw_item, f"{path}.encrypted_content.items[{index}]", stored=True)
         if isinstance(item, Compaction):
             raise _malformed(path, f"retained item {index} is itself a compaction item")
         retained.append(item)
