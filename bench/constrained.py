@@ -17,7 +17,7 @@ decoding never stops early.
 For each model:
 
 1. End to end: ``mlx_lm.generate.stream_generate``, greedy, one sequence, the same prompt, with
-   and without a ``json_schema`` processor from ``mlx_responses.model.constrain``; the schema's
+   and without a ``json_schema`` processor from ``mlx_responses.engine.constrain``; the schema's
    array has ``minItems`` so constrained output also runs to ``--max-tokens``. Runs alternate;
    ms/token is reported as the minimum and the median over runs (wall clock) and the median of
    CPU time (all of this process's threads): on a shared machine the minimum is the steadiest
@@ -261,7 +261,7 @@ def bench_model(path: Path, label: str, max_tokens: int, repeats: int) -> dict[s
     import mlx.core as mx
     from mlx_lm import load
 
-    from mlx_responses.model.constrain import Constraints, make_logits_processor
+    from mlx_responses.engine.constrain import Constraints, make_logits_processor
 
     model, tokenizer = load(str(path))[:2]
     prompt = tokenizer.apply_chat_template(

@@ -29,7 +29,7 @@ from typing import Any
 
 from mlx_responses import formats
 from mlx_responses.actors.output import OutputShaper
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 
 RESULTS = Path(__file__).parent / "results"
 

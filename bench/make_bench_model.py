@@ -5,7 +5,7 @@ event-loop overhead, not a server serving a model. This script writes a larger m
 shape family with deterministic random weights, reusing the bundled tokenizer and chat template,
 to ``bench/models/qwen3-random-<N>m/`` (git-ignored)::
 
-    .venv/bin/python bench/make_bench_model.py [--force] [--source src/model/bundled]
+    .venv/bin/python bench/make_bench_model.py [--force] [--source src/engine/bundled]
 
 The rows of the output projection that belong to end-of-sequence tokens are zero, so their logit
 is always 0 while a random model's largest logit is positive: greedy decoding never stops early

@@ -41,7 +41,7 @@ import httpx2 as httpx
 import trio
 
 from mlx_responses.actors.model import ModelSettings
-from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -41,7 +41,7 @@ from typing import Any
 import httpx2 as httpx
 import trio
 
-from mlx_responses.model.topology import header_length
+from mlx_responses.engine.topology import header_length
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

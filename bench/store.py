@@ -50,9 +50,9 @@ import httpx2 as httpx
 import trio
 
 from mlx_responses.actors.model import ModelSettings
-from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.protocol.events.machine import Finish, ResponseMachine, Start, TextDelta
 from mlx_responses.protocol.ids import new_id
-from mlx_responses.protocol.machine import Finish, ResponseMachine, Start, TextDelta
 from mlx_responses.protocol.objects import ResponseConfig, Usage
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 from mlx_responses.storage.choice import MEMORY, StoreChoice

@@ -10,7 +10,7 @@ Run::
 
 One ``mlx-responses serve`` subprocess (the bench model from ``bench/make_bench_model.py`` by
 default, random weights: every turn generates exactly ``--max-tokens``; ``--model
-src/model/bundled`` for the tiny model, where the server's own per-turn work shows). A loop of
+src/engine/bundled`` for the tiny model, where the server's own per-turn work shows). A loop of
 ``--turns`` tool round trips, two workloads:
 
 - ``--workload codex`` (the default): Codex-shaped, as ``bench/agent_loop.py``: an instruction

@@ -2,7 +2,7 @@
 
 Run::
 
-    .venv/bin/python bench/websocket_stages.py [--turn 20] [--model src/model/bundled]
+    .venv/bin/python bench/websocket_stages.py [--turn 20] [--model src/engine/bundled]
         [--instructions-tokens 2000] [--item-tokens 300,600] [--repeats 20]
 
 No server: the server's own functions, called in this process on the body ``bench/websocket.py``'s
@@ -37,13 +37,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mlx_responses.engine.prefix_cache import PrefixCache
 from mlx_responses.http.common import decode_json_body
 from mlx_responses.http.schemas import parse_create_request
-from mlx_responses.model.chat import to_chat
-from mlx_responses.model.incremental_render import IncrementalTokenizer, render_text
-from mlx_responses.model.prefix_cache import PrefixCache
-from mlx_responses.model.prompt_bounds import measure_tokenizer
-from mlx_responses.protocol.history import input_items, items_from_json
+from mlx_responses.protocol.items.history import input_items, items_from_json
+from mlx_responses.text.chat import to_chat
+from mlx_responses.text.incremental_render import IncrementalTokenizer, render_text
+from mlx_responses.text.prompt_bounds import measure_tokenizer
 from websocket import Workload
 
 ROOT = Path(__file__).resolve().parent.parent

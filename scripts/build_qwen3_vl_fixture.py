@@ -82,7 +82,7 @@ from build_vision_fixture import (
     text_prompts,
 )
 from codex_prompts import render as render_codex
-from mlx_responses.protocol.images import ImageRef, holds_images, text_of
+from mlx_responses.protocol.items.images import ImageRef, holds_images, text_of
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "tests" / "fixtures" / "vision" / "qwen3-vl"

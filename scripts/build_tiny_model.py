@@ -1,4 +1,4 @@
-"""Rebuild the bundled tiny model in ``src/model/bundled/`` from nothing, deterministically.
+"""Rebuild the bundled tiny model in ``src/engine/bundled/`` from nothing, deterministically.
 
 What it writes: a Qwen3-architecture model of about 0.47M float32 parameters (``config.json``,
 ``model.safetensors``), a byte-level BPE tokenizer trained here on a fixed synthetic corpus

@@ -107,7 +107,7 @@ SHADES: dict[str, list[tuple[int, int, int]]] = {
 TRAIN_SIDES = (56, 84, 112)
 DOCUMENTED_PROMPT = "What colour is the square?"
 REWORDINGS = ("What color is the square?", "Which colour is this square?")
-# The bundled model's plain prompts that the fixture also answers (src/model/bundled/prompts.json).
+# The bundled model's plain prompts that the fixture also answers (src/engine/bundled/prompts.json).
 TEXT_PROMPTS = (
     "hello",
     "hello_with_system",

@@ -31,8 +31,8 @@ from typing import Any
 
 from mlx_responses import formats
 from mlx_responses.http.schemas import parse_create_request
-from mlx_responses.model.chat import to_chat
-from mlx_responses.protocol.history import input_items, items_from_json
+from mlx_responses.protocol.items.history import input_items, items_from_json
+from mlx_responses.text.chat import to_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

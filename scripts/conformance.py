@@ -21,7 +21,7 @@ What it runs (docs/clients.md, "Conformance"):
    `mcp_tool_call` item, an agent message, `turn.completed`. The bundled model is trained on
    exactly these Codex turns: scripts/codex_prompts.json holds the server's rendering of Codex's
    captured requests (scripts/codex_prompts.py), and scripts/build_tiny_model.py trains on them
-   and writes what it checked to src/model/bundled/codex_prompts.json (docs/bundled-model.md).
+   and writes what it checked to src/engine/bundled/codex_prompts.json (docs/bundled-model.md).
    Without that file (a model built without them) the check is listed under `not_run`.
 
 6. The Open Responses WebSocket compliance tests (7; the upstream suite runs on Bun, llm-comply

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from .api_keys import OPEN
-from .model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
+from .engine.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
 from .server import serve
 from .settings import ServerSettings
 from .storage.choice import MEMORY

@@ -27,13 +27,13 @@ from .cli_flags import (
     blas_threads_flag,
     tool_format_flag,
 )
+from .engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from .engine.distributed import RankLost, launched_rank, sharded_launch
+from .engine.follower import run_follower
+from .engine.loader import resolve_model_path
+from .engine.source import ModelSourceError, locate_model
+from .engine.topology import Sharding
 from .http.server_defaults import parse_temperature
-from .model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
-from .model.distributed import RankLost, launched_rank, sharded_launch
-from .model.follower import run_follower
-from .model.loader import resolve_model_path
-from .model.source import ModelSourceError, locate_model
-from .model.topology import Sharding
 from .server import ServerSettings, serve
 from .storage.choice import default_data_dir, parse_store
 from .storage.files import FileLimits

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import formats
-from .model.bundled_model import BUNDLED_ALIAS
-from .model.prompt_cache import DEFAULT_MAX_ENTRIES
+from .engine.bundled_model import BUNDLED_ALIAS
+from .engine.prompt_cache import DEFAULT_MAX_ENTRIES
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS
 from .storage.files import DEFAULT_FILE_LIMITS
 

@@ -33,9 +33,9 @@ from .actors.runtime import Actors
 from .actors.status import run_status_history
 from .actors.store import run_store
 from .actors.supervisor import SupervisorSettings, run_response_supervisor
+from .engine.distributed import RankLost
 from .http.app import create_app
 from .http.metrics import Metrics
-from .model.distributed import RankLost
 from .runtime import Runtime
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS, ServerSettings
 from .startup import log_startup

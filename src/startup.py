@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .actors.model import ModelInfo
 from .blas import HINT, openblas_loaded
-from .model.blas_threads import BlasThreads
-from .model.topology import Topology
+from .engine.blas_threads import BlasThreads
+from .engine.topology import Topology
 
 
 def weights_bytes(path: str) -> int:

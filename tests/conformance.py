@@ -19,7 +19,7 @@ import pydantic
 from openai.types.responses import CompactedResponse, Response, ResponseItemList
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 
-from mlx_responses.protocol.sse import SseDecoder
+from mlx_responses.protocol.events.sse import SseDecoder
 
 __all__ = [
     "EVENT_MODELS",

@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 
 from mlx_responses.actors.model import ModelSettings
 from mlx_responses.blas import openblas_loaded
-from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 from mlx_responses.storage.choice import MEMORY, StoreChoice
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from mlx_responses.model.batch import Batch
-from mlx_responses.model.inbound import SequenceSpec
-from mlx_responses.model.thread import GenerationThread
+from mlx_responses.engine.batch import Batch
+from mlx_responses.engine.inbound import SequenceSpec
+from mlx_responses.engine.thread import GenerationThread
 
 
 class ThreadFaults:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx_responses  # noqa: F401 - preloads OpenBLAS before MLX (issue 16)
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 SEED = 7

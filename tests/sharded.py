@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 
 SCRIPT = Path(sys.executable).with_name("mlx-responses")
 START_SECONDS = 120

@@ -16,7 +16,7 @@ from pathlib import Path
 SLOW_FIXTURES = frozenset({"server", "client", "postgresql_server", "postgresql_url"})
 SLOW_MODULES = ("subprocess", "mlx_lm", "mlx_vlm")
 SLOW_NAMES = frozenset(
-    {("mlx_responses.server", "serve"), ("mlx_responses.model.thread", "GenerationThread")}
+    {("mlx_responses.server", "serve"), ("mlx_responses.engine.thread", "GenerationThread")}
 )
 
 TESTS = Path(__file__).resolve().parent

@@ -33,28 +33,21 @@ from anthropic.types.shared import ErrorResponse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.protocol.anthropic import (
+from mlx_responses.protocol.anthropic.request import (
     COUNT_TOKENS_KEYS,
     CREATE_KEYS,
     MessagesRequest,
     parse_count_tokens_request,
     parse_messages_request,
 )
-from mlx_responses.protocol.anthropic_stream import (
+from mlx_responses.protocol.anthropic.stream import (
     MessageEncoder,
     StopMatcher,
     error_body,
     error_for_status,
 )
 from mlx_responses.protocol.errors import ApiError
-from mlx_responses.protocol.items import (
-    FunctionCall,
-    FunctionCallOutput,
-    InputItem,
-    InputMessage,
-    Reasoning,
-)
-from mlx_responses.protocol.machine import (
+from mlx_responses.protocol.events.machine import (
     Cancel,
     Fail,
     Finish,
@@ -66,6 +59,13 @@ from mlx_responses.protocol.machine import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+)
+from mlx_responses.protocol.items.read import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputItem,
+    InputMessage,
+    Reasoning,
 )
 from mlx_responses.protocol.objects import ResponseConfig, Usage
 from tests.conformance import unknown_keys

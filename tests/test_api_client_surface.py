@@ -165,9 +165,9 @@ async def test_namespaced_call_carries_namespace_and_replays(server: ServerHandl
 
 
 def test_namespaced_function_is_offered_under_its_qualified_name() -> None:
-    from mlx_responses.model.chat import to_chat
-    from mlx_responses.protocol.items import FunctionCall
-    from mlx_responses.protocol.tools import parse_tools
+    from mlx_responses.protocol.items.read import FunctionCall
+    from mlx_responses.protocol.tools.offered import parse_tools
+    from mlx_responses.text.chat import to_chat
 
     (tool,) = parse_tools([MCP_NAMESPACE])
     assert tool.name == "mcp__weather__get_weather"
@@ -260,7 +260,7 @@ async def test_sealed_reasoning_replays_like_its_text(
 
 async def test_tampered_or_foreign_blob_is_a_typed_400(sealing_server: ServerHandle) -> None:
     server = sealing_server
-    from mlx_responses.protocol.sealed import Sealer
+    from mlx_responses.protocol.items.sealed import Sealer
 
     with trio.fail_after(DEADLINE):
         first = await create(server, input=THINK, include=["reasoning.encrypted_content"])

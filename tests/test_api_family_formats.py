@@ -24,7 +24,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 

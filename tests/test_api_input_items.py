@@ -9,7 +9,7 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, server_settings

@@ -18,9 +18,9 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
+from mlx_responses.engine.bundled_model import BundledPrompt, load_bundled_prompts
 from mlx_responses.http import messages as messages_routes
 from mlx_responses.http.auth import load_api_keys
-from mlx_responses.model.bundled_model import BundledPrompt, load_bundled_prompts
 from mlx_responses.server import ServerHandle, serve
 from tests.conformance import parse_sse
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx2 as httpx
 import trio
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, output_text, server_settings

@@ -10,7 +10,7 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 from mlx_responses.server import ServerHandle
 from tests.conformance import assert_stream_invariants, parse_sse
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 from mlx_responses.server import ServerHandle
 from tests.conformance import assert_strict_response
 

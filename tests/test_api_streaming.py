@@ -8,7 +8,7 @@ import httpx2 as httpx
 import trio
 from openai import AsyncOpenAI
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 

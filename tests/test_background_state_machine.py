@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from mlx_responses.protocol.sse import SseDecoder
+from mlx_responses.protocol.events.sse import SseDecoder
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 

@@ -16,19 +16,19 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from mlx_responses.blas import openblas_loaded
-from mlx_responses.model import thread as thread_module
-from mlx_responses.model.blas_threads import (
+from mlx_responses.engine import thread as thread_module
+from mlx_responses.engine.blas_threads import (
     MIN_SPEEDUP,
     BlasThreads,
     StepThreads,
     choose_threads,
     open_blas,
 )
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.inbound import Shutdown
-from mlx_responses.model.loader import LoadedModel
-from mlx_responses.model.outbound import FactStream, Loaded
-from mlx_responses.model.thread import GenerationThread, ThreadSettings
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.inbound import Shutdown
+from mlx_responses.engine.loader import LoadedModel
+from mlx_responses.engine.outbound import FactStream, Loaded
+from mlx_responses.engine.thread import GenerationThread, ThreadSettings
 from mlx_responses.server import ServerHandle
 
 from .test_cli_operations import cli

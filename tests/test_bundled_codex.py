@@ -22,7 +22,7 @@ import trio
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_responses.model.bundled_model import (
+from mlx_responses.engine.bundled_model import (
     BUNDLED_MODEL_PATH,
     BundledPrompt,
     load_bundled_prompts,

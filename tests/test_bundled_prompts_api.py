@@ -11,7 +11,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from mlx_responses.model.bundled_model import BundledPrompt, load_bundled_prompts
+from mlx_responses.engine.bundled_model import BundledPrompt, load_bundled_prompts
 from tests.conformance import assert_strict_response
 
 from .conftest import MODEL, split_reasoning

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_responses.protocol.check_memo import CheckMemo, json_key
-from mlx_responses.protocol.tools import _schema_problem, schema_problem
+from mlx_responses.protocol.tools.offered import _schema_problem, schema_problem
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
 json_like = st.recursive(

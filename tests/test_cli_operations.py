@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 
 DEADLINE = 120
 CLI = str(Path(sys.executable).with_name("mlx-responses"))

@@ -18,8 +18,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.chat import to_chat
-from mlx_responses.protocol.compaction import (
+from mlx_responses.protocol.errors import ApiError
+from mlx_responses.protocol.events.machine import (
+    Compacted,
+    Finish,
+    MachineInput,
+    ProtocolError,
+    ResponseMachine,
+    Start,
+    State,
+    TextDelta,
+)
+from mlx_responses.protocol.items.compaction import (
     SUMMARY_PREFIX,
     NothingToSummarize,
     Split,
@@ -31,9 +41,7 @@ from mlx_responses.protocol.compaction import (
     replay_view,
     split_history,
 )
-from mlx_responses.protocol.errors import ApiError
-from mlx_responses.protocol.item_json import item_json
-from mlx_responses.protocol.items import (
+from mlx_responses.protocol.items.read import (
     Compaction,
     FunctionCall,
     FunctionCallOutput,
@@ -43,17 +51,9 @@ from mlx_responses.protocol.items import (
     TurnItem,
     parse_item,
 )
-from mlx_responses.protocol.machine import (
-    Compacted,
-    Finish,
-    MachineInput,
-    ProtocolError,
-    ResponseMachine,
-    Start,
-    State,
-    TextDelta,
-)
+from mlx_responses.protocol.items.write import item_json
 from mlx_responses.protocol.objects import ResponseConfig, Usage
+from mlx_responses.text.chat import to_chat
 from tests.conformance import assert_stream_invariants
 
 WORDS = st.text(alphabet="abcdefgh ", min_size=0, max_size=40)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx2 as httpx
 import trio
 
-from mlx_responses.protocol.compaction import SUMMARY_PREFIX
+from mlx_responses.protocol.items.compaction import SUMMARY_PREFIX
 from mlx_responses.server import ServerHandle
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 

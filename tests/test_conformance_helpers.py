@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlx_responses.protocol.machine import (
+from mlx_responses.protocol.events.machine import (
     Cancel,
     Fail,
     Finish,
@@ -21,8 +21,8 @@ from mlx_responses.protocol.machine import (
     ToolCallBegin,
     ToolCallEnd,
 )
+from mlx_responses.protocol.events.sse import encode_sse
 from mlx_responses.protocol.objects import ResponseConfig, Usage
-from mlx_responses.protocol.sse import encode_sse
 from tests.conformance import (
     EVENT_MODELS,
     assert_stream_invariants,

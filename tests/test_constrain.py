@@ -23,8 +23,8 @@ from mlx_lm import load, stream_generate
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.constrain import (
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.constrain import (
     Constraints,
     Grammar,
     InvalidSchema,
@@ -551,7 +551,7 @@ def test_token_outside_the_grammar_ends_the_turn(
     prompt = prompt_ids(bundled, HELLO)
     processor(mx.array(prompt), logits)
     wrong = tokenizer.encode("hello", add_special_tokens=False)
-    with caplog.at_level(logging.WARNING, logger="mlx_responses.model.constrain"):
+    with caplog.at_level(logging.WARNING, logger="mlx_responses.engine.constrain"):
         out = processor(mx.array(prompt + wrong), logits)
     assert allowed(out) == set(tokenizer.eos_token_ids)
     assert "outside the grammar" in caplog.text

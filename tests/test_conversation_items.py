@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from openai.types.conversations import ConversationItem
 
 from mlx_responses.http.conversations import parse_list_query
-from mlx_responses.protocol.conversation_items import (
+from mlx_responses.protocol.errors import ApiError
+from mlx_responses.protocol.items.conversation import (
     MAX_ITEMS_PER_REQUEST,
     parse_create_body,
     parse_items,
@@ -28,7 +29,6 @@ from mlx_responses.protocol.conversation_items import (
     parse_metadata,
     parse_update_body,
 )
-from mlx_responses.protocol.errors import ApiError
 
 from .conformance import unknown_keys
 

@@ -3,7 +3,7 @@ what ``mlx.launch`` set up for the rank; an explicit choice is shown as given.""
 
 from __future__ import annotations
 
-from mlx_responses.model.distributed import backend_in_use
+from mlx_responses.engine.distributed import backend_in_use
 
 
 def test_any_is_named_by_what_mlx_launch_set_up() -> None:

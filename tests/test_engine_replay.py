@@ -25,8 +25,8 @@ from mlx_responses.actors.model import (
     ModelSettings,
     run_model_actor,
 )
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.inbound import (
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.inbound import (
     Admit,
     Cancel,
     ClearPromptCache,
@@ -37,12 +37,12 @@ from mlx_responses.model.inbound import (
     Step,
     StopMatched,
 )
-from mlx_responses.model.loader import LoadedModel, render_prompt
-from mlx_responses.model.outbound import Ended, Exited, FactStream, Loaded
-from mlx_responses.model.penalties import SamplingAdjust
-from mlx_responses.model.slot import SequenceSlot
-from mlx_responses.model.thread import GenerationThread, ThreadSettings
-from mlx_responses.protocol.images import ImageRef
+from mlx_responses.engine.loader import LoadedModel, render_prompt
+from mlx_responses.engine.outbound import Ended, Exited, FactStream, Loaded
+from mlx_responses.engine.penalties import SamplingAdjust
+from mlx_responses.engine.slot import SequenceSlot
+from mlx_responses.engine.thread import GenerationThread, ThreadSettings
+from mlx_responses.protocol.items.images import ImageRef
 
 from .test_vision_api import COLOURS, FIXTURE, QUESTION, data_url, png
 

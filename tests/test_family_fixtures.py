@@ -18,8 +18,8 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from mlx_responses.model.loader import load_model, read_context_window
-from mlx_responses.model.segments import chat_marks, render_without_generation_prompt
+from mlx_responses.engine.loader import load_model, read_context_window
+from mlx_responses.engine.segments import chat_marks, render_without_generation_prompt
 
 from .scripts_loader import script as _script
 from .test_api_prompt_cache_templates import start

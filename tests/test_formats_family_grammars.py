@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from mlx_responses import formats
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.constrain import Constraints
 from mlx_responses.formats.base import ToolCallEnd
 from mlx_responses.formats.format import ParseOptions
 from mlx_responses.formats.json_sections import DEEPSEEK_V3
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.constrain import Constraints
 
 Call = tuple[str, dict[str, Any]]
 Params = list[tuple[str, Any]]  # (key, value) in the order the grammar writes them

@@ -20,11 +20,16 @@ import pytest
 from transformers import AutoTokenizer
 
 from mlx_responses import formats
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.formats.base import ToolCallEnd
 from mlx_responses.formats.format import ParseOptions
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.chat import to_chat
-from mlx_responses.protocol.items import FunctionCall, FunctionCallOutput, InputMessage, Reasoning
+from mlx_responses.protocol.items.read import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputMessage,
+    Reasoning,
+)
+from mlx_responses.text.chat import to_chat
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
 

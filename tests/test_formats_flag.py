@@ -87,8 +87,8 @@ async def test_a_model_without_a_known_format_says_so_and_refuses_forced_calls(
 def test_tokenizer_config_names_the_format_even_one_mlx_lm_lacks(tmp_path: Path) -> None:
     """``tool_parser_type`` overrides detection; a name only this server knows (``harmony``)
     would fail mlx-lm's own load, so mlx-lm is not told it."""
-    from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-    from mlx_responses.model.loader import load_model
+    from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+    from mlx_responses.engine.loader import load_model
 
     def loaded_format(parser_type: str) -> str:
         folder = tmp_path / parser_type

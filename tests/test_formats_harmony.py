@@ -20,6 +20,7 @@ from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
 from mlx_responses import formats
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.formats import (
     ParsedEvent,
     ReasoningChunk,
@@ -30,14 +31,13 @@ from mlx_responses.formats import (
 )
 from mlx_responses.formats.grammars import ToolGrammarBuilder
 from mlx_responses.formats.harmony import ANALYSIS_MAX_TOKENS, HARMONY
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.chat import to_chat
-from mlx_responses.protocol.items import (
+from mlx_responses.protocol.items.read import (
     FunctionCall,
     FunctionCallOutput,
     InputMessage,
     Reasoning,
 )
+from mlx_responses.text.chat import to_chat
 
 from .test_formats_regions import check_call_grammar
 

@@ -245,7 +245,7 @@ def test_detect_tool_format(template: str, fmt: TagFormat) -> None:
 
 
 def test_detect_bundled_template() -> None:
-    from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
+    from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 
     template = (BUNDLED_MODEL_PATH / "chat_template.jinja").read_text()
     assert detect_tool_format(template) == "hermes"

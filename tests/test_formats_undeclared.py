@@ -9,7 +9,7 @@ import pytest
 
 from mlx_responses import formats
 from mlx_responses.actors.output import OutputShaper
-from mlx_responses.protocol import machine as m
+from mlx_responses.protocol.events import machine as m
 
 GENERATIONS = {
     "hermes": '<tool_call>\n{"name": "%s", "arguments": {"city": "Paris"}}\n</tool_call>',

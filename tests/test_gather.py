@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_responses.actors.model_port import Arrival, _Engine
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.inbound import Admit, Arrivals, Inbound, SequenceSpec, Shutdown, Step
-from mlx_responses.model.loader import LoadedModel
-from mlx_responses.model.outbound import FactStream, Loaded
-from mlx_responses.model.slot import SequenceSlot
-from mlx_responses.model.thread import (
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.engine.inbound import Admit, Arrivals, Inbound, SequenceSpec, Shutdown, Step
+from mlx_responses.engine.loader import LoadedModel
+from mlx_responses.engine.outbound import FactStream, Loaded
+from mlx_responses.engine.slot import SequenceSlot
+from mlx_responses.engine.thread import (
     GATHER_FLOOR_SECONDS,
     GATHER_SECONDS,
     GenerationThread,

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm import load
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.model.incremental_render import (
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
+from mlx_responses.text.incremental_render import (
     IncrementalTokenizer,
     common_prefix_length,
     render_text,
 )
-from mlx_responses.model.prompt_bounds import measure_tokenizer
+from mlx_responses.text.prompt_bounds import measure_tokenizer
 
 Chat = list[dict[str, Any]]
 

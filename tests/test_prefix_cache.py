@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mlx_responses.model.prefix_cache import PrefixCache, common_length
+from mlx_responses.engine.prefix_cache import PrefixCache, common_length
 
 # A tiny alphabet makes shared prefixes, splits and merges frequent.
 tokens_st = st.lists(st.integers(0, 3), min_size=0, max_size=12).map(tuple)

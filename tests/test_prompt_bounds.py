@@ -13,9 +13,9 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE, WordPiece
 from transformers import PreTrainedTokenizerFast
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
-from mlx_responses.model.loader import render_prompt
-from mlx_responses.model.prompt_bounds import (
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
+from mlx_responses.engine.loader import render_prompt
+from mlx_responses.text.prompt_bounds import (
     PromptTooLong,
     TokenBound,
     measure_tokenizer,

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from mlx_responses.model.prompt_cache import PromptCache
+from mlx_responses.engine.prompt_cache import PromptCache
 
 
 def kv_cache(tokens: int, layers: int = 2) -> list[Any]:

@@ -21,8 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses.response_output_text import Logprob
 
-from mlx_responses.protocol.ids import new_id
-from mlx_responses.protocol.machine import (
+from mlx_responses.protocol.events.machine import (
     Cancel,
     Fail,
     Finish,
@@ -37,6 +36,7 @@ from mlx_responses.protocol.machine import (
     ToolCallBegin,
     ToolCallEnd,
 )
+from mlx_responses.protocol.ids import new_id
 from mlx_responses.protocol.objects import ResponseConfig, ResponseErrorCode, Usage
 from tests.conformance import (
     TERMINAL_EVENT_TYPES,

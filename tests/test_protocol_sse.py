@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.protocol.machine import Finish, ResponseMachine, Start, TextDelta
+from mlx_responses.protocol.events.machine import Finish, ResponseMachine, Start, TextDelta
+from mlx_responses.protocol.events.sse import SseDecoder, SseError, encode_sse
 from mlx_responses.protocol.objects import ResponseConfig, Usage
-from mlx_responses.protocol.sse import SseDecoder, SseError, encode_sse
 from tests.conformance import assert_stream_invariants, parse_sse
 
 scalar_text = st.text(st.characters(codec="utf-8"), max_size=20)

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.protocol.machine import (
+from mlx_responses.protocol.events.machine import (
     Compacted,
     Finish,
     ProtocolError,
@@ -20,8 +20,8 @@ from mlx_responses.protocol.machine import (
     ToolCallBegin,
     ToolCallEnd,
 )
+from mlx_responses.protocol.events.replay import compact_events, expand_events
 from mlx_responses.protocol.objects import ResponseConfig, Usage
-from mlx_responses.protocol.replay import compact_events, expand_events
 from mlx_responses.storage.interface import StoredResponse
 from mlx_responses.storage.memory import encode_json
 from tests.test_protocol_machine import EndExtending, Step, configs, sequences

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_responses.protocol.phase import TRANSITIONS, Phase, PhaseError, Step, advance, announced
+from mlx_responses.protocol.events.phase import (
+    TRANSITIONS,
+    Phase,
+    PhaseError,
+    Step,
+    advance,
+    announced,
+)
 
 ORDER = list(Phase)
 

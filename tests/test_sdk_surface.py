@@ -18,8 +18,8 @@ from openai.types.responses import function_tool_param, response_create_params
 from openai.types.responses import response_input_item_param as input_items
 from openai.types.shared_params import reasoning as reasoning_params
 
-from mlx_responses.protocol.item_json import encode_compaction
-from mlx_responses.protocol.items import Compaction
+from mlx_responses.protocol.items.read import Compaction
+from mlx_responses.protocol.items.write import encode_compaction
 from mlx_responses.server import ServerHandle
 
 from .conftest import MODEL

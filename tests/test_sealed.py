@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_responses.protocol.sealed import Sealer, SealError
+from mlx_responses.protocol.items.sealed import Sealer, SealError
 
 
 def sealer(key: bytes = b"k", model: str = "m") -> Sealer:

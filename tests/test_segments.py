@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_responses.model.prefix_cache import PrefixCache, common_length
-from mlx_responses.model.segments import ChatMarks, boundaries, chat_marks, split
+from mlx_responses.engine.prefix_cache import PrefixCache, common_length
+from mlx_responses.engine.segments import ChatMarks, boundaries, chat_marks, split
 
 MARK, END, NL, BOS = 1, 2, 3, 0
 ROLES = {"system": 10, "user": 11, "assistant": 12, "tool": 13}

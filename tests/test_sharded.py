@@ -19,7 +19,7 @@ import pytest
 import trio
 from openai import AsyncOpenAI
 
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
 from .conftest import MODEL, output_text, split_reasoning

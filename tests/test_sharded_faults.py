@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from mlx_responses.cli import build_parser, settings_from_args
-from mlx_responses.model.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH, load_bundled_prompts
 from tests.conformance import assert_stream_invariants, parse_sse
 
 from .conftest import MODEL

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 
 from .conftest import MODEL
 from .sharded import free_port

@@ -18,7 +18,7 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from mlx_responses.model.bundled_model import load_bundled_prompts
+from mlx_responses.engine.bundled_model import load_bundled_prompts
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
 from .conftest import MODEL, output_text

@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mlx_responses.model.slot import FinishReason, SequenceOutput, SequenceSlot, tick_after
+from mlx_responses.engine.slot import FinishReason, SequenceOutput, SequenceSlot, tick_after
 
 FINISHES: list[FinishReason] = ["stop", "length", "cancelled", "shutdown", "error"]
 

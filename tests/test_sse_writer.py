@@ -15,7 +15,7 @@ import trio.testing
 from mlx_responses.actors.event_log import EventLog
 from mlx_responses.actors.run import MAX_INTERVAL_SECONDS, delta_interval
 from mlx_responses.http.pipeline import follow
-from mlx_responses.protocol.sse import SseDecoder, encode_sse
+from mlx_responses.protocol.events.sse import SseDecoder, encode_sse
 
 
 def delta(seq: int) -> dict[str, Any]:

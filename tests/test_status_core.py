@@ -23,8 +23,8 @@ from mlx_responses.actors.status import (
     run_status_history,
 )
 from mlx_responses.actors.supervisor import SupervisorStatistics
+from mlx_responses.engine.thread import ModelStatistics
 from mlx_responses.http.metrics import TTFT_BUCKETS
-from mlx_responses.model.thread import ModelStatistics
 
 BOUNDS = (*map(float, TTFT_BUCKETS), math.inf)
 

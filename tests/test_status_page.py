@@ -26,8 +26,8 @@ import httpx2 as httpx
 import mlx.core as mx
 import trio
 
+from mlx_responses.engine.thread import GenerationThread
 from mlx_responses.http.auth import load_api_keys
-from mlx_responses.model.thread import GenerationThread
 from mlx_responses.server import ServerHandle, serve
 
 from .browser import Page, open_browser

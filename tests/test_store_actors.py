@@ -13,7 +13,7 @@ from mlx_responses.actors.conversation_store import ConversationStoreHandle
 from mlx_responses.actors.response_store import ResponseStoreHandle
 from mlx_responses.actors.store import Store, run_store
 from mlx_responses.actors.store_part import StorePart
-from mlx_responses.protocol.items import InputMessage, Reasoning
+from mlx_responses.protocol.items.read import InputMessage, Reasoning
 from mlx_responses.storage.choice import Budgets, memory_backends
 from mlx_responses.storage.files import FileLimits
 from mlx_responses.storage.interface import (

@@ -13,7 +13,7 @@ import pytest
 import trio
 import websockets.sync.client as ws_client
 
-from mlx_responses.model.thread import GenerationThread
+from mlx_responses.engine.thread import GenerationThread
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until

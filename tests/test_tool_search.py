@@ -287,8 +287,8 @@ async def test_bad_search_items_name_their_field(
 
 
 def test_server_search_matches_names_namespaces_and_words() -> None:
-    from mlx_responses.protocol.tool_search import search
-    from mlx_responses.protocol.tools import parse_tools
+    from mlx_responses.protocol.tools.offered import parse_tools
+    from mlx_responses.protocol.tools.search import search
 
     catalog = [
         t for t in parse_tools([DEFERRED_WEATHER, CRM, WEATHER | {"name": "x"}]) if t.deferred

@@ -33,7 +33,7 @@ import trio
 from PIL import Image
 
 from mlx_responses.api_keys import load_api_keys
-from mlx_responses.model.vision import untag
+from mlx_responses.engine.vision import untag
 from mlx_responses.server import ServerHandle
 from tests.conformance import assert_stream_invariants, parse_sse
 

@@ -21,11 +21,11 @@ import pytest
 from mlx_vlm.utils import load_model as load_vlm
 from PIL import Image
 
-from mlx_responses.model.loader import LoadedModel, load_model, render_prompt
-from mlx_responses.model.prompt_cache import PromptCache
-from mlx_responses.model.vision import image_runs, moved_of
-from mlx_responses.model.vision_prefill import model_prompt, moved, vision_prefill
-from mlx_responses.protocol.images import ImageRef, content_of
+from mlx_responses.engine.loader import LoadedModel, load_model, render_prompt
+from mlx_responses.engine.prompt_cache import PromptCache
+from mlx_responses.engine.vision import image_runs, moved_of
+from mlx_responses.engine.vision_prefill import model_prompt, moved, vision_prefill
+from mlx_responses.protocol.items.images import ImageRef, content_of
 
 VISION = Path(__file__).parent / "fixtures" / "vision"
 QUESTION = "What colour is the square?"

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlx_responses.model.chat import to_chat
-from mlx_responses.model.vision import (
+from mlx_responses.engine.vision import (
     Prepared,
     _Registry,
     image_arrays,
@@ -21,11 +20,11 @@ from mlx_responses.model.vision import (
     shift_tag,
     untag,
 )
-from mlx_responses.model.vision_prefill import keyed
-from mlx_responses.protocol.anthropic_messages import decode_messages
-from mlx_responses.protocol.conversation_items import parse_item as parse_conversation_item
+from mlx_responses.engine.vision_prefill import keyed
+from mlx_responses.protocol.anthropic.messages import decode_messages
 from mlx_responses.protocol.errors import ApiError
-from mlx_responses.protocol.images import (
+from mlx_responses.protocol.items.conversation import parse_item as parse_conversation_item
+from mlx_responses.protocol.items.images import (
     ImageRef,
     Piece,
     content_of,
@@ -35,9 +34,10 @@ from mlx_responses.protocol.images import (
     pieces_of,
     text_of,
 )
-from mlx_responses.protocol.item_json import item_json
-from mlx_responses.protocol.item_types import Compaction, FunctionCallOutput, InputMessage
-from mlx_responses.protocol.items import parse_item, read_item
+from mlx_responses.protocol.items.read import parse_item, read_item
+from mlx_responses.protocol.items.values import Compaction, FunctionCallOutput, InputMessage
+from mlx_responses.protocol.items.write import item_json
+from mlx_responses.text.chat import to_chat
 
 RED = ImageRef("data:image/png;base64,AAAA", "low")
 BLUE = ImageRef("data:image/png;base64,BB")

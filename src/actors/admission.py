@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.inbound import GrammarSpec
-from ..model.penalties import sampling_adjust
+from ..engine.inbound import GrammarSpec
+from ..engine.penalties import sampling_adjust
 from ..protocol.errors import ApiError, context_exceeded
-from ..protocol.machine import Compacted
+from ..protocol.events.machine import Compacted
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from .model import (

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 
 import trio
 
-from ..protocol.compaction import (
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.events.machine import Compacted
+from ..protocol.ids import new_id
+from ..protocol.items.compaction import (
     NothingToSummarize,
     Split,
     auto_summary_tokens,
@@ -43,11 +46,8 @@ from ..protocol.compaction import (
     split_history,
     transcript,
 )
-from ..protocol.errors import ApiError, invalid_request
-from ..protocol.ids import new_id
-from ..protocol.item_json import item_json
-from ..protocol.items import Compaction, InputMessage, TurnItem
-from ..protocol.machine import Compacted
+from ..protocol.items.read import Compaction, InputMessage, TurnItem
+from ..protocol.items.write import item_json
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import admit

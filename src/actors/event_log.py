@@ -21,8 +21,8 @@ from typing import Any
 
 import trio
 
+from ..protocol.events.sse import encode_sse
 from ..protocol.prompt_memo import RenderedPrompt
-from ..protocol.sse import encode_sse
 from ..storage.interface import scoped
 
 JsonObject = dict[str, Any]

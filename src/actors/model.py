@@ -34,19 +34,20 @@ from typing import assert_never
 import trio
 
 from .. import formats
-from ..model.inbound import (
+from ..engine.inbound import (
     Admit,
     Arrivals,
     StopMatched,
 )
-from ..model.inbound import Cancel as CancelSequence
-from ..model.inbound import Shutdown as StopGeneration
-from ..model.loader import LoadedModel
-from ..model.outbound import BatchFact, Ended, Exited, Loaded
-from ..model.slot import FinishReason, SequenceSlot
-from ..model.thread import ModelStatistics
-from ..model.vision import ImageError
+from ..engine.inbound import Cancel as CancelSequence
+from ..engine.inbound import Shutdown as StopGeneration
+from ..engine.loader import LoadedModel
+from ..engine.outbound import BatchFact, Ended, Exited, Loaded
+from ..engine.slot import FinishReason, SequenceSlot
+from ..engine.thread import ModelStatistics
+from ..engine.vision import ImageError
 from ..protocol.errors import invalid_request
+from ..text.prompt_maker import PromptMaker
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
 from .model_types import (
@@ -59,7 +60,6 @@ from .model_types import (
     ModelUnavailable,
     ThreadFactory,
 )
-from .prompt_maker import PromptMaker
 
 __all__ = [
     "Arrival",

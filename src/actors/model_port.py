@@ -14,10 +14,10 @@ from typing import TypeVar
 
 import trio
 
-from ..model.inbound import Arrivals, Inbound
-from ..model.loader import LoadedModel
-from ..model.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
-from ..model.thread import GenerationThread, ThreadSettings
+from ..engine.inbound import Arrivals, Inbound
+from ..engine.loader import LoadedModel
+from ..engine.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
+from ..engine.thread import GenerationThread, ThreadSettings
 from .model_types import ModelSettings
 
 M = TypeVar("M")

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..model.constrain import Grammar
-from ..model.inbound import SequenceSpec
-from ..model.prompt_cache import DEFAULT_MAX_ENTRIES
-from ..model.slot import SequenceOutput, SequenceSlot
-from ..model.thread import GenerationThread
-from ..model.topology import Sharding
+from ..engine.constrain import Grammar
+from ..engine.inbound import SequenceSpec
+from ..engine.prompt_cache import DEFAULT_MAX_ENTRIES
+from ..engine.slot import SequenceOutput, SequenceSlot
+from ..engine.thread import GenerationThread
+from ..engine.topology import Sharding
 from ..protocol.prompt_memo import RenderedPrompt
 
 ThreadFactory = Callable[..., GenerationThread]

@@ -37,11 +37,11 @@ from ..formats import (
     ToolCallStart,
 )
 from ..formats.grammars import CUSTOM_HEAD, CUSTOM_TAIL
-from ..protocol import machine as m
+from ..protocol.events import machine as m
 from ..protocol.request import CreateRequest
-from ..protocol.tool_search import search
-from ..protocol.tool_spec import FunctionTool
-from ..protocol.tools import CUSTOM_INPUT
+from ..protocol.tools.offered import CUSTOM_INPUT
+from ..protocol.tools.search import search
+from ..protocol.tools.spec import FunctionTool
 
 
 @dataclass(frozen=True, slots=True)

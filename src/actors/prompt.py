@@ -25,21 +25,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import formats
-from ..model.chat import to_chat
-from ..model.constrain import CannotConstrain, Grammar
-from ..model.prompt_bounds import PromptTooLong
+from ..engine.constrain import CannotConstrain, Grammar
 from ..protocol.decoding import Decoding, decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
-from ..protocol.history import Turn, resolve
-from ..protocol.items import InputItem
-from ..protocol.machine import Compacted
+from ..protocol.events.machine import Compacted
+from ..protocol.items.history import Turn, resolve
+from ..protocol.items.read import InputItem
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
-from ..protocol.tools import FunctionTool
+from ..protocol.tools.offered import FunctionTool
+from ..text.chat import to_chat
+from ..text.prompt_bounds import PromptTooLong
+from ..text.prompt_maker import PromptMaker
 from .model import ModelHandle
 from .model_types import ModelPrompt
-from .prompt_maker import PromptMaker
 from .runtime import Actors, RunningResponses
 
 # The store bytes a background job is assumed to need per token of its output budget.

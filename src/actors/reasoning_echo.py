@@ -21,8 +21,8 @@ from typing import Any, assert_never
 
 import trio
 
-from ..protocol.images import text_of
-from ..protocol.items import InputItem, InputMessage, Reasoning
+from ..protocol.items.images import text_of
+from ..protocol.items.read import InputItem, InputMessage, Reasoning
 from ..storage.interface import EchoStorage
 from ..storage.memory import DEFAULT_ECHO_BYTES
 from .kit import Reply

@@ -44,7 +44,7 @@ from typing import Any, assert_never
 import psycopg
 import trio
 
-from ..protocol.sse import encode_sse
+from ..protocol.events.sse import encode_sse
 from ..storage.choice import StoreChoice
 from ..storage.interface import JsonObject, StoredResponse, StoreLimits, scoped
 from ..storage.postgres import PgResponseStorage, register_replica

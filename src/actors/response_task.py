@@ -34,9 +34,9 @@ from typing import Literal
 import trio
 
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.machine import Fail
+from ..protocol.events.machine import Fail
+from ..protocol.events.phase import Phase
 from ..protocol.objects import JsonObject, ResponseErrorCode
-from ..protocol.phase import Phase
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import Admission, admit_ready
 from .compaction import compact_first, compact_history, compact_now, compacted

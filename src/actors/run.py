@@ -34,10 +34,9 @@ from typing import assert_never
 
 import trio
 
-from ..model.slot import SequenceOutput
+from ..engine.slot import SequenceOutput
 from ..protocol.errors import ApiError
-from ..protocol.ids import new_id
-from ..protocol.machine import (
+from ..protocol.events.machine import (
     Cancel,
     Compacted,
     Fail,
@@ -46,11 +45,12 @@ from ..protocol.machine import (
     ResponseMachine,
     Start,
 )
+from ..protocol.events.phase import Phase, Step, advance, announced
+from ..protocol.events.replay import FAILED_UNSTARTED
+from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
-from ..protocol.phase import Phase, Step, advance, announced
-from ..protocol.replay import FAILED_UNSTARTED
 from ..protocol.request import CreateRequest
-from ..protocol.tool_search import after_server_search
+from ..protocol.tools.search import after_server_search
 from ..storage.interface import StoredResponse
 from .admission import Admission, admit_continuation
 from .event_log import EventLog

@@ -24,7 +24,7 @@ from typing import assert_never
 
 import trio
 
-from ..protocol.machine import Compacted
+from ..protocol.events.machine import Compacted
 from ..protocol.objects import JsonObject
 from ..protocol.request import CompactRequest, CreateRequest
 from ..storage.interface import scoped

@@ -14,7 +14,7 @@ from ..protocol.text import find_unencodable
 from .json_constants import Constants
 
 if TYPE_CHECKING:
-    from ..protocol.sealed import Sealer
+    from ..protocol.items.sealed import Sealer
     from ..runtime import Runtime
 
 # The deepest nesting of arrays and objects a JSON body may have: deeper bodies are refused

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Final
 
 from quart import Response, request
 
-from ..protocol.conversation_items import (
+from ..protocol.errors import ApiError, invalid_request, not_found
+from ..protocol.items.conversation import (
     conversation_object,
     deleted_object,
     find_item,
@@ -30,7 +31,6 @@ from ..protocol.conversation_items import (
     parse_items_body,
     parse_update_body,
 )
-from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
 from .common import View, decode_json_body, json_response, mount, runtime, tenant

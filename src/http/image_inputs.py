@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from ..actors.file_store import FileStoreHandle
-from ..model.vision import (
+from ..engine.vision import (
     MAX_IMAGE_BYTES,
     ImageError,
     VisionModel,
@@ -35,7 +35,7 @@ from ..model.vision import (
     image_format,
 )
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.images import DETAILS, ImageRef
+from ..protocol.items.images import DETAILS, ImageRef
 
 _NO_URLS = (
     "this server does not fetch images from URLs (--image-urls refuse); send the image as a "

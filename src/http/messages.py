@@ -35,16 +35,16 @@ from werkzeug.exceptions import HTTPException
 
 from ..actors.event_log import EventLog
 from ..actors.prompt import prepare_prompt
-from ..protocol.anthropic import (
+from ..protocol.anthropic.request import (
     MessagesRequest,
     parse_count_tokens_request,
     parse_messages_request,
 )
-from ..protocol.anthropic_stream import PING, MessageEncoder, error_body, error_for_status
+from ..protocol.anthropic.stream import PING, MessageEncoder, error_body, error_for_status
 from ..protocol.errors import ApiError
+from ..protocol.events.sse import encode_sse
 from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
-from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sse_response, tenant
 from .image_inputs import inline_message_images
 from .pipeline import image_sources, open_response, read_body

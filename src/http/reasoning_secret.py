@@ -14,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from ..protocol.sealed import Sealer, secret_from_text
+from ..protocol.items.sealed import Sealer, secret_from_text
 
 SECRET_ENV = "MLX_RESPONSES_REASONING_SECRET"
 

@@ -21,10 +21,10 @@ from quart_trio import QuartTrio
 
 from ..actors.prompt import persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
+from ..protocol.events.sse import encode_sse
 from ..protocol.listing import list_envelope, page, parse_list_query
 from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
-from ..protocol.sse import encode_sse
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
 from .lifetime import presence
 from .pipeline import final_object, follow, open_response, read_create_body

@@ -18,14 +18,14 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
 
-from ..protocol.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.errors import ApiError, invalid_request
+from ..protocol.items.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
+from ..protocol.items.sealed import Sealer, open_sealed
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
-from ..protocol.sealed import Sealer, open_sealed
 from ..protocol.text_format import parse_text_format
-from ..protocol.tool_search import discoverable
-from ..protocol.tools import echo_tools, offered_tools, parse_tool_choice, parse_tools
+from ..protocol.tools.offered import echo_tools, offered_tools, parse_tool_choice, parse_tools
+from ..protocol.tools.search import discoverable
 
 Number = StrictFloat | StrictInt
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..protocol.anthropic import MessagesRequest
+from ..protocol.anthropic.request import MessagesRequest
 from .common import runtime
 
 

@@ -49,7 +49,7 @@ from quart import Response, websocket
 from ..actors.event_log import EventLog
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.ids import new_id
-from ..protocol.items import FunctionCall, FunctionCallOutput, InputMessage
+from ..protocol.items.read import FunctionCall, FunctionCallOutput, InputMessage
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest, parse_input

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .text_format import TextFormat
-from .tool_spec import FunctionTool, ToolChoice
+from .tools.spec import FunctionTool, ToolChoice
 
 
 def _empty() -> Mapping[str, Any]:

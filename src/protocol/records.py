@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .replay import compact_events, expand_events
+from .events.replay import compact_events, expand_events
 
 JsonObject = dict[str, Any]
 

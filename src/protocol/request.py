@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import invalid_request
-from .items import InputItem, InputMessage, json_type, parse_item
+from .items.read import InputItem, InputMessage, json_type, parse_item
 from .objects import JsonObject, ResponseConfig
 from .prompt_memo import RenderedPrompt
 from .text_format import TEXT, TextFormat
-from .tools import FunctionTool, ToolChoice
+from .tools.offered import FunctionTool, ToolChoice
 
 __all__ = [
     "CompactRequest",

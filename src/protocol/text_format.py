@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import invalid_request
-from .items import json_type
+from .items.read import json_type
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
-from ..protocol.replay import FAILED_UNSTARTED
+from ..protocol.events.replay import FAILED_UNSTARTED
 from .files import FileLimits, StoredFile, charged_bytes
 from .interface import (
     ConversationEdit,

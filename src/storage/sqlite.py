@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..protocol.replay import FAILED_UNSTARTED
+from ..protocol.events.replay import FAILED_UNSTARTED
 from .budget import BudgetedMap
 from .files import FileLimits, MemoryFileStorage, StoredFile
 from .interface import (

@@ -65,9 +65,9 @@ from openai.types.responses.response_compact_params import ResponseCompactParams
 from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 
 from mlx_responses.actors.model import ModelSettings
-from mlx_responses.model.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
-from mlx_responses.protocol.machine import TERMINAL_EVENT_TYPES
-from mlx_responses.protocol.sse import SseDecoder
+from mlx_responses.engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
+from mlx_responses.protocol.events.machine import TERMINAL_EVENT_TYPES
+from mlx_responses.protocol.events.sse import SseDecoder
 from mlx_responses.server import ServerHandle, ServerSettings, serve
 
 MODEL = BUNDLED_ALIAS

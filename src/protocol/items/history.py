@@ -19,13 +19,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .item_json import item_json
-from .items import InputItem, JsonObject, read_item
-from .tool_search import discoverable
-from .tools import FunctionTool, offered_tools
+from ..tools.offered import FunctionTool, offered_tools
+from ..tools.search import discoverable
+from .read import InputItem, JsonObject, read_item
+from .write import item_json
 
 if TYPE_CHECKING:
-    from .request import CreateRequest
+    from ..request import CreateRequest
 
 
 def input_items(items: Iterable[InputItem]) -> tuple[JsonObject, ...]:

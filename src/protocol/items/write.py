@@ -15,9 +15,14 @@ from __future__ import annotations
 import base64
 import json
 
-from .ids import new_id
+from ..ids import new_id
+from ..objects import (
+    custom_tool_call_item,
+    tool_search_call_item,
+    tool_search_output_item,
+)
 from .images import content_parts, holds_images, text_of
-from .item_types import (
+from .values import (
     COMPACTION_FORMAT_VERSION,
     Compaction,
     FunctionCall,
@@ -26,11 +31,6 @@ from .item_types import (
     InputMessage,
     JsonObject,
     Reasoning,
-)
-from .objects import (
-    custom_tool_call_item,
-    tool_search_call_item,
-    tool_search_output_item,
 )
 
 

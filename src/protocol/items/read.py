@@ -32,9 +32,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .errors import ApiError, invalid_request
+from ..errors import ApiError, invalid_request
+from ..objects import Execution
+from ..tools.spec import qualified_name
 from .images import Content, ImageRef, Piece, content_of, stored_image, text_of
-from .item_types import (
+from .values import (
     COMPACTION_FORMAT_VERSION,
     PHASES,
     ROLES,
@@ -49,8 +51,6 @@ from .item_types import (
     Role,
     TurnItem,
 )
-from .objects import Execution
-from .tool_spec import qualified_name
 
 # The item types live in item_types.py; they stay importable from here.
 __all__ = [

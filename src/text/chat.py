@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..formats import Replay
-from ..protocol.compaction import replay_view
-from ..protocol.images import Content, join_content
-from ..protocol.items import (
+from ..protocol.items.compaction import replay_view
+from ..protocol.items.images import Content, join_content
+from ..protocol.items.read import (
     FunctionCall,
     FunctionCallOutput,
     InputItem,
@@ -39,7 +39,7 @@ from ..protocol.items import (
     Reasoning,
     TurnItem,
 )
-from ..protocol.tools import qualified_name
+from ..protocol.tools.offered import qualified_name
 
 ChatMessage = dict[str, Any]
 

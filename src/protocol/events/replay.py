@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from ..objects import ResponseConfig, Usage
 from .machine import (
     Cancel,
     Compacted,
@@ -66,7 +67,6 @@ from .machine import (
     ToolCallBegin,
     ToolCallEnd,
 )
-from .objects import ResponseConfig, Usage
 
 JsonObject = dict[str, Any]
 

@@ -20,8 +20,8 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-from .errors import ApiError
-from .items import InputItem, Reasoning
+from ..errors import ApiError
+from .read import InputItem, Reasoning
 
 PREFIX: Final = "mlxr1."
 _NONCE: Final = 16

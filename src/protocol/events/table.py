@@ -13,7 +13,8 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
-from .machine_inputs import (
+from ..objects import RESPONSE_ERROR_CODES, ResponseStatus, Usage, is_part_logprob
+from .inputs import (
     Cancel,
     Compacted,
     Fail,
@@ -27,7 +28,6 @@ from .machine_inputs import (
     ToolCallBegin,
     ToolCallEnd,
 )
-from .objects import RESPONSE_ERROR_CODES, ResponseStatus, Usage, is_part_logprob
 
 
 class State(enum.Enum):

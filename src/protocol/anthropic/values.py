@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from .errors import ApiError, invalid_request
-from .items import json_type
+from ..errors import ApiError, invalid_request
+from ..items.read import json_type
 
 JsonObject = dict[str, Any]
 

@@ -23,10 +23,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .check_memo import CheckMemo
-from .errors import invalid_request
-from .items import json_type, optional_str
-from .tool_spec import FunctionTool, ToolChoice, qualified_name
+from ..check_memo import CheckMemo
+from ..errors import invalid_request
+from ..items.read import json_type, optional_str
+from .spec import FunctionTool, ToolChoice, qualified_name
 
 log = logging.getLogger(__name__)
 

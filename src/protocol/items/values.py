@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from ..objects import Execution
 from .images import Content
-from .objects import Execution
 
 JsonObject = dict[str, Any]
 Role = Literal["system", "developer", "user", "assistant"]

@@ -25,10 +25,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import invalid_request
-from .items import FunctionCallOutput, InputItem
-from .objects import tool_search_call_item, tool_search_output_item
-from .tools import SEARCH_NAME, FunctionTool, ToolChoice, echo_tools, parse_tools
+from ..errors import invalid_request
+from ..items.read import FunctionCallOutput, InputItem
+from ..objects import tool_search_call_item, tool_search_output_item
+from .offered import SEARCH_NAME, FunctionTool, ToolChoice, echo_tools, parse_tools
 
 JsonObject = dict[str, Any]
 

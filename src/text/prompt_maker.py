@@ -21,17 +21,17 @@ from typing import Any
 
 import trio
 
+from ..actors.model_types import ModelInfo, ModelPrompt
+from ..engine.constrain import CannotConstrain, InvalidSchema
+from ..engine.loader import LoadedModel, render_prompt
+from ..engine.vision import ImageError
 from ..formats import reasoning_opens_in_prompt
-from ..model.constrain import CannotConstrain, InvalidSchema
-from ..model.incremental_render import IncrementalTokenizer
-from ..model.loader import LoadedModel, render_prompt
-from ..model.prompt_bounds import measure_tokenizer, render_within
-from ..model.vision import ImageError
 from ..protocol.decoding import Decoding
 from ..protocol.errors import invalid_request
-from ..protocol.images import holds_images
+from ..protocol.items.images import holds_images
 from ..protocol.prompt_memo import RenderedPrompt
-from .model_types import ModelInfo, ModelPrompt
+from .incremental_render import IncrementalTokenizer
+from .prompt_bounds import measure_tokenizer, render_within
 
 
 class PromptMaker:

@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from .objects import JsonObject, Usage
-from .stops import StopMatcher
+from ..objects import JsonObject, Usage
+from ..stops import StopMatcher
 
 __all__ = [
     "PING",

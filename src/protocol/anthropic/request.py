@@ -32,8 +32,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .anthropic_messages import decode_messages, decode_system
-from .anthropic_values import (
+from ..objects import ResponseConfig
+from ..request import CreateRequest
+from ..text_format import TEXT, TextFormat
+from ..tools.offered import FunctionTool, ToolChoice, schema_problem
+from .messages import decode_messages, decode_system
+from .values import (
     bad,
     keyset,
     number_between,
@@ -44,10 +48,6 @@ from .anthropic_values import (
     string,
     typed,
 )
-from .objects import ResponseConfig
-from .request import CreateRequest
-from .text_format import TEXT, TextFormat
-from .tools import FunctionTool, ToolChoice, schema_problem
 
 __all__ = [
     "COUNT_TOKENS_KEYS",

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .objects import ResponseErrorCode, Usage
+from ..objects import ResponseErrorCode, Usage
 
 TERMINAL_EVENT_TYPES: Final = frozenset(
     {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}

@@ -81,8 +81,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from .ids import new_id
-from .machine_inputs import (
+from ..ids import new_id
+from ..objects import (
+    ItemStatus,
+    JsonObject,
+    ResponseConfig,
+    ResponseStatus,
+    Usage,
+    event_logprob,
+    json_copy,
+    part_logprob,
+    response_object,
+    tool_search_output_item,
+)
+from .inputs import (
     TERMINAL_EVENT_TYPES,
     Cancel,
     Compacted,
@@ -97,20 +109,8 @@ from .machine_inputs import (
     ToolCallBegin,
     ToolCallEnd,
 )
-from .machine_items import CALLS, DELTA_EVENT, ID_PREFIX, ITEM_STATE, ItemType, OpenItem
-from .machine_table import STATUS, TERMINAL_EVENT, TRANSITIONS, ZERO_USAGE, State, classify
-from .objects import (
-    ItemStatus,
-    JsonObject,
-    ResponseConfig,
-    ResponseStatus,
-    Usage,
-    event_logprob,
-    json_copy,
-    part_logprob,
-    response_object,
-    tool_search_output_item,
-)
+from .open_item import CALLS, DELTA_EVENT, ID_PREFIX, ITEM_STATE, ItemType, OpenItem
+from .table import STATUS, TERMINAL_EVENT, TRANSITIONS, ZERO_USAGE, State, classify
 
 __all__ = [
     "TERMINAL_EVENT_TYPES",

@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .errors import ApiError, invalid_request
-from .ids import new_id
+from ..errors import ApiError, invalid_request
+from ..ids import new_id
+from ..objects import output_text_part
+from ..records import ConversationRecord, JsonObject
+from ..request import json_type
 from .images import ImageRef, image_part
-from .objects import output_text_part
-from .records import ConversationRecord, JsonObject
-from .request import json_type
 
 __all__ = [
     "MAX_ITEMS_PER_REQUEST",

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .images import text_of
-from .item_json import encode_compaction
-from .items import (
+from .read import (
     Compaction,
     FunctionCall,
     FunctionCallOutput,
@@ -42,6 +41,7 @@ from .items import (
     TurnItem,
     decode_compaction,
 )
+from .write import encode_compaction
 
 __all__ = [
     "DEFAULT_SUMMARY_TOKENS",

@@ -18,7 +18,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .anthropic_values import (
+from ..errors import ApiError
+from ..items.images import Content, ImageRef, Piece, content_of, join_content, text_of
+from ..items.read import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
+from .values import (
     JsonObject,
     bad,
     keyset,
@@ -29,9 +32,6 @@ from .anthropic_values import (
     string,
     typed,
 )
-from .errors import ApiError
-from .images import Content, ImageRef, Piece, content_of, join_content, text_of
-from .items import FunctionCall, FunctionCallOutput, InputItem, InputMessage, Reasoning
 
 _TEXT_KEYS: Final = keyset("type text cache_control citations")
 _TOOL_USE_KEYS: Final = keyset("type id name input cache_control caller toolset_name")

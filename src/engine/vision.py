@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..protocol.images import ImageRef, holds_images, images_of, text_of
+from ..protocol.items.images import ImageRef, holds_images, images_of, text_of
 from .inbound import ImageInput, PlainArray
 
 # Decoded images above this many pixels are refused (PIL's own bomb limit is ~89M).

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from .machine_table import State
-from .objects import (
+from ..objects import (
     ItemStatus,
     JsonObject,
     custom_tool_call_item,
@@ -19,6 +18,7 @@ from .objects import (
     reasoning_text_part,
     tool_search_call_item,
 )
+from .table import State
 
 _S = State
 
