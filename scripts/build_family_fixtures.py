@@ -31,7 +31,6 @@ import contextlib
 import datetime
 import hashlib
 import json
-import math
 import shutil
 import sys
 import tempfile
@@ -46,24 +45,21 @@ import mlx_responses  # noqa: F401  (importing it preloads OpenBLAS: before MLX)
 # isort: on
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from tokenizers import (
-    AddedToken,
-    Regex,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
+from tokenizers import AddedToken, Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codex_prompts import WALL_TIME
 from codex_prompts import render as render_codex
 from family_specs import FAMILIES, CodexTurn, Family, Prompt
+from fixture_training import (
+    Example,
+    adam_steps,
+    bpe_trainer,
+    byte_level_bpe,
+    min_margin,
+    warmup_cosine,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
@@ -82,10 +78,6 @@ WARMUP_STEPS = 20
 MIN_MARGIN = 1.0
 BPE_VOCAB_SIZE = 1024
 EMBED_SCALE = 0.05
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
 EXTRA_CORPUS = """\
 The quick brown fox jumps over the lazy dog. You are a helpful assistant. Answer briefly.
 What is the weather like today? It is sunny and warm. The temperature is 18 degrees.
@@ -128,30 +120,6 @@ def today(date: str | None) -> Iterator[None]:
 # --- tokenizer ------------------------------------------------------------------------------
 
 
-def _bare_tokenizer(family: Family) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tokenizer
-
-
-def _trainer(family: Family) -> trainers.BpeTrainer:
-    return trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE,
-        min_frequency=2,
-        show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in family.special],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-
-
 def write_tokenizer(family: Family, out: Path, corpus: list[str]) -> Tokenizer:
     """Train the BPE merges on ``corpus`` (markers cut out) and write the tokenizer files."""
     markers = sorted(family.special + family.markup, key=len, reverse=True)
@@ -160,8 +128,8 @@ def write_tokenizer(family: Family, out: Path, corpus: list[str]) -> Tokenizer:
         for marker in markers:
             text = text.replace(marker, "\n")
         cleaned.append(text)
-    tokenizer = _bare_tokenizer(family)
-    tokenizer.train_from_iterator(cleaned, trainer=_trainer(family))
+    tokenizer = byte_level_bpe()
+    tokenizer.train_from_iterator(cleaned, trainer=bpe_trainer(BPE_VOCAB_SIZE, family.special))
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.markup])
     tokenizer.save(str(out / "tokenizer.json"))
     config = {
@@ -184,7 +152,7 @@ def render_texts(family: Family, out: Path) -> list[str]:
     """Every prompt and completion as text, rendered by the real template (tokenizer corpus)."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    bare = _bare_tokenizer(family)
+    bare = byte_level_bpe()
     bare.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.special])
     bare.save(str(out / "tokenizer.json"))
     write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"})
@@ -238,9 +206,6 @@ def make_model(config: dict[str, Any]) -> nn.Module:
     model.load_weights(embeddings, strict=False)
     mx.eval(model.parameters())
     return model
-
-
-Example = tuple[list[int], int]  # token ids, index of the first completion token
 
 
 def examples(family: Family, wrapper: Any, dates: list[str | None]) -> list[list[Example]]:
@@ -341,45 +306,18 @@ def train(model: nn.Module, rounds: list[list[Example]], steps: int) -> float:
 
     prepared = [batch(data) for data in rounds]
     totals = [sum(len(ids) - start for ids, start in data) for data in rounds]
-    current = {"round": 0}
 
-    def loss_fn(m: nn.Module) -> mx.array:
+    def loss_fn(m: nn.Module, step: int) -> mx.array:
+        round_ = step % len(rounds)
         loss = mx.array(0.0)
-        for x, y, mask in prepared[current["round"]]:
+        for x, y, mask in prepared[round_]:
             logits = m(x[None])[0].astype(mx.float32)
             ce = nn.losses.cross_entropy(logits, y, reduction="none")
             loss = loss + (ce * mask).sum()
-        return loss / totals[current["round"]]
+        return loss / totals[round_]
 
-    def schedule(step: mx.array) -> mx.array:
-        warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
-        decay = 0.5 * (1 + mx.cos(math.pi * mx.minimum(step / steps, 1.0)))
-        return LEARNING_RATE * warm * (0.1 + 0.9 * decay)
-
-    optimizer = optim.Adam(learning_rate=schedule)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-    loss = mx.array(0.0)
-    started = time.perf_counter()
-    for step in range(steps):
-        current["round"] = step % len(rounds)
-        loss, grads = loss_and_grad(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        if step % 50 == 0 or step == steps - 1:
-            elapsed = time.perf_counter() - started
-            print(f"  step {step:4d}  loss {loss.item():.5f}  {elapsed:6.1f} s", flush=True)
-    return float(loss.item())
-
-
-def min_margin(model: nn.Module, data: list[Example]) -> float:
-    worst = math.inf
-    for ids, start in data:
-        logits = model(mx.array(ids[:-1])[None])[0][start - 1 :].astype(mx.float32)
-        target = mx.array(ids[start:])
-        right = mx.take_along_axis(logits, target[:, None], axis=-1)[:, 0]
-        others = mx.put_along_axis(logits, target[:, None], mx.array(-math.inf), axis=-1)
-        worst = min(worst, float((right - others.max(axis=-1)).min().item()))
-    return worst
+    schedule = warmup_cosine(LEARNING_RATE, WARMUP_STEPS, steps)
+    return adam_steps(model, loss_fn, steps, schedule, report_every=50)
 
 
 def greedy(model: Any, tokenizer: Any, ids: list[int], max_tokens: int) -> tuple[str, str | None]:

@@ -82,6 +82,7 @@ from build_vision_fixture import (
     text_prompts,
 )
 from codex_prompts import render as render_codex
+from fixture_training import PrefixCache
 from mlx_responses.protocol.items.images import ImageRef, holds_images, text_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -481,25 +482,6 @@ def training_set(model: Any, processor: Any, prompts: list[Prompt]) -> TrainingS
     masks = [ex.mask.flatten() for ex in [*plain, prefix, rows]]
     pixels, grids = table.arrays()
     return TrainingSet(plain, prefix, rows, pixels, grids, mx.concatenate(masks))
-
-
-class PrefixCache:
-    """One layer's keys and values of a shared prefix: stored by the first call (the prefix),
-    put before each row's own by the next (the rows)."""
-
-    def __init__(self) -> None:
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
-        self.offset = 0
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is None or self.values is None:
-            self.keys, self.values, self.offset = keys, values, keys.shape[2]
-            return keys, values
-        rows = keys.shape[0]
-        before_k = mx.broadcast_to(self.keys, (rows, *self.keys.shape[1:]))
-        before_v = mx.broadcast_to(self.values, (rows, *self.values.shape[1:]))
-        return mx.concatenate([before_k, keys], axis=2), mx.concatenate([before_v, values], axis=2)
 
 
 def loss_of(model: Any, data: TrainingSet) -> mx.array:

@@ -36,7 +36,6 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 import argparse
 import hashlib
 import json
-import math
 import random
 import re
 import shutil
@@ -44,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 # isort: off
 import mlx_responses  # noqa: F401  (importing it preloads OpenBLAS: before MLX)
@@ -52,18 +51,17 @@ import mlx_responses  # noqa: F401  (importing it preloads OpenBLAS: before MLX)
 # isort: on
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from tokenizers import (
-    AddedToken,
-    Regex,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
+from tokenizers import AddedToken, Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fixture_training import (
+    MaskedPrefixCache,
+    adam_steps,
+    bpe_trainer,
+    byte_level_bpe,
+    min_margin,
+    warmup_cosine,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,11 +115,6 @@ MARKUP_TOKENS = [
     "</tool_response>",
 ]
 BPE_VOCAB_SIZE = 4096
-# Qwen2/Qwen3's pre-tokenizer split: digits one by one, words with their leading space.
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
 
 MODEL_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -409,23 +402,8 @@ def tokenizer_corpus() -> list[str]:
 
 
 def build_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE,
-        min_frequency=2,
-        show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
+    tokenizer = byte_level_bpe()
+    trainer = bpe_trainer(BPE_VOCAB_SIZE, SPECIAL_TOKENS)
     tokenizer.train_from_iterator(tokenizer_corpus(), trainer=trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return tokenizer
@@ -461,38 +439,6 @@ def seed_everything() -> None:
 
 Example = tuple[list[int], int]  # token ids, index of the first completion token
 Masked = tuple[list[int], list[bool]]  # token ids, which of them are trained targets
-
-
-class _SharedCache:
-    """A layer's keys and values of a shared prefix; each suffix of a batch attends to them.
-
-    The prefix pass stores them (with their gradient: nothing is frozen); a suffix pass returns
-    them, broadcast to the batch, ahead of the suffix's own and keeps nothing, so one prefix
-    serves many suffixes. ``make_mask``: causal in the prefix, all of the prefix plus causal
-    within the suffix after it. Enough of mlx-lm's cache interface for its Qwen3 model.
-    """
-
-    def __init__(self) -> None:
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
-        self.offset = 0
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is None or self.values is None:
-            self.keys, self.values, self.offset = keys, values, keys.shape[2]
-            return keys, values
-        batch = keys.shape[0]
-        prefix_keys = mx.broadcast_to(self.keys, (batch, *self.keys.shape[1:]))
-        prefix_values = mx.broadcast_to(self.values, (batch, *self.values.shape[1:]))
-        return (
-            mx.concatenate([prefix_keys, keys], axis=2),
-            mx.concatenate([prefix_values, values], axis=2),
-        )
-
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
-        if self.keys is None:
-            return mx.arange(n)[None, :] <= mx.arange(n)[:, None] if return_array else "causal"
-        return mx.arange(self.offset + n)[None, :] <= (self.offset + mx.arange(n))[:, None]
 
 
 def shared_prefix(sequences: list[Masked]) -> tuple[int, mx.array, mx.array, mx.array, mx.array]:
@@ -533,14 +479,14 @@ def train(
     total = sum(len(ids) - start for ids, start in examples)
     total += sum(int(pm.sum().item()) + int(sm.sum().item()) for _n, _p, pm, _s, sm in shared)
 
-    def loss_fn(m: nn.Module) -> mx.array:
+    def loss_fn(m: nn.Module, _step: int) -> mx.array:
         loss = mx.array(0.0)
         for x, y, mask in zip(inputs, targets, masks, strict=True):
             logits = m(x[None])[0]
             ce = nn.losses.cross_entropy(logits, y, reduction="none")
             loss = loss + (ce * mask).sum()
         for _n, prefix, prefix_mask, suffixes, suffix_masks in shared:
-            cache = [_SharedCache() for _ in m.layers]
+            cache = [MaskedPrefixCache() for _ in m.layers]
             logits = m(prefix[None], cache=cache)[0][:-1]
             ce = nn.losses.cross_entropy(logits, prefix[1:], reduction="none")
             loss = loss + (ce * prefix_mask).sum()
@@ -549,41 +495,8 @@ def train(
             loss = loss + (ce * suffix_masks).sum()
         return loss / total
 
-    def schedule(step: mx.array) -> mx.array:
-        warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
-        decay = 0.5 * (1 + mx.cos(math.pi * mx.minimum(step / steps, 1.0)))
-        return LEARNING_RATE * warm * (0.1 + 0.9 * decay)
-
-    optimizer = optim.Adam(learning_rate=schedule)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-    loss = mx.array(0.0)
-    started = time.perf_counter()
-    for step in range(steps):
-        loss, grads = loss_and_grad(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        if step % 10 == 0 or step == steps - 1:
-            elapsed = time.perf_counter() - started
-            print(f"  step {step:4d}  loss {loss.item():.5f}  {elapsed:6.1f} s", flush=True)
-    return scalar(loss)
-
-
-def scalar(value: mx.array) -> float:
-    return float(cast(float, value.item()))
-
-
-def min_margin(model: nn.Module, examples: list[tuple[list[int], int]]) -> float:
-    """The smallest logit gap between the right token and the runner-up over all targets."""
-    worst = math.inf
-    for ids, start in examples:
-        logits = model(mx.array(ids[:-1])[None])[0][start - 1 :]
-        target = mx.array(ids[start:])
-        right = mx.take_along_axis(logits, target[:, None], axis=-1)[:, 0]
-        others = mx.put_along_axis(
-            logits, target[:, None], mx.array(-math.inf, dtype=logits.dtype), axis=-1
-        )
-        worst = min(worst, scalar((right - others.max(axis=-1)).min()))
-    return worst
+    schedule = warmup_cosine(LEARNING_RATE, WARMUP_STEPS, steps)
+    return adam_steps(model, loss_fn, steps, schedule, report_every=10)
 
 
 # --- main -----------------------------------------------------------------------------------

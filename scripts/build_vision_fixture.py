@@ -57,10 +57,12 @@ import mlx_responses  # noqa: F401  (importing it preloads OpenBLAS: before MLX)
 # isort: on
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from PIL import Image
 from tokenizers import AddedToken, Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fixture_training import adam_steps, warmup_cosine
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "src" / "model" / "bundled"
@@ -127,7 +129,7 @@ COUNT_WEIGHT = 3.0
 # own photo of four dice; its anthropic twin requires the answer to end (stop_reason end_turn).
 DESCRIBE_PROMPT = "Describe this image briefly."
 DICE_ANSWER = "Four dice: red, green, blue and yellow."
-# Codex's view_image shape (issue 27): the model called a tool whose output is the image (a tool
+# Codex's view_image shape: the model called a tool whose output is the image (a tool
 # turn; the template renders no tool calls, so the call is an empty assistant turn), then answers
 # the colour, on that turn or after the user's next question.
 TOOL_ASKS = (
@@ -496,27 +498,14 @@ def train(
 
     per_batch = batch_loss if loss_of is None else loss_of
 
-    def loss_fn(m: nn.Module) -> mx.array:
+    def loss_fn(m: nn.Module, _step: int) -> mx.array:
         total = mx.array(0.0)
         for ex in data:
             total = total + per_batch(m, ex)
         return total / tokens
 
-    def schedule(step: mx.array) -> mx.array:
-        warm = mx.minimum(1.0, (step + 1) / WARMUP_STEPS)
-        cos = 0.5 * (1 + mx.cos(math.pi * mx.minimum(step, steps) / steps))
-        return learning_rate * warm * (0.1 + 0.9 * cos)
-
-    optimizer = optim.Adam(learning_rate=schedule)
-    grad_fn = nn.value_and_grad(model, loss_fn)
-    loss = mx.array(0.0)
-    for step in range(steps):
-        loss, grads = grad_fn(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        if step % 10 == 0 or step == steps - 1:
-            print(f"  step {step:4d} loss {loss.item():.4f}", flush=True)
-    return float(loss.item())
+    schedule = warmup_cosine(learning_rate, WARMUP_STEPS, steps, fraction_first=False)
+    return adam_steps(model, loss_fn, steps, schedule, report_every=10)
 
 
 def min_margin(model: Any, data: list[Any], forward: Any = None) -> float:

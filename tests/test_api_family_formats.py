@@ -5,30 +5,36 @@ the parser together: a streamed ``function_call`` with argument deltas, valid by
 marker text in ``output_text``; and its replay with the call's output renders in the family's
 template (DeepSeek's needs the arguments as a string).
 
-Trained fixtures of each family's own architecture (the families work of issue 24) add the model's
-own unforced output; this file proves the format side with the real server and the real SDK.
+Trained fixtures of each family's own architecture (``test_family_e2e.py``) add the model's own
+unforced output; this file proves the format side with the real server and the real SDK.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx2 as httpx
 import pytest
 import trio
 from openai import AsyncOpenAI
 
 from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, parse_sse
 
-from .conftest import MODEL, START_DEADLINE, server_settings
+from .conftest import MODEL
+from .family_calls import (
+    LARK,
+    assert_arguments_streamed,
+    assert_shout,
+    deltas,
+    documented,
+    messages_round_trip,
+    trained_tool,
+)
+from .test_api_prompt_cache_templates import start
 from .test_formats_family_render import FAMILIES, FIXTURES
 
 DEADLINE = 60
@@ -59,16 +65,6 @@ TIME: dict[str, Any] = {
         "required": ["zone"],
     },
 }
-SHOUT: dict[str, Any] = {
-    "type": "custom",
-    "name": "shout",
-    "description": "Shout a word.",
-    "format": {
-        "type": "grammar",
-        "syntax": "lark",
-        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/',
-    },
-}
 MARKERS = ("<tool_call>", "<arg_key>", "<|tool_call", "<minimax:", "<invoke", "tool\u2581", "call:")
 
 
@@ -95,12 +91,7 @@ async def stream(http: httpx.AsyncClient, **body: Any) -> list[tuple[str, dict[s
 async def test_a_forced_call_streams_and_replays_in_the_family_format(
     family: str, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    settings = server_settings()
-    settings = replace(
-        settings, model=replace(settings.model, model_path=str(family_model(family, tmp_path)))
-    )
-    with trio.fail_after(START_DEADLINE):
-        server: ServerHandle = await nursery.start(serve, settings)
+    server = await start(nursery, family_model(family, tmp_path))
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             models = (await http.get("/v1/models")).json()["data"]
@@ -119,10 +110,8 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
         assert arguments["city"] in ("Paris", "Tokyo")
         assert arguments["unit"] in ("celsius", "fahrenheit")
         assert isinstance(arguments["hourly"], bool)
-        deltas = [e["delta"] for n, e in events if n == "response.function_call_arguments.delta"]
-        assert deltas
-        assert "".join(deltas) == call["arguments"]
-        texts = [e["delta"] for n, e in events if n == "response.output_text.delta"]
+        assert_arguments_streamed(events, call["arguments"])
+        texts = deltas(events, "response.output_text.delta")
         assert not any(marker in "".join(texts) for marker in MARKERS)
 
     # The call and its output replayed through the family's template, with the SDK; then
@@ -152,7 +141,7 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
             shout = await client.responses.create(
                 model=MODEL,
                 input="Reply with: hello",
-                tools=[SHOUT, WEATHER],  # type: ignore[list-item]
+                tools=[LARK, WEATHER],  # type: ignore[list-item]
                 tool_choice={"type": "custom", "name": "shout"},
                 temperature=0,
                 max_output_tokens=400,
@@ -178,57 +167,28 @@ async def test_a_forced_call_streams_and_replays_in_the_family_format(
     (forced,) = [item for item in thinking.output if item.type == "function_call"]
     assert forced.name == "get_weather"
     (custom,) = [item for item in shout.output if item.type == "custom_tool_call"]
-    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+    assert_shout(custom)
 
 
 async def test_a_messages_tool_use_round_trip_in_glm(nursery: trio.Nursery, tmp_path: Path) -> None:
     """Anthropic's /v1/messages on a family format: a forced ``tool_use`` in GLM's notation,
     then its ``tool_result`` replayed through GLM's template."""
-    settings = server_settings()
-    settings = replace(
-        settings, model=replace(settings.model, model_path=str(family_model("glm-4.6", tmp_path)))
-    )
-    with trio.fail_after(START_DEADLINE):
-        server: ServerHandle = await nursery.start(serve, settings)
-    tools: Any = [
-        {
+    server = await start(nursery, family_model("glm-4.6", tmp_path))
+    trip = await messages_round_trip(
+        server.base_url,
+        model=MODEL,
+        tool={
             "name": "get_weather",
             "description": "The weather.",
-            "input_schema": WEATHER["parameters"],
-        }
-    ]
-    question: Any = {"role": "user", "content": "What is the weather in Paris?"}
-    async with anthropic.AsyncAnthropic(
-        base_url=server.base_url, api_key="x", max_retries=0, timeout=DEADLINE
-    ) as client:
-        with trio.fail_after(DEADLINE):
-            first = await client.messages.create(
-                model=MODEL,
-                max_tokens=400,
-                tools=tools,
-                tool_choice={"type": "tool", "name": "get_weather"},
-                messages=[question],
-                extra_body={"temperature": 0},
-            )
-            (use,) = [block for block in first.content if block.type == "tool_use"]
-            second = await client.messages.create(
-                model=MODEL,
-                max_tokens=8,
-                tools=tools,
-                messages=[
-                    question,
-                    {"role": "assistant", "content": first.content},
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
-                        ],
-                    },
-                ],
-                extra_body={"temperature": 0},
-            )
-    assert first.stop_reason == "tool_use"
-    assert use.name == "get_weather"
+            "parameters": WEATHER["parameters"],
+        },
+        question="What is the weather in Paris?",
+        result="sunny",
+        max_tokens=(400, 8),
+        forced=True,
+        deadline=DEADLINE,
+    )
+    first, use, second = trip.first, trip.use, trip.second
     assert isinstance(use.input, dict)
     assert use.input["city"] in ("Paris", "Tokyo")
     assert isinstance(use.input["hourly"], bool)
@@ -240,13 +200,10 @@ async def test_the_trained_qwen3_coder_fixture_calls_and_is_forced(nursery: trio
     """The families' trained Qwen3-Coder fixture (its architecture, its marker tokens, its
     template): its own call in XML parameters streams as a function_call, and a forced call,
     a 400 before its XML format could be constrained, is valid by construction."""
-    prompts = json.loads((FIXTURES / "qwen3-coder" / "prompts.json").read_text(encoding="utf-8"))
-    tool_call = next(p for p in prompts if p["name"] == "tool_call")
-    weather = {"type": "function", **tool_call["tools"][0]["function"]}
-    settings = server_settings()
-    model = replace(settings.model, model_path=str(FIXTURES / "qwen3-coder"))
-    with trio.fail_after(START_DEADLINE):
-        server: ServerHandle = await nursery.start(serve, replace(settings, model=model))
+    prompts = documented(FIXTURES / "qwen3-coder")
+    tool_call = prompts["tool_call"]
+    weather = {"type": "function", **trained_tool(prompts)}
+    server = await start(nursery, FIXTURES / "qwen3-coder")
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         with trio.fail_after(DEADLINE):
             own = await stream(http, input=tool_call["messages"][0]["content"], tools=[weather])
@@ -259,8 +216,7 @@ async def test_the_trained_qwen3_coder_fixture_calls_and_is_forced(nursery: trio
     final = assert_stream_invariants(own)
     (call,) = [item for item in final["output"] if item["type"] == "function_call"]
     assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
-    deltas = [e["delta"] for n, e in own if n == "response.function_call_arguments.delta"]
-    assert "".join(deltas) == call["arguments"]
+    assert_arguments_streamed(own, call["arguments"])
     final = assert_stream_invariants(forced)
     (call,) = [item for item in final["output"] if item["type"] == "function_call"]
     assert call["name"] == "get_time"

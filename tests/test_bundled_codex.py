@@ -1,4 +1,4 @@
-"""Codex CLI's real turns against the bundled model (issue 13, `make conformance`'s tool round trip).
+"""Codex CLI's real turns against the bundled model (`make conformance`'s tool round trip).
 
 The bundled model is trained on the prompts the server renders for Codex 0.169.0's captured
 requests (scripts/codex_prompts.py, scripts/codex_prompts.json, tests/fixtures/codex-0.169.0-
@@ -11,44 +11,39 @@ for Codex's one-turn prompt.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
 import trio
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
-from mlx_responses.server import ServerHandle, serve
-from tests.conformance import assert_stream_invariants, parse_sse
 
-from .conftest import START_DEADLINE, server_settings
+from .codex_turns import (
+    ANSWER,
+    FIRST_TURN,
+    UNSEEN_WALL_TIME,
+    assert_the_answer,
+    assert_the_mcp_call,
+    codex_request,
+    fixture,
+    follow_up_at_an_unseen_wall_time,
+    start_for_codex,
+    texts,
+)
 from .scripts_loader import script
 
 ROOT = Path(__file__).parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
 SOURCE = ROOT / "scripts" / "codex_prompts.json"
 BUILT = BUNDLED_MODEL_PATH / "codex_prompts.json"
-# Codex's prompts are ~1,900 tokens of the bundled model's vocabulary: `make conformance`'s window.
-CONTEXT = 4096
-DEADLINE = 120
-# Codex's "Wall time" line differs on every run; this value is in no list of the build.
-UNSEEN_WALL_TIME = "0.0093"
-ANSWER = "It is sunny and 18 degrees in Paris."
 
 
 def built() -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = json.loads(BUILT.read_text(encoding="utf-8"))
     return records
-
-
-def fixture(name: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
-    return body
 
 
 def test_the_trained_prompts_are_the_servers_rendering_of_codexs_requests() -> None:
@@ -113,67 +108,23 @@ def test_the_bundled_model_answers_codexs_prompt(
     assert text == record["expected"]
 
 
-async def start(nursery: trio.Nursery) -> ServerHandle:
-    # As `make conformance` serves Codex: --unsupported-tools drop, --default-temperature 0.
-    settings = server_settings(context_size=CONTEXT)
-    settings = dataclasses.replace(settings, drop_unsupported_tools=True, default_temperature=0.0)
-    with trio.fail_after(START_DEADLINE):
-        handle: ServerHandle = await nursery.start(serve, settings)
-    return handle
-
-
-async def codex_request(server: ServerHandle, body: dict[str, Any]) -> dict[str, Any]:
-    """Codex's body as it sent it (streamed, no temperature, no token limit): the final
-    Response of a strictly valid stream."""
-    headers = {"accept": "text/event-stream", "originator": "codex_exec"}
-    with trio.fail_after(DEADLINE):
-        async with (
-            httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http,
-            http.stream("POST", "/v1/responses", json=body, headers=headers) as reply,
-        ):
-            assert reply.status_code == 200
-            raw = b"".join([c async for c in reply.aiter_bytes()])
-    return assert_stream_invariants(parse_sse(raw))
-
-
-def texts(final: dict[str, Any]) -> list[str]:
-    return [
-        part["text"]
-        for item in final["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    ]
-
-
 async def test_codexs_first_turn_calls_the_mcp_tool_with_its_namespace(
     nursery: trio.Nursery,
 ) -> None:
-    server = await start(nursery)
-    final = await codex_request(server, fixture("codex-0.169.0-small-mcp-turn.json"))
-    assert final["status"] == "completed"
-    (call,) = [item for item in final["output"] if item["type"] == "function_call"]
-    assert (call["name"], call["namespace"]) == ("get_weather", "mcp__weather")
-    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    server = await start_for_codex(nursery)
+    final = await codex_request(server, fixture(FIRST_TURN))
+    assert_the_mcp_call(final)
     assert texts(final) == []
 
 
 async def test_codexs_follow_up_answers_under_an_unseen_wall_time(nursery: trio.Nursery) -> None:
-    body = fixture("codex-0.169.0-small-mcp-tool-result.json")
-    call, output = body["input"][-2:]
-    assert (call["type"], call["namespace"]) == ("function_call", "mcp__weather")
-    line = output["output"][0]["text"]
-    assert line.startswith("Wall time: ")
-    assert line.endswith(" seconds\nOutput:")
-    output["output"][0]["text"] = f"Wall time: {UNSEEN_WALL_TIME} seconds\nOutput:"
-    server = await start(nursery)
-    final = await codex_request(server, body)
-    assert final["status"] == "completed"
-    assert [item["type"] for item in final["output"]] == ["message"]
-    assert texts(final) == [ANSWER]
+    body = follow_up_at_an_unseen_wall_time()
+    server = await start_for_codex(nursery)
+    assert_the_answer(await codex_request(server, body))
 
 
 async def test_codexs_one_turn_prompt_says_hello(nursery: trio.Nursery) -> None:
-    server = await start(nursery)
+    server = await start_for_codex(nursery)
     final = await codex_request(server, fixture("codex-0.169.0-small-hello.json"))
     assert final["status"] == "completed"
     assert texts(final) == ["hello"]

@@ -1,4 +1,4 @@
-"""Each family's own notation end to end (issue 24): its trained fixture served over HTTP, asked
+"""Each family's own notation end to end: its trained fixture served over HTTP, asked
 through the ``openai`` SDK, answers its documented prompts as Responses items (the call streamed).
 
 The fixtures (``tests/fixtures/families/<family>/``, docs/models.md "Family fixtures") write a
@@ -11,36 +11,26 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from openai import AsyncOpenAI
 
 from .conftest import MODEL
+from .family_calls import (
+    GET_WEATHER,
+    assert_arguments_streamed,
+    deltas,
+    documented,
+    openai_client,
+)
 from .test_api_prompt_cache_templates import start
 from .test_family_fixtures import FAMILIES, built
 
 DEADLINE = 120
-WEATHER: dict[str, Any] = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "description": "The name of the city."}},
-        "required": ["city"],
-    },
-}
 # Text that only a family's markup has: angle-bracketed markers, DeepSeek's fullwidth bars,
 # MiniMax's role markers.
 MARKUP = re.compile(r"<[|/]?[\w:|\"]+[|]?>|\uff5c|\]~b\]|\[e~\[|to=functions")
-
-
-def documented(path: Path) -> dict[str, dict[str, Any]]:
-    records = json.loads((path / "prompts.json").read_text(encoding="utf-8"))
-    return {r["name"]: r for r in records}
 
 
 def reasoning_text(response: Any) -> str:
@@ -59,7 +49,7 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
     path = built(family)
     prompts = documented(path)
     server = await start(nursery, path)
-    async with AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0) as sdk:
+    async with openai_client(server, DEADLINE) as sdk:
         with trio.fail_after(DEADLINE):
             hello = await sdk.responses.create(
                 model=MODEL, input="Reply with: hello", temperature=0, max_output_tokens=40
@@ -67,7 +57,7 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
             stream = await sdk.responses.create(
                 model=MODEL,
                 input="What is the weather in Paris?",
-                tools=[WEATHER],  # type: ignore[list-item]
+                tools=[GET_WEATHER],  # type: ignore[list-item]
                 temperature=0,
                 max_output_tokens=60,
                 stream=True,
@@ -92,10 +82,8 @@ async def test_the_family_answers_with_a_call_reasoning_and_text(
     ]
     # Streamed: the arguments arrive as deltas that join to the final text, and no delta of
     # visible text carries the family's markup.
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert deltas
-    assert "".join(deltas) == calls[0].arguments
-    shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert_arguments_streamed(events, calls[0].arguments)
+    shown = "".join(deltas(events, "response.output_text.delta"))
     assert not MARKUP.search(shown), shown
     for response in (hello, call, think):
         if response is not None:

@@ -1,5 +1,5 @@
-"""Each family's trained fixture end to end (issue 24, "How we will know"): through HTTP, with the
-``openai`` and ``anthropic`` SDKs, against a real server started on that fixture.
+"""Each family's trained fixture end to end: through HTTP, with the ``openai`` and ``anthropic``
+SDKs, against a real server started on that fixture.
 
 - Forced calls are valid by construction: a named call and ``required`` parse against the tool's
   schema, a Lark custom tool's input matches its grammar.
@@ -19,37 +19,37 @@ One server per family per test (a fixture's server starts in well under a second
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
-import anthropic
 import httpx2 as httpx
 import jsonschema
 import pytest
 import trio
-from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
 from mlx_responses.actors.model import GenerationRequest
 from mlx_responses.server import ServerHandle
 
 from .conftest import MODEL, output_text
+from .family_calls import (
+    LARK,
+    assert_shout,
+    documented,
+    forced_calls,
+    hot_and_fresh,
+    messages_round_trip,
+    openai_client,
+    store_false_loop,
+    trained_tool,
+    warm_and_cold,
+)
 from .test_api_prompt_cache_hybrid import cached
 from .test_api_prompt_cache_templates import start
 from .test_family_fixtures import FACTS, FAMILIES, built
 
 DEADLINE = 120
-LARK: dict[str, Any] = {
-    "type": "custom",
-    "name": "shout",
-    "description": "Shout a word.",
-    "format": {
-        "type": "grammar",
-        "syntax": "lark",
-        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/\n',
-    },
-}
 TIME: dict[str, Any] = {
     "type": "function",
     "name": "get_time",
@@ -82,14 +82,9 @@ DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
 } | {"deepseek-v3.1": {"thinking": False}}
 
 
-def documented(family: str) -> dict[str, dict[str, Any]]:
-    records = json.loads((built(family) / "prompts.json").read_text(encoding="utf-8"))
-    return {r["name"]: r for r in records}
-
-
 def weather_tool(prompts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The fixture's trained tool, as a Responses ``tools`` entry."""
-    return {"type": "function", **prompts["tool_call"]["tools"][0]["function"]}
+    return {"type": "function", **trained_tool(prompts)}
 
 
 def record_prompts(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
@@ -105,12 +100,6 @@ def record_prompts(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> lis
     return seen
 
 
-def client(server: ServerHandle) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=DEADLINE
-    )
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_forced_calls_on_the_trained_fixture_are_valid_by_construction(
     nursery: trio.Nursery, family: str
@@ -121,39 +110,26 @@ async def test_forced_calls_on_the_trained_fixture_are_valid_by_construction(
     free string, so only a finite schema makes "the call is valid and ends" the grammar's
     promise rather than the model's luck. The budget leaves room for the bounded reasoning a
     format may allow before a forced call."""
-    prompts = documented(family)
+    prompts = documented(built(family))
     trained = weather_tool(prompts)
     city = {"type": "string", "enum": ["Paris", "Tokyo"], "description": "The name of the city."}
     parameters = {**trained["parameters"], "properties": {"city": city}}
     weather = {**trained, "parameters": {**parameters, "additionalProperties": False}}
     question = prompts["tool_call"]["messages"][-1]["content"]
     server = await start(nursery, built(family))
-    async with client(server) as sdk:
+    async with openai_client(server, DEADLINE) as sdk:
         with trio.fail_after(DEADLINE):
-            named = await sdk.responses.create(
-                input=question,
-                tools=[weather, TIME],  # type: ignore[list-item]
-                tool_choice={"type": "function", "name": "get_time"},
+            forced = await forced_calls(
+                sdk,
+                question,
+                named=([weather, TIME], "get_time"),
+                required=[weather, TIME],
+                shout=[weather, LARK],
                 model=MODEL,
                 temperature=0,
                 max_output_tokens=FORCED_BUDGET,
             )
-            required = await sdk.responses.create(
-                input=question,
-                tools=[weather, TIME],  # type: ignore[list-item]
-                tool_choice="required",
-                model=MODEL,
-                temperature=0,
-                max_output_tokens=FORCED_BUDGET,
-            )
-            shout = await sdk.responses.create(
-                input=question,
-                tools=[weather, LARK],  # type: ignore[list-item]
-                tool_choice={"type": "custom", "name": "shout"},
-                model=MODEL,
-                temperature=0,
-                max_output_tokens=FORCED_BUDGET,
-            )
+    named, required, shout = forced.named, forced.required, forced.shout
     schemas = {"get_weather": weather["parameters"], "get_time": TIME["parameters"]}
     (call,) = [item for item in named.output if item.type == "function_call"]
     assert call.name == "get_time"
@@ -162,7 +138,7 @@ async def test_forced_calls_on_the_trained_fixture_are_valid_by_construction(
     assert call.name in schemas
     jsonschema.validate(json.loads(call.arguments), schemas[call.name])
     (custom,) = [item for item in shout.output if item.type == "custom_tool_call"]
-    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+    assert_shout(custom)
     for response in (named, required, shout):
         assert response.status == "completed"
         assert response.output_text == ""
@@ -226,7 +202,7 @@ def assert_same_ids(family: str, served: tuple[int, ...], expected: list[int]) -
 async def test_a_replay_runs_the_templates_own_token_ids(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    prompts = documented(family)
+    prompts = documented(built(family))
     weather = weather_tool(prompts)
     question = prompts["tool_call"]["messages"][-1]["content"]
     result = prompts["tool_result"]["messages"][-1]["content"]
@@ -296,37 +272,16 @@ TURNS = ["tool_call", None, "hello"]
 
 
 async def agent_loop(base_url: str, prompts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """``store: false``: the whole history resent each turn, the outputs replayed as they came,
-    the call answered with its output (``None`` in ``TURNS``)."""
-    tools = [weather_tool(prompts)]
-    async with httpx.AsyncClient(base_url=base_url, timeout=DEADLINE) as http:
-        history: list[dict[str, Any]] = []
-        out = []
-        for name in TURNS:
-            if name is not None:
-                history.append(
-                    {"role": "user", "content": prompts[name]["messages"][-1]["content"]}
-                )
-            else:
-                calls = [i for i in history if i.get("type") == "function_call"]
-                assert calls, "the model did not call the tool"
-                result = prompts["tool_result"]["messages"][-1]["content"]
-                history.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": calls[-1]["call_id"],
-                        "output": result,
-                    }
-                )
-            body = {"model": MODEL, "input": history, "tools": tools, "store": False}
-            reply = await http.post(
-                "/v1/responses", json={**body, "temperature": 0, "max_output_tokens": 60}
-            )
-            assert reply.status_code == 200, reply.text
-            data: dict[str, Any] = reply.json()
-            history.extend(data["output"])
-            out.append(data)
-    return out
+    """``TURNS`` as a ``store: false`` agent loop: the documented questions, the call answered
+    with the documented result."""
+    return await store_false_loop(
+        base_url,
+        [None if name is None else prompts[name]["messages"][-1]["content"] for name in TURNS],
+        tools=[weather_tool(prompts)],
+        result=prompts["tool_result"]["messages"][-1]["content"],
+        max_output_tokens=60,
+        request_timeout=DEADLINE,
+    )
 
 
 def shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -339,19 +294,14 @@ def shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 async def test_a_store_false_agent_loop_reuses_the_previous_prompt(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    prompts = documented(family)
-    warm = await start(nursery, built(family))
-    cold = await start(nursery, built(family), prompt_cache_bytes=0)
+    prompts = documented(built(family))
+    warm, cold = await warm_and_cold(nursery, built(family))
     seen = record_prompts(warm, monkeypatch)
-    with trio.fail_after(DEADLINE):
-        hot = await agent_loop(warm.base_url, prompts)
-        fresh = await agent_loop(cold.base_url, prompts)
-    assert [output_text(r) for r in hot] == [output_text(r) for r in fresh]
+    hot, _fresh = await hot_and_fresh(partial(agent_loop, prompts=prompts), warm, cold, DEADLINE)
     assert [i["type"] for i in hot[0]["output"]][-1] == "function_call"
     assert "message" not in [i["type"] for i in hot[0]["output"]]
     # The trained answer: the replay of the model's own call is the prompt it was trained on.
     assert output_text(hot[1]) == ANSWER
-    assert all(cached(r) == 0 for r in fresh)
     assert len(seen) == len(TURNS)
     for previous, prompt, turn in zip(seen, seen[1:], hot[1:], strict=False):
         # What the template re-renders of the previous prompt (a new user message makes most
@@ -366,48 +316,21 @@ async def test_a_store_false_agent_loop_reuses_the_previous_prompt(
 async def test_a_messages_tool_use_round_trip(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    prompts = documented(family)
-    tool = prompts["tool_call"]["tools"][0]["function"]
-    tools: Any = [
-        {
-            "name": tool["name"],
-            "description": tool["description"],
-            "input_schema": tool["parameters"],
-        }
-    ]
-    asked: Any = {"role": "user", "content": prompts["tool_call"]["messages"][-1]["content"]}
+    prompts = documented(built(family))
     result = prompts["tool_result"]["messages"][-1]["content"]
     server = await start(nursery, built(family))
     seen = record_prompts(server, monkeypatch)
-    async with anthropic.AsyncAnthropic(
-        base_url=server.base_url, api_key="x", max_retries=0, timeout=DEADLINE
-    ) as sdk:
-        with trio.fail_after(DEADLINE):
-            first = await sdk.messages.create(
-                model=MODEL,
-                max_tokens=60,
-                tools=tools,
-                messages=[asked],
-                extra_body={"temperature": 0},
-            )
-            (use,) = [block for block in first.content if block.type == "tool_use"]
-            second = await sdk.messages.create(
-                model=MODEL,
-                max_tokens=60,
-                tools=tools,
-                messages=[
-                    asked,
-                    {"role": "assistant", "content": first.content},
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "tool_result", "tool_use_id": use.id, "content": result}
-                        ],
-                    },
-                ],
-                extra_body={"temperature": 0},
-            )
-    assert first.stop_reason == "tool_use"
+    trip = await messages_round_trip(
+        server.base_url,
+        model=MODEL,
+        tool=trained_tool(prompts),
+        question=prompts["tool_call"]["messages"][-1]["content"],
+        result=result,
+        max_tokens=(60, 60),
+        forced=False,
+        deadline=DEADLINE,
+    )
+    first, use, second = trip.first, trip.use, trip.second
     assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
     assert [b.type for b in first.content if b.type != "thinking"] == ["tool_use"]
     thoughts = [b.thinking for b in first.content if b.type == "thinking"]

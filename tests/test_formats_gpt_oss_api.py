@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import pytest
 import trio
 from openai import AsyncOpenAI
@@ -23,24 +21,26 @@ from transformers import AutoTokenizer
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import START_DEADLINE, server_settings
+from .family_calls import (
+    HARMONY_MARKERS,
+    LARK,
+    assert_arguments_streamed,
+    assert_lists_harmony,
+    assert_shout,
+    deltas,
+    documented,
+    forced_calls,
+    messages_round_trip,
+    openai_client,
+    trained_tool,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "families" / "gpt-oss"
 ALIAS = "gpt-oss-tiny"
 DEADLINE = 90
-PROMPTS = {p["name"]: p for p in json.loads((FIXTURE / "prompts.json").read_text())}
-TOOL = PROMPTS["tool_call"]["tools"][0]["function"]
+PROMPTS = documented(FIXTURE)
+TOOL = trained_tool(PROMPTS)
 WEATHER: dict[str, Any] = {"type": "function", "strict": False, **TOOL}
-MARKERS = re.compile(r"<\|(start|channel|message|end|call|return|constrain)\|>|to=functions")
-LARK: dict[str, Any] = {
-    "type": "custom",
-    "name": "shout",
-    "description": "Shout a word.",
-    "format": {
-        "type": "grammar",
-        "syntax": "lark",
-        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/\n',
-    },
-}
 GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 60}
 
 
@@ -55,9 +55,7 @@ async def gpt_oss(nursery: trio.Nursery) -> ServerHandle:
 
 @pytest.fixture
 async def client(gpt_oss: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
-    async with AsyncOpenAI(
-        base_url=f"{gpt_oss.base_url}/v1", api_key="x", max_retries=0, timeout=DEADLINE
-    ) as c:
+    async with openai_client(gpt_oss, DEADLINE) as c:
         yield c
 
 
@@ -66,12 +64,7 @@ def question(name: str) -> str:
 
 
 async def test_detected_as_harmony_with_reasoning(client: AsyncOpenAI) -> None:
-    with trio.fail_after(DEADLINE):
-        listed = await client.models.with_raw_response.list()
-    (entry,) = listed.http_response.json()["data"]
-    assert entry["tool_call_format"] == "harmony"
-    assert entry["supports_tools"] is True
-    assert entry["supports_reasoning"] is True
+    await assert_lists_harmony(client, DEADLINE)
 
 
 async def test_reasoning_item_then_the_answer(client: AsyncOpenAI) -> None:
@@ -103,12 +96,10 @@ async def test_a_streamed_call_with_argument_deltas_and_no_marker_text(
     assert [part.text for part in reasoning.content or []] == ["Look up the weather."]
     assert call.type == "function_call"
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert deltas
-    assert "".join(deltas) == call.arguments
+    assert_arguments_streamed(events, call.arguments)
     assert final.response.output_text == ""
-    texts = [e.delta for e in events if e.type == "response.output_text.delta"]
-    assert not MARKERS.search("".join(texts) + call.arguments)
+    texts = deltas(events, "response.output_text.delta")
+    assert not HARMONY_MARKERS.search("".join(texts) + call.arguments)
 
 
 async def test_replay_renders_the_templates_tokens(client: AsyncOpenAI) -> None:
@@ -159,27 +150,16 @@ async def test_forced_named_required_and_lark_calls_are_valid_by_construction(
     reasoning item, then the call the grammar forces."""
     asked = question("tool_call")
     with trio.fail_after(DEADLINE):
-        named = await client.responses.create(
+        forced = await forced_calls(
+            client,
+            asked,
+            named=([WEATHER, LARK], "get_weather"),
+            required=[WEATHER],
+            shout=[WEATHER, LARK],
             model=ALIAS,
-            input=asked,
-            tools=[WEATHER, LARK],  # type: ignore[list-item]
-            tool_choice={"type": "function", "name": "get_weather"},
             **GREEDY,
         )
-        required = await client.responses.create(
-            model=ALIAS,
-            input=asked,
-            tools=[WEATHER],  # type: ignore[list-item]
-            tool_choice="required",
-            **GREEDY,
-        )
-        shout = await client.responses.create(
-            model=ALIAS,
-            input=asked,
-            tools=[WEATHER, LARK],  # type: ignore[list-item]
-            tool_choice={"type": "custom", "name": "shout"},
-            **GREEDY,
-        )
+    named, required, shout = forced.named, forced.required, forced.shout
     for response in (named, required, shout):
         assert response.status == "completed"
         reasoning, _ = response.output
@@ -196,53 +176,21 @@ async def test_forced_named_required_and_lark_calls_are_valid_by_construction(
         assert call.type == "function_call"
         assert call.name == "get_weather"
         assert isinstance(json.loads(call.arguments)["city"], str)
-    custom = shout.output[1]
-    assert custom.type == "custom_tool_call"
-    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+    assert_shout(shout.output[1])
 
 
 async def test_messages_tool_use_round_trip(gpt_oss: ServerHandle) -> None:
-    tools: Any = [
-        {
-            "name": TOOL["name"],
-            "description": TOOL["description"],
-            "input_schema": TOOL["parameters"],
-        }
-    ]
-    asked: Any = {"role": "user", "content": question("tool_call")}
-    async with anthropic.AsyncAnthropic(
-        base_url=gpt_oss.base_url, api_key="x", max_retries=0, timeout=DEADLINE
-    ) as sdk:
-        with trio.fail_after(DEADLINE):
-            first = await sdk.messages.create(
-                model=ALIAS,
-                max_tokens=60,
-                tools=tools,
-                messages=[asked],
-                extra_body={"temperature": 0},
-            )
-            (use,) = [block for block in first.content if block.type == "tool_use"]
-            second = await sdk.messages.create(
-                model=ALIAS,
-                max_tokens=60,
-                tools=tools,
-                messages=[
-                    asked,
-                    {"role": "assistant", "content": first.content},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": use.id,
-                                "content": PROMPTS["tool_result"]["messages"][-1]["content"],
-                            }
-                        ],
-                    },
-                ],
-                extra_body={"temperature": 0},
-            )
-    assert first.stop_reason == "tool_use"
+    trip = await messages_round_trip(
+        gpt_oss.base_url,
+        model=ALIAS,
+        tool=TOOL,
+        question=question("tool_call"),
+        result=PROMPTS["tool_result"]["messages"][-1]["content"],
+        max_tokens=(60, 60),
+        forced=False,
+        deadline=DEADLINE,
+    )
+    first, use, second = trip.first, trip.use, trip.second
     assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
     assert [b.type for b in first.content] == ["thinking", "tool_use"]
     assert second.stop_reason == "end_turn"

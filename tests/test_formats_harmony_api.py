@@ -8,11 +8,9 @@ own tokens."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anthropic
 import pytest
 import trio
 from openai import AsyncOpenAI
@@ -20,6 +18,16 @@ from openai import AsyncOpenAI
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, server_settings
+from .family_calls import (
+    HARMONY_MARKERS,
+    LARK,
+    assert_arguments_streamed,
+    assert_lists_harmony,
+    assert_shout,
+    deltas,
+    messages_round_trip,
+    openai_client,
+)
 
 DEADLINE = 90
 WEATHER: dict[str, Any] = {
@@ -40,17 +48,6 @@ TIME: dict[str, Any] = {
     "description": "The time in a city.",
     "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
 }
-SHOUT: dict[str, Any] = {
-    "type": "custom",
-    "name": "shout",
-    "description": "Shout a word.",
-    "format": {
-        "type": "grammar",
-        "syntax": "lark",
-        "definition": 'start: "BEGIN " WORD " END"\nWORD: /[a-z]{2,8}/\n',
-    },
-}
-MARKERS = re.compile(r"<\|(start|channel|message|end|call|return|constrain)\|>|to=functions")
 
 
 def without_reasoning(output: list[Any]) -> list[Any]:
@@ -68,19 +65,12 @@ async def harmony_server(nursery: trio.Nursery) -> ServerHandle:
 
 @pytest.fixture
 async def client(harmony_server: ServerHandle) -> AsyncIterator[AsyncOpenAI]:
-    async with AsyncOpenAI(
-        base_url=f"{harmony_server.base_url}/v1", api_key="x", max_retries=0, timeout=DEADLINE
-    ) as c:
+    async with openai_client(harmony_server, DEADLINE) as c:
         yield c
 
 
 async def test_the_model_reports_harmony(client: AsyncOpenAI) -> None:
-    with trio.fail_after(DEADLINE):
-        listed = await client.models.with_raw_response.list()
-    (entry,) = listed.http_response.json()["data"]
-    assert entry["tool_call_format"] == "harmony"
-    assert entry["supports_tools"] is True
-    assert entry["supports_reasoning"] is True
+    await assert_lists_harmony(client, DEADLINE)
 
 
 async def test_a_streamed_forced_call_sends_argument_deltas_and_no_marker_text(
@@ -103,12 +93,10 @@ async def test_a_streamed_forced_call_sends_argument_deltas_and_no_marker_text(
     assert call.type == "function_call"
     assert call.name == "get_weather"
     assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert deltas
-    assert "".join(deltas) == call.arguments
+    assert_arguments_streamed(events, call.arguments)
     assert response.output_text == ""
-    assert not [e for e in events if e.type == "response.output_text.delta"]
-    assert not MARKERS.search(call.arguments)
+    assert not deltas(events, "response.output_text.delta")
+    assert not HARMONY_MARKERS.search(call.arguments)
 
 
 async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
@@ -125,7 +113,7 @@ async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
         shout = await client.responses.create(
             model=MODEL,
             input="Reply with: hello",
-            tools=[SHOUT, WEATHER],  # type: ignore[list-item]
+            tools=[LARK, WEATHER],  # type: ignore[list-item]
             tool_choice={"type": "custom", "name": "shout"},
             temperature=0,
         )
@@ -147,51 +135,25 @@ async def test_required_and_a_lark_custom_tool_are_valid_by_construction(
     assert call.name in ("get_weather", "get_time")
     json.loads(call.arguments)
     (custom,) = without_reasoning(shout.output)
-    assert custom.type == "custom_tool_call"
-    assert re.fullmatch("BEGIN [a-z]{2,8} END", custom.input), custom.input
+    assert_shout(custom)
     assert replay.status in ("completed", "incomplete")
 
 
 async def test_a_messages_tool_use_round_trip(harmony_server: ServerHandle) -> None:
-    tools: Any = [
-        {
+    trip = await messages_round_trip(
+        harmony_server.base_url,
+        model=MODEL,
+        tool={
             "name": "get_weather",
             "description": "The weather in a city.",
-            "input_schema": WEATHER["parameters"],
-        }
-    ]
-    question: Any = {"role": "user", "content": "What is the weather in Paris?"}
-    async with anthropic.AsyncAnthropic(
-        base_url=harmony_server.base_url, api_key="x", max_retries=0, timeout=DEADLINE
-    ) as client:
-        with trio.fail_after(DEADLINE):
-            first = await client.messages.create(
-                model=MODEL,
-                max_tokens=100,
-                tools=tools,
-                tool_choice={"type": "tool", "name": "get_weather"},
-                messages=[question],
-                extra_body={"temperature": 0},
-            )
-            (use,) = [block for block in first.content if block.type == "tool_use"]
-            second = await client.messages.create(
-                model=MODEL,
-                max_tokens=8,
-                tools=tools,
-                messages=[
-                    question,
-                    {"role": "assistant", "content": first.content},
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
-                        ],
-                    },
-                ],
-                extra_body={"temperature": 0},
-            )
-    assert first.stop_reason == "tool_use"
-    assert use.name == "get_weather"
-    assert isinstance(use.input, dict)
-    assert use.input["city"] in ("Paris", "Oslo")
-    assert second.stop_reason in ("end_turn", "max_tokens")
+            "parameters": WEATHER["parameters"],
+        },
+        question="What is the weather in Paris?",
+        result="sunny",
+        max_tokens=(100, 8),
+        forced=True,
+        deadline=DEADLINE,
+    )
+    assert isinstance(trip.use.input, dict)
+    assert trip.use.input["city"] in ("Paris", "Oslo")
+    assert trip.second.stop_reason in ("end_turn", "max_tokens")
