@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.inbound import GrammarSpec
-from ..engine.penalties import sampling_adjust
+from ..engine.port import GrammarSpec, sampling_adjust
 from ..protocol.errors import ApiError, context_exceeded
 from ..protocol.events.machine import Compacted
 from ..protocol.objects import JsonObject

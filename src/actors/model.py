@@ -34,28 +34,30 @@ from typing import assert_never
 import trio
 
 from .. import formats
-from ..engine.inbound import (
+from ..engine.port import (
     Admit,
     Arrivals,
+    BatchFact,
+    Ended,
+    Exited,
+    FinishReason,
+    ImageError,
+    Loaded,
+    LoadedModel,
+    ModelStatistics,
+    SequenceSlot,
     StopMatched,
 )
-from ..engine.inbound import Cancel as CancelSequence
-from ..engine.inbound import Shutdown as StopGeneration
-from ..engine.loader import LoadedModel
-from ..engine.outbound import BatchFact, Ended, Exited, Loaded
-from ..engine.slot import FinishReason, SequenceSlot
-from ..engine.thread import ModelStatistics
-from ..engine.vision import ImageError
+from ..engine.port import Cancel as CancelSequence
+from ..engine.port import Shutdown as StopGeneration
 from ..protocol.errors import invalid_request
-from ..text.prompt_maker import PromptMaker
+from ..text.prompt_maker import ModelInfo, ModelPrompt, PromptMaker
 from .kit import Reply, ask, open_mailbox
 from .model_port import Arrival, _Engine, _Worker
 from .model_types import (
     GenerationRequest,
     GenerationSequence,
-    ModelInfo,
     ModelOverloaded,
-    ModelPrompt,
     ModelSettings,
     ModelUnavailable,
     ThreadFactory,

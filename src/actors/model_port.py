@@ -14,10 +14,18 @@ from typing import TypeVar
 
 import trio
 
-from ..engine.inbound import Arrivals, Inbound
-from ..engine.loader import LoadedModel
-from ..engine.outbound import BatchFact, Exited, FactStream, Loaded, ModelStatistics
-from ..engine.thread import GenerationThread, ThreadSettings
+from ..engine.port import (
+    Arrivals,
+    BatchFact,
+    Exited,
+    FactStream,
+    GenerationThread,
+    Inbound,
+    Loaded,
+    LoadedModel,
+    ModelStatistics,
+    ThreadSettings,
+)
 from .model_types import ModelSettings
 
 M = TypeVar("M")

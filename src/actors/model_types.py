@@ -14,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..engine.constrain import Grammar
-from ..engine.inbound import SequenceSpec
-from ..engine.prompt_cache import DEFAULT_MAX_ENTRIES
-from ..engine.slot import SequenceOutput, SequenceSlot
-from ..engine.thread import GenerationThread
-from ..engine.topology import Sharding
-from ..protocol.prompt_memo import RenderedPrompt
+from ..engine.port import (
+    DEFAULT_MAX_ENTRIES,
+    GenerationThread,
+    SequenceOutput,
+    SequenceSlot,
+    SequenceSpec,
+    Sharding,
+)
 
 ThreadFactory = Callable[..., GenerationThread]
 
@@ -48,26 +49,6 @@ class ModelSettings:
     sharding: Sharding | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    alias: str
-    path: str
-    context_window: int
-    tool_format: str = "none"  # a ``formats`` registry name
-    has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
-    input_modalities: tuple[str, ...] = ("text",)  # ("text", "image"): a vision model
-
-
-@dataclass(frozen=True, slots=True)
-class ModelPrompt:
-    """A prompt made ready on the model's side (``PromptMaker.make_prompt``)."""
-
-    ids: tuple[int, ...]
-    rendered: RenderedPrompt | None  # the render, kept for the next turn (``keep_render``)
-    grammar: Grammar | None  # the request's decoding rule, compiled
-    opens_reasoning: bool  # the prompt already opened a reasoning block
 
 
 # A rendered prompt and its sampling settings: what a response task submits is exactly what

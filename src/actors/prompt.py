@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import formats
-from ..engine.constrain import CannotConstrain, Grammar
+from ..engine.port import CannotConstrain, Grammar
 from ..protocol.decoding import Decoding, decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.events.machine import Compacted
@@ -35,11 +35,8 @@ from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tools.offered import FunctionTool
-from ..text.chat import to_chat
-from ..text.prompt_bounds import PromptTooLong
-from ..text.prompt_maker import PromptMaker
+from ..text.prompt_maker import ModelPrompt, PromptMaker, PromptTooLong, to_chat
 from .model import ModelHandle
-from .model_types import ModelPrompt
 from .runtime import Actors, RunningResponses
 
 # The store bytes a background job is assumed to need per token of its output budget.

@@ -34,7 +34,7 @@ from typing import assert_never
 
 import trio
 
-from ..engine.slot import SequenceOutput
+from ..engine.port import SequenceOutput
 from ..protocol.errors import ApiError
 from ..protocol.events.machine import (
     Cancel,

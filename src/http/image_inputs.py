@@ -27,15 +27,15 @@ from typing import Any
 import trio
 
 from ..actors.file_store import FileStoreHandle
-from ..engine.vision import (
+from ..protocol.errors import ApiError, invalid_request
+from ..protocol.items.images import DETAILS, ImageRef
+from ..text.prompt_maker import (
     MAX_IMAGE_BYTES,
     ImageError,
     VisionModel,
     decode_data_url,
     image_format,
 )
-from ..protocol.errors import ApiError, invalid_request
-from ..protocol.items.images import DETAILS, ImageRef
 
 _NO_URLS = (
     "this server does not fetch images from URLs (--image-urls refuse); send the image as a "

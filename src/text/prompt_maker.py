@@ -17,21 +17,42 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from ..actors.model_types import ModelInfo, ModelPrompt
-from ..engine.constrain import CannotConstrain, InvalidSchema
+from ..engine.constrain import CannotConstrain, Grammar, InvalidSchema
 from ..engine.loader import LoadedModel, render_prompt
-from ..engine.vision import ImageError
+from ..engine.vision import MAX_IMAGE_BYTES, ImageError, VisionModel, decode_data_url, image_format
 from ..formats import reasoning_opens_in_prompt
 from ..protocol.decoding import Decoding
 from ..protocol.errors import invalid_request
 from ..protocol.items.images import holds_images
 from ..protocol.prompt_memo import RenderedPrompt
+from .chat import to_chat
 from .incremental_render import IncrementalTokenizer
-from .prompt_bounds import measure_tokenizer, render_within
+from .prompt_bounds import PromptTooLong, measure_tokenizer, render_within
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    alias: str
+    path: str
+    context_window: int
+    tool_format: str = "none"  # a ``formats`` registry name
+    has_thinking: bool = False  # ``<think>`` tags or a format that carries reasoning
+    input_modalities: tuple[str, ...] = ("text",)  # ("text", "image"): a vision model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrompt:
+    """A prompt made ready on the model's side (``PromptMaker.make_prompt``)."""
+
+    ids: tuple[int, ...]
+    rendered: RenderedPrompt | None  # the render, kept for the next turn (``keep_render``)
+    grammar: Grammar | None  # the request's decoding rule, compiled
+    opens_reasoning: bool  # the prompt already opened a reasoning block
 
 
 class PromptMaker:
@@ -128,3 +149,18 @@ class PromptMaker:
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+
+__all__ = [
+    "MAX_IMAGE_BYTES",
+    "CannotConstrain",
+    "ImageError",
+    "ModelInfo",
+    "ModelPrompt",
+    "PromptMaker",
+    "PromptTooLong",
+    "VisionModel",
+    "decode_data_url",
+    "image_format",
+    "to_chat",
+]
