@@ -281,6 +281,56 @@ class ArgsText:
         return raw
 
 
+class StreamedArgs:
+    """A call's arguments value read as it is generated: kept whole (``args``) and sent raw
+    while it is an object."""
+
+    __slots__ = ("_value", "args")
+
+    def __init__(self, value: JsonValue) -> None:
+        self._value = value
+        self.args = ArgsText(value.kind)
+
+    def feed(
+        self, buf: str, pos: int, final: bool, call: CallStream, out: list[ParsedEvent]
+    ) -> int:
+        end = self._value.feed(buf, pos, final)
+        self.args.add(buf[pos:end])
+        if self.args.streams:
+            call.send(buf[pos:end], out)
+        if self._value.complete:
+            self.args.complete = True
+        return end
+
+    @property
+    def complete(self) -> bool:
+        return self.args.complete
+
+
+class CallScannerBase:
+    """What the call scanners share: one call as sent, the scan's status, and how it ends."""
+
+    def __init__(self, new_index: NewIndex) -> None:
+        self.status: ScanStatus = "running"
+        self._call = CallStream(new_index)
+        self._args: ArgsText | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._call.started
+
+    def _fail(self, out: list[ParsedEvent]) -> None:
+        """Malformed or cut short: a started call ends with what it has; else give up."""
+        if self._call.started:
+            self._end(out)
+        else:
+            self.status = "error"
+
+    def _end(self, out: list[ParsedEvent]) -> None:
+        self._call.end("{}" if self._args is None else self._args.final(), out)
+        self.status = "done"
+
+
 _ARGS_KEYS = ("arguments", "parameters")
 _STRICT_KEYS = frozenset(("name", "type", *_ARGS_KEYS))
 
@@ -288,7 +338,7 @@ _OPEN, _KEY_OR_END, _KEY, _COLON, _VALUE_START, _VALUE, _AFTER_VALUE = range(7)
 _SKIP, _NAME, _ARGS = range(3)
 
 
-class JsonCallScanner:
+class JsonCallScanner(CallScannerBase):
     """One call written as a JSON object, ``{"name": "f", "arguments": {...}}``, keys in any
     order (``parameters`` is accepted for ``arguments``; other keys are skipped).
 
@@ -300,8 +350,7 @@ class JsonCallScanner:
     """
 
     def __init__(self, new_index: NewIndex, *, strict: bool = False) -> None:
-        self.status: ScanStatus = "running"
-        self._call = CallStream(new_index)
+        super().__init__(new_index)
         self._strict = strict
         self._state = _OPEN
         self._value = JsonValue("string")
@@ -309,11 +358,6 @@ class JsonCallScanner:
         self._parts: list[str] = []
         self._key = ""
         self._name: str | None = None
-        self._args: ArgsText | None = None
-
-    @property
-    def started(self) -> bool:
-        return self._call.started
 
     def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
         n = len(buf)
@@ -415,18 +459,4 @@ class JsonCallScanner:
 
     def _close(self, out: list[ParsedEvent]) -> None:
         self._maybe_start(out)
-        if self._call.started:
-            self._end(out)
-        else:
-            self.status = "error"
-
-    def _fail(self, out: list[ParsedEvent]) -> None:
-        """Malformed or cut short: a started call ends with what it has; else give up."""
-        if self._call.started:
-            self._end(out)
-        else:
-            self.status = "error"
-
-    def _end(self, out: list[ParsedEvent]) -> None:
-        self._call.end("{}" if self._args is None else self._args.final(), out)
-        self.status = "done"
+        self._fail(out)  # the call ends if it started, else the object was no call

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from .base import NewIndex
-from .regions import ToolRegion, ToolSchemas
+from .region import ToolRegion, ToolSchemas
 from .stream import THINK_CLOSE, THINK_OPEN, StreamParser
 
 RegionFactory = Callable[[str, NewIndex, ToolSchemas | None], ToolRegion]

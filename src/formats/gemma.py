@@ -30,7 +30,7 @@ from .base import (
     is_partial,
     skip_ws,
 )
-from .regions import ToolRegion, ToolSchemas
+from .region import ToolRegion, ToolSchemas
 from .scan_util import take_until
 
 
