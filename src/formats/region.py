@@ -17,7 +17,7 @@ Invariants (on top of ``base``'s):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .base import (
@@ -40,6 +40,8 @@ Advance = int | Step
 
 
 class CallScanner(Protocol):
+    """A scanner of one call that a region hands text to (``base.JsonCallScanner``...)."""
+
     status: ScanStatus
 
     @property
@@ -172,3 +174,7 @@ class ToolRegion:
         if self._stream is not None:
             self._end_open_call(out)
         return self._finish(pos, out)
+
+
+RegionFactory = Callable[[str, NewIndex, ToolSchemas | None], ToolRegion]
+"""``(shown_if_reverted, new_index, schemas) -> region``: the region a marker opens."""
