@@ -50,6 +50,7 @@ from .base import (
     partial_suffix,
 )
 from .buffered import BufferedParser
+from .format import ParseOptions
 from .region import RegionFactory, ToolRegion, ToolSchemas
 from .regions import (
     FUNCTION_OPEN,
@@ -75,6 +76,7 @@ __all__ = [
     "ToolSchemas",
     "coalesce",
     "reasoning_opens_in_prompt",
+    "stream_parser",
 ]
 
 TagFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
@@ -325,3 +327,24 @@ class StreamParser(BufferedParser):
     def _reasoning_text(self, out: list[ParsedEvent], text: str) -> None:
         if text:
             out.append(ReasoningChunk(text))
+
+
+def stream_parser(
+    options: ParseOptions,
+    *,
+    tool_format: TagFormat = "none",
+    regions: Mapping[str, RegionFactory] | None = None,
+    think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+    hidden: tuple[str, ...] = (),
+) -> StreamParser:
+    """One generation's ``StreamParser`` for a tag format, or for a family's region table."""
+    return StreamParser(
+        tool_format=tool_format,
+        regions=regions,
+        tools_enabled=options.tools_enabled,
+        reasoning=options.reasoning,
+        starts_in_reasoning=options.starts_in_reasoning,
+        tool_schemas=options.tool_schemas,
+        think=think,
+        hidden=hidden,
+    )
