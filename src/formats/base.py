@@ -319,6 +319,23 @@ class CallScannerBase:
     def started(self) -> bool:
         return self._call.started
 
+    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
+        """The shared driver: ``_scan`` from ``pos`` while the call runs and text is left; at
+        the end of the generation a call still running fails (``_fail``)."""
+        while self.status == "running" and pos < len(buf):
+            moved = self._scan(buf, pos, final, out)
+            if moved is None:  # a marker may still be forming: wait for more text
+                break
+            pos = moved
+        if final and self.status == "running":
+            self._fail(out)
+        return pos
+
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        """One decision at ``pos`` (text is left there): where scanning goes on, or None to
+        wait for more text."""
+        raise NotImplementedError
+
     def _fail(self, out: list[ParsedEvent]) -> None:
         """Malformed or cut short: a started call ends with what it has; else give up."""
         if self._call.started:
@@ -359,39 +376,33 @@ class JsonCallScanner(CallScannerBase):
         self._key = ""
         self._name: str | None = None
 
-    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        n = len(buf)
-        while self.status == "running" and pos < n:
-            state = self._state
-            if state in (_KEY, _VALUE):
-                pos = self._read_value(buf, pos, final, out)
-                continue
-            c = buf[pos]
-            if c in JSON_WS:
-                pos += 1
-            elif state == _OPEN and c == "{":
-                self._state = _KEY_OR_END
-                pos += 1
-            elif state == _KEY_OR_END and c == '"':
-                self._value = JsonValue("string")
-                self._parts = []
-                self._state = _KEY
-            elif state in (_KEY_OR_END, _AFTER_VALUE) and c == "}":
-                pos += 1
-                self._close(out)
-            elif state == _AFTER_VALUE and c == ",":
-                self._state = _KEY_OR_END
-                pos += 1
-            elif state == _COLON and c == ":":
-                self._state = _VALUE_START
-                pos += 1
-            elif state == _VALUE_START:
-                self._begin_value(c, out)
-            else:
-                self._fail(out)
-        if final and self.status == "running":
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        state = self._state
+        if state in (_KEY, _VALUE):
+            return self._read_value(buf, pos, final, out)
+        c = buf[pos]
+        if c in JSON_WS:
+            return pos + 1
+        if state == _OPEN and c == "{":
+            self._state = _KEY_OR_END
+        elif state == _KEY_OR_END and c == '"':
+            self._value = JsonValue("string")
+            self._parts = []
+            self._state = _KEY
+            return pos
+        elif state in (_KEY_OR_END, _AFTER_VALUE) and c == "}":
+            self._close(out)
+        elif state == _AFTER_VALUE and c == ",":
+            self._state = _KEY_OR_END
+        elif state == _COLON and c == ":":
+            self._state = _VALUE_START
+        elif state == _VALUE_START:
+            self._begin_value(c, out)
+            return pos
+        else:
             self._fail(out)
-        return pos
+            return pos
+        return pos + 1
 
     def _read_value(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
         end = self._value.feed(buf, pos, final)

@@ -190,37 +190,34 @@ class MistralHeaderScanner(CallScannerBase):
         self._name: list[str] = []
         self._reader: StreamedArgs | None = None
 
-    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        n = len(buf)
-        while self.status == "running" and pos < n:
-            state = self._state
-            if state == _M_NAME:
-                end = pos
-                while end < n and mistral_name_char(buf[end]):
-                    end += 1
-                self._name.append(buf[pos:end])
-                pos = end
-                if pos < n:
-                    self._state = _M_HEADER
-            elif state == _M_ARGS:
-                assert self._reader is not None
-                pos = self._reader.feed(buf, pos, final, self._call, out)
-                if self._reader.complete:
-                    self._end(out)
-            elif buf[pos] in JSON_WS and state != _M_CALL_ID:
-                pos += 1
-            elif state == _M_ARGS_WAIT:
-                self._begin_args(buf[pos], out)
-            elif buf.startswith(_ARGS_TAG, pos) or buf.startswith(_CALL_ID_TAG, pos):
-                pos = self._tag(buf, pos, out)
-            elif state == _M_CALL_ID and mistral_name_char(buf[pos]):
-                pos += 1
-            elif not final and is_partial(buf, pos, (_ARGS_TAG, _CALL_ID_TAG)):
-                break
-            else:
-                self._fail(out)
-        if final and self.status == "running":
-            self._fail(out)
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        state = self._state
+        if state == _M_NAME:
+            end = pos
+            while end < len(buf) and mistral_name_char(buf[end]):
+                end += 1
+            self._name.append(buf[pos:end])
+            if end < len(buf):
+                self._state = _M_HEADER
+            return end
+        if state == _M_ARGS:
+            assert self._reader is not None
+            pos = self._reader.feed(buf, pos, final, self._call, out)
+            if self._reader.complete:
+                self._end(out)
+            return pos
+        if buf[pos] in JSON_WS and state != _M_CALL_ID:
+            return pos + 1
+        if state == _M_ARGS_WAIT:
+            self._begin_args(buf[pos], out)
+            return pos
+        if buf.startswith(_ARGS_TAG, pos) or buf.startswith(_CALL_ID_TAG, pos):
+            return self._tag(buf, pos, out)
+        if state == _M_CALL_ID and mistral_name_char(buf[pos]):
+            return pos + 1
+        if not final and is_partial(buf, pos, (_ARGS_TAG, _CALL_ID_TAG)):
+            return None
+        self._fail(out)
         return pos
 
     def _begin_args(self, first: str, out: list[ParsedEvent]) -> None:
