@@ -1,5 +1,7 @@
-"""One incremental parser per tool-call format, as regions the composite parser hands text to.
+"""The tag formats' tool regions and the call scanners they hand text to.
 
+Each region runs on ``region.ToolRegion``'s step driver: a call scanner (JSON, Qwen3-Coder XML,
+Mistral's header) reads one call, and the region's ``_advance`` decides what comes between calls.
 A region starts where the composite parser saw a tool-call marker and ends where the calls end:
 
 - ``TagRegion``, after ``<tool_call>`` (Hermes/Qwen, Qwen3-Coder): one or more calls, each a
@@ -20,7 +22,7 @@ Invariants (on top of ``base``'s):
   rest is ordinary output again.
 - Qwen3-Coder XML arguments are built as JSON from each ``<parameter=...>`` value when it
   completes: ``{`` goes out with the start, ``"key": value`` per parameter, ``}`` at
-  ``</function>``; the final text is ``json.dumps`` of the object, so it always parses.
+  ``</function>``; the final text is exactly what was sent, so it always parses.
 """
 
 from __future__ import annotations
