@@ -7,10 +7,12 @@ it runs the region's own ``_advance`` for the state it is in; each returns eithe
 it reached (go on) or the ``Step`` to hand back (wait for more text, or the region is over). A
 region supplies only its states (``_advance``), what a finished call scanner leads to
 (``_call_ended``), and how its open call ends when the region gives up (``_end_open_call``).
+Regions that are no state machine (``muse``'s header then a block, ``pythonic``'s whole-block
+read) override ``step`` itself.
 
 Invariants (on top of ``base``'s):
 - A region that has started no call can always give up: its marker is shown as text and all it
-  consumed (``_note``) is read again as ordinary output. Once a call has started nothing is
+  consumed (``_note``) is read again as ordinary output. A call that has started is never
   taken back.
 - Text is consumed only once it is decided: a marker that may still be forming is waited for.
 """
