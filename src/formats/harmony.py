@@ -33,6 +33,7 @@ from .base import (
     ParsedEvent,
     ReasoningChunk,
     TextChunk,
+    find_first,
     partial_suffix,
 )
 from .buffered import BufferedParser
@@ -130,11 +131,7 @@ class HarmonyParser(BufferedParser):
 
     def _scan_body(self, final: bool, out: list[ParsedEvent]) -> bool:
         buf = self._buf
-        best, marker = -1, ""
-        for m in _BODY_ENDS:
-            j = buf.find(m)
-            if j >= 0 and (best < 0 or j < best):
-                best, marker = j, m
+        best, marker = find_first(buf, 0, _BODY_ENDS)
         if best < 0:
             end = len(buf) if final else len(buf) - partial_suffix(buf, 0, _BODY_ENDS)
             self._emit(buf[:end], out)

@@ -47,6 +47,7 @@ from .base import (
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
+    find_first,
     partial_suffix,
 )
 from .buffered import BufferedParser
@@ -239,11 +240,7 @@ class StreamParser(BufferedParser):
             entered = self._start_llama(final)
             if entered is not None:
                 return entered
-        i, marker = -1, ""
-        for m in self._markers:
-            j = buf.find(m)
-            if j >= 0 and (i < 0 or j < i):
-                i, marker = j, m
+        i, marker = find_first(buf, 0, self._markers)
         # A marker that is the start of a longer one (Muse's `` to=`` and `` to=user<|message|>``)
         # waits until the longer one is decided, so chunking never matters.
         if i >= 0 and not final:
