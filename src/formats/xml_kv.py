@@ -61,57 +61,42 @@ class KvSyntax:
     json_close: str = ""
 
 
-GLM = KvSyntax(
-    region_open="<tool_call>",
-    region_close="",
-    invoke_open="",
-    header_close="",
-    key_open="<arg_key>",
-    key_close="</arg_key>",
-    value_open="<arg_value>",
-    value_close="</arg_value>",
-    call_close="</tool_call>",
-    key_is_attribute=False,
-)
+def _arg_key_syntax(prefix: str) -> KvSyntax:
+    """GLM's markup, its tags named with ``prefix`` (LongCat's ``longcat_``)."""
+    return KvSyntax(
+        region_open=f"<{prefix}tool_call>",
+        region_close="",
+        invoke_open="",
+        header_close="",
+        key_open=f"<{prefix}arg_key>",
+        key_close=f"</{prefix}arg_key>",
+        value_open=f"<{prefix}arg_value>",
+        value_close=f"</{prefix}arg_value>",
+        call_close=f"</{prefix}tool_call>",
+        key_is_attribute=False,
+    )
 
-LONGCAT = KvSyntax(
-    region_open="<longcat_tool_call>",
-    region_close="",
-    invoke_open="",
-    header_close="",
-    key_open="<longcat_arg_key>",
-    key_close="</longcat_arg_key>",
-    value_open="<longcat_arg_value>",
-    value_close="</longcat_arg_value>",
-    call_close="</longcat_tool_call>",
-    key_is_attribute=False,
-)
 
-MINIMAX_M2 = KvSyntax(
-    region_open="<minimax:tool_call>",
-    region_close="</minimax:tool_call>",
-    invoke_open="<invoke",
-    header_close=">",
-    key_open="<parameter",
-    key_close=">",
-    value_open="",
-    value_close="</parameter>",
-    call_close="</invoke>",
-    key_is_attribute=True,
-)
+def _invoke_syntax(block: str, ns: str) -> KvSyntax:
+    """MiniMax's markup: ``block`` around ``invoke`` calls, its tags in namespace ``ns``."""
+    return KvSyntax(
+        region_open=f"<{block}>",
+        region_close=f"</{block}>",
+        invoke_open=f"<{ns}invoke",
+        header_close=">",
+        key_open=f"<{ns}parameter",
+        key_close=">",
+        value_open="",
+        value_close=f"</{ns}parameter>",
+        call_close=f"</{ns}invoke>",
+        key_is_attribute=True,
+    )
 
-MUSE_SPARK = KvSyntax(
-    region_open="<atem:function_calls>",
-    region_close="</atem:function_calls>",
-    invoke_open="<atem:invoke",
-    header_close=">",
-    key_open="<atem:parameter",
-    key_close=">",
-    value_open="",
-    value_close="</atem:parameter>",
-    call_close="</atem:invoke>",
-    key_is_attribute=True,
-)
+
+GLM = _arg_key_syntax("")
+LONGCAT = _arg_key_syntax("longcat_")
+MINIMAX_M2 = _invoke_syntax("minimax:tool_call", "")
+MUSE_SPARK = _invoke_syntax("atem:function_calls", "atem:")
 
 MINICPM5 = KvSyntax(
     region_open="<function name=",
