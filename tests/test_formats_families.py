@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_responses import formats
-from mlx_responses.formats.family_parser import FamilyParser
 from mlx_responses.formats.family_regions import REGIONS
 from mlx_responses.formats.format import ParseOptions
 from mlx_responses.formats.json_sections import DEEPSEEK_V3
 from mlx_responses.formats.stream import (
     ParsedEvent,
     ReasoningChunk,
+    StreamParser,
     TextChunk,
     ToolCallEnd,
     coalesce,
@@ -40,7 +40,7 @@ def parse(
     reasoning: bool = False,
     schemas: dict[str, Any] | None = None,
 ) -> list[ParsedEvent]:
-    parser = FamilyParser(
+    parser = StreamParser(
         regions=REGIONS[family], tools_enabled=True, reasoning=reasoning, tool_schemas=schemas
     )
     events: list[ParsedEvent] = []
@@ -248,7 +248,7 @@ def test_a_marker_that_starts_no_call_is_text(family: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_without_tools_every_marker_is_text(family: str) -> None:
     text = RENDER[family](WEATHER)
-    parser = FamilyParser(regions=REGIONS[family], tools_enabled=False, reasoning=False)
+    parser = StreamParser(regions=REGIONS[family], tools_enabled=False, reasoning=False)
     events = coalesce(parser.feed(text) + parser.finish())
     assert events == [TextChunk(text)]
 
@@ -488,7 +488,7 @@ def test_a_call_where_the_prompt_opened_reasoning_is_a_call(family: str) -> None
     text before a marker stays reasoning."""
     text = "\n" + RENDER[family](WEATHER)
     for pieces in ([text], list(text)):
-        parser = FamilyParser(
+        parser = StreamParser(
             regions=REGIONS[family],
             tools_enabled=True,
             reasoning=True,
@@ -501,7 +501,7 @@ def test_a_call_where_the_prompt_opened_reasoning_is_a_call(family: str) -> None
         events = coalesce(events + parser.finish())
         assert calls(events) == WEATHER
         assert not [e for e in events if isinstance(e, ReasoningChunk)]
-    parser = FamilyParser(
+    parser = StreamParser(
         regions=REGIONS[family], tools_enabled=True, reasoning=True, starts_in_reasoning=True
     )
     events = coalesce(parser.feed("Hmm. " + RENDER[family](WEATHER)) + parser.finish())

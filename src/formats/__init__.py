@@ -26,7 +26,9 @@ To add a family: a module here building a ``Format`` and calling ``register`` at
 one import line below. ``tagged`` holds today's four tag formats (Hermes, Qwen3-Coder XML,
 Llama 3 JSON, Mistral, parsed by ``stream.StreamParser``); ``harmony`` is gpt-oss's;
 ``families`` registers the other families (their regions in ``family_regions``, their forced-call
-grammars in ``family_grammars``; ``muse`` reads Muse's addressed messages).
+grammars in ``family_grammars``; ``muse`` reads Muse's addressed messages). Every tool region
+(``xml_kv``, ``json_sections``, ``gemma``, ``regions``) runs on one step driver,
+``region.ToolRegion``, and supplies only its states.
 """
 
 from __future__ import annotations

@@ -281,6 +281,73 @@ class ArgsText:
         return raw
 
 
+class StreamedArgs:
+    """A call's arguments value read as it is generated: kept whole (``args``) and sent raw
+    while it is an object."""
+
+    __slots__ = ("_value", "args")
+
+    def __init__(self, value: JsonValue) -> None:
+        self._value = value
+        self.args = ArgsText(value.kind)
+
+    def feed(
+        self, buf: str, pos: int, final: bool, call: CallStream, out: list[ParsedEvent]
+    ) -> int:
+        end = self._value.feed(buf, pos, final)
+        self.args.add(buf[pos:end])
+        if self.args.streams:
+            call.send(buf[pos:end], out)
+        if self._value.complete:
+            self.args.complete = True
+        return end
+
+    @property
+    def complete(self) -> bool:
+        return self.args.complete
+
+
+class CallScannerBase:
+    """What the call scanners share: one call as sent, the scan's status, and how it ends."""
+
+    def __init__(self, new_index: NewIndex) -> None:
+        self.status: ScanStatus = "running"
+        self._call = CallStream(new_index)
+        self._args: ArgsText | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._call.started
+
+    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
+        """The shared driver: ``_scan`` from ``pos`` while the call runs and text is left; at
+        the end of the generation a call still running fails (``_fail``)."""
+        while self.status == "running" and pos < len(buf):
+            moved = self._scan(buf, pos, final, out)
+            if moved is None:  # a marker may still be forming: wait for more text
+                break
+            pos = moved
+        if final and self.status == "running":
+            self._fail(out)
+        return pos
+
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        """One decision at ``pos`` (text is left there): where scanning goes on, or None to
+        wait for more text."""
+        raise NotImplementedError
+
+    def _fail(self, out: list[ParsedEvent]) -> None:
+        """Malformed or cut short: a started call ends with what it has; else give up."""
+        if self._call.started:
+            self._end(out)
+        else:
+            self.status = "error"
+
+    def _end(self, out: list[ParsedEvent]) -> None:
+        self._call.end("{}" if self._args is None else self._args.final(), out)
+        self.status = "done"
+
+
 _ARGS_KEYS = ("arguments", "parameters")
 _STRICT_KEYS = frozenset(("name", "type", *_ARGS_KEYS))
 
@@ -288,7 +355,7 @@ _OPEN, _KEY_OR_END, _KEY, _COLON, _VALUE_START, _VALUE, _AFTER_VALUE = range(7)
 _SKIP, _NAME, _ARGS = range(3)
 
 
-class JsonCallScanner:
+class JsonCallScanner(CallScannerBase):
     """One call written as a JSON object, ``{"name": "f", "arguments": {...}}``, keys in any
     order (``parameters`` is accepted for ``arguments``; other keys are skipped).
 
@@ -300,8 +367,7 @@ class JsonCallScanner:
     """
 
     def __init__(self, new_index: NewIndex, *, strict: bool = False) -> None:
-        self.status: ScanStatus = "running"
-        self._call = CallStream(new_index)
+        super().__init__(new_index)
         self._strict = strict
         self._state = _OPEN
         self._value = JsonValue("string")
@@ -309,45 +375,34 @@ class JsonCallScanner:
         self._parts: list[str] = []
         self._key = ""
         self._name: str | None = None
-        self._args: ArgsText | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._call.started
-
-    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        n = len(buf)
-        while self.status == "running" and pos < n:
-            state = self._state
-            if state in (_KEY, _VALUE):
-                pos = self._read_value(buf, pos, final, out)
-                continue
-            c = buf[pos]
-            if c in JSON_WS:
-                pos += 1
-            elif state == _OPEN and c == "{":
-                self._state = _KEY_OR_END
-                pos += 1
-            elif state == _KEY_OR_END and c == '"':
-                self._value = JsonValue("string")
-                self._parts = []
-                self._state = _KEY
-            elif state in (_KEY_OR_END, _AFTER_VALUE) and c == "}":
-                pos += 1
-                self._close(out)
-            elif state == _AFTER_VALUE and c == ",":
-                self._state = _KEY_OR_END
-                pos += 1
-            elif state == _COLON and c == ":":
-                self._state = _VALUE_START
-                pos += 1
-            elif state == _VALUE_START:
-                self._begin_value(c, out)
-            else:
-                self._fail(out)
-        if final and self.status == "running":
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        state = self._state
+        if state in (_KEY, _VALUE):
+            return self._read_value(buf, pos, final, out)
+        c = buf[pos]
+        if c in JSON_WS:
+            return pos + 1
+        if state == _OPEN and c == "{":
+            self._state = _KEY_OR_END
+        elif state == _KEY_OR_END and c == '"':
+            self._value = JsonValue("string")
+            self._parts = []
+            self._state = _KEY
+            return pos
+        elif state in (_KEY_OR_END, _AFTER_VALUE) and c == "}":
+            self._close(out)
+        elif state == _AFTER_VALUE and c == ",":
+            self._state = _KEY_OR_END
+        elif state == _COLON and c == ":":
+            self._state = _VALUE_START
+        elif state == _VALUE_START:
+            self._begin_value(c, out)
+            return pos
+        else:
             self._fail(out)
-        return pos
+            return pos
+        return pos + 1
 
     def _read_value(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
         end = self._value.feed(buf, pos, final)
@@ -415,18 +470,4 @@ class JsonCallScanner:
 
     def _close(self, out: list[ParsedEvent]) -> None:
         self._maybe_start(out)
-        if self._call.started:
-            self._end(out)
-        else:
-            self.status = "error"
-
-    def _fail(self, out: list[ParsedEvent]) -> None:
-        """Malformed or cut short: a started call ends with what it has; else give up."""
-        if self._call.started:
-            self._end(out)
-        else:
-            self.status = "error"
-
-    def _end(self, out: list[ParsedEvent]) -> None:
-        self._call.end("{}" if self._args is None else self._args.final(), out)
-        self.status = "done"
+        self._fail(out)  # the call ends if it started, else the object was no call

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from . import family_grammars as g
 from . import muse
-from .family_parser import FamilyParser
 from .family_regions import REGIONS
 from .format import Detection, Format, ParseOptions, Parser, Replay, register
 from .json_sections import DEEPSEEK_V3
+from .stream import THINK_CLOSE, THINK_OPEN, stream_parser
 
 __all__ = ["FAMILY_FORMATS", "GEMMA4_THINK", "KIMI_K3", "KIMI_K3_FRAMING"]
 
@@ -61,23 +62,9 @@ _ENABLE_THINKING = Replay(effort_kwargs=_thinking_kwarg("enable_thinking"))
 
 
 def _parser(
-    family: str, think: tuple[str, str] | None = None, hidden: tuple[str, ...] = ()
+    family: str, think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE), hidden: tuple[str, ...] = ()
 ) -> Callable[[ParseOptions], Parser]:
-    regions = REGIONS[family]
-
-    def new_parser(options: ParseOptions) -> Parser:
-        extra = {"think": think} if think is not None else {}
-        return FamilyParser(
-            regions=regions,
-            tools_enabled=options.tools_enabled,
-            reasoning=options.reasoning,
-            starts_in_reasoning=options.starts_in_reasoning,
-            tool_schemas=options.tool_schemas,
-            hidden=hidden,
-            **extra,
-        )
-
-    return new_parser
+    return partial(stream_parser, regions=REGIONS[family], think=think, hidden=hidden)
 
 
 def _template_has(*needles: str) -> Callable[[Detection], bool]:

@@ -33,8 +33,10 @@ from .base import (
     ParsedEvent,
     ReasoningChunk,
     TextChunk,
+    find_first,
     partial_suffix,
 )
+from .buffered import BufferedParser
 from .format import Detection, Format, ParseOptions, Parser, Replay, register
 from .grammars import ForcedTool, argument_rules, lark_string
 
@@ -59,38 +61,16 @@ _FUNCTIONS = "functions."
 BodyKind = Literal["reasoning", "text", "call"]
 
 
-class HarmonyParser:
+class HarmonyParser(BufferedParser):
     """One generation's harmony text -> events (module docstring)."""
 
     def __init__(self, *, tools_enabled: bool) -> None:
+        super().__init__()
         self._tools = tools_enabled
-        self._buf = ""
         self._state: Literal["header", "body", "done"] = "header"
         self._kind: BodyKind = "text"
         self._call: CallStream | None = None
         self._args_sent = False
-        self._calls = 0
-        self._finished = False
-
-    @property
-    def tool_calls(self) -> int:
-        return self._calls
-
-    def feed(self, text: str) -> list[ParsedEvent]:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
-
-    def finish(self) -> list[ParsedEvent]:
-        if self._finished:
-            return []
-        self._finished = True
-        return self._run(final=True)
-
-    def _new_index(self) -> int:
-        self._calls += 1
-        return self._calls - 1
 
     def _run(self, *, final: bool) -> list[ParsedEvent]:
         out: list[ParsedEvent] = []
@@ -151,11 +131,7 @@ class HarmonyParser:
 
     def _scan_body(self, final: bool, out: list[ParsedEvent]) -> bool:
         buf = self._buf
-        best, marker = -1, ""
-        for m in _BODY_ENDS:
-            j = buf.find(m)
-            if j >= 0 and (best < 0 or j < best):
-                best, marker = j, m
+        best, marker = find_first(buf, 0, _BODY_ENDS)
         if best < 0:
             end = len(buf) if final else len(buf) - partial_suffix(buf, 0, _BODY_ENDS)
             self._emit(buf[:end], out)

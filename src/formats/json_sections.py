@@ -19,19 +19,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum, auto
 
-from .base import (
-    ArgsText,
-    CallStream,
-    JsonValue,
-    NewIndex,
-    ParsedEvent,
-    Step,
-    is_partial,
-    skip_ws,
-)
-from .regions import ToolRegion, ToolSchemas
-from .scan_util import take_until
+from .base import JsonValue, NewIndex, ParsedEvent, Step, StreamedArgs
+from .region import Advance, ToolRegion, ToolSchemas
 
 _HEADER_MAX = 300
 _FENCE = "```"
@@ -81,7 +72,13 @@ def kimi_name(header: str) -> str:
     return m.group(1) if m else header.strip()
 
 
-_BETWEEN, _HEADER, _NAME_LINE, _ARGS_WAIT, _ARGS, _AFTER_ARGS = range(6)
+class _S(Enum):
+    BETWEEN = auto()  # between calls
+    HEADER = auto()  # a call's header, up to the separator
+    NAME_LINE = auto()  # DeepSeek V3/R1's name line after ``function<sep>``
+    ARGS_WAIT = auto()  # before the arguments value (or its fence)
+    ARGS = auto()
+    AFTER_ARGS = auto()  # before the call's close
 
 
 class SectionJsonRegion(ToolRegion):
@@ -92,136 +89,111 @@ class SectionJsonRegion(ToolRegion):
     ) -> None:
         super().__init__(marker, new_index, schemas)
         self._syntax = syntax
-        self._state = _BETWEEN
-        self._parts: list[str] = []
-        self._stream: CallStream | None = None
-        self._value = JsonValue("object")
-        self._args: ArgsText | None = None
+        self._state = _S.BETWEEN
+        self._args: StreamedArgs | None = None
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        match self._state:
+            case _S.ARGS:
+                return self._arguments(buf, pos, final, out)
+            case _S.HEADER | _S.NAME_LINE:
+                return self._header(buf, pos, final, out)
+            case _S.ARGS_WAIT:
+                return self._arguments_start(buf, pos, final, out)
+            case _S.BETWEEN | _S.AFTER_ARGS:
+                return self._markers(buf, pos, final, out)
+
+    def _arguments(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        assert self._args is not None
+        assert self._stream is not None
+        pos = self._args.feed(buf, pos, final, self._stream, out)
+        if self._args.complete:
+            self._end_call(out)
+            self._state = _S.AFTER_ARGS
+            return pos
+        if final:
+            self._end_call(out)
+            return Step(pos, out, done=True)
+        return Step(pos, out)
+
+    def _header(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
         s = self._syntax
-        pos, n = 0, len(buf)
-        while True:
-            state = self._state
-            if state == _ARGS:
-                assert self._args is not None
-                assert self._stream is not None
-                end = self._value.feed(buf, pos, final)
-                self._args.add(buf[pos:end])
-                if self._args.streams:
-                    self._stream.send(buf[pos:end], out)
-                pos = end
-                if self._value.complete:
-                    self._args.complete = True
-                    self._end_call(out)
-                    self._state = _AFTER_ARGS
-                    continue
-                if final:
-                    self._end_call(out)
-                    return Step(pos, out, done=True)
-                return Step(pos, out)
-            if state in (_HEADER, _NAME_LINE):
-                stops = (s.sep, s.call_close) if state == _HEADER else ("\n", s.call_close)
-                text, end, stop = take_until(buf, pos, stops, final)
-                self._parts.append(text)
-                if not self._started_any:
-                    self._note(buf[pos:end])
-                pos = end
-                header = "".join(self._parts)
-                if stop is None:
-                    if final or len(header) > _HEADER_MAX:
-                        return self._give_up(pos, out)
-                    return Step(pos, out)
-                if stop == s.call_close:  # a call with no arguments
-                    if not self._start(header, out):
-                        return self._give_up(pos, out)
-                    self._end_call(out)
-                    self._state = _BETWEEN
-                    continue
-                if state == _HEADER and s.kind == "deepseek" and header.strip() == "function":
-                    # DeepSeek V3/R1: ``function<sep>NAME\n```json\n{...}\n```<end>``; the name
-                    # may also be followed directly by the arguments.
-                    self._parts = []
-                    self._state = _NAME_LINE
-                    continue
-                if not self._start(header, out):
-                    return self._give_up(pos, out)
-                self._state = _ARGS_WAIT
-                continue
-            pos = skip_ws(buf, pos) if self._started_any else self._skip_noted(buf, pos)
-            if pos == n:
-                if final:
-                    if state == _ARGS_WAIT and self._stream is not None:
-                        self._end_call(out)
-                    return self._finish(pos, out)
-                return Step(pos, out)
-            if state == _ARGS_WAIT:
-                if not final and is_partial(buf, pos, (_FENCE_JSON,)):
-                    return Step(pos, out)
-                fence = next((f for f in (_FENCE_JSON, _FENCE) if buf.startswith(f, pos)), "")
-                if fence:  # DeepSeek V3's fenced json block
-                    pos += len(fence)
-                    continue
-                value = JsonValue.begin(buf[pos])
-                if value is None:  # no arguments value: the call ends with {}
-                    self._end_call(out)
-                    self._state = _AFTER_ARGS
-                    continue
-                self._value = value
-                self._args = ArgsText(value.kind)
-                self._state = _ARGS
-                continue
-            # _BETWEEN or _AFTER_ARGS
-            if buf.startswith(s.call_open, pos):
-                if not self._started_any:
-                    self._note(s.call_open)
-                pos += len(s.call_open)
-                self._parts = []
-                self._state = _HEADER
-            elif buf.startswith(s.section_close, pos):
-                pos += len(s.section_close)
-                if not self._started_any:
-                    return self._give_up(pos, out)
-                return Step(pos, out, done=True)
-            elif state == _AFTER_ARGS and buf.startswith(s.call_close, pos):
-                pos += len(s.call_close)
-                self._state = _BETWEEN
-            elif not final and is_partial(
-                buf, pos, (s.call_open, s.section_close, s.call_close, _FENCE)
-            ):
-                return Step(pos, out)
-            elif not self._started_any:
+        name_line = self._state == _S.NAME_LINE
+        stops = ("\n", s.call_close) if name_line else (s.sep, s.call_close)
+        pos, stop = self._read_until(buf, pos, stops, final)
+        if stop is None:
+            if final or len("".join(self._parts)) > _HEADER_MAX:
                 return self._give_up(pos, out)
-            else:
-                pos += 1  # junk after a call, inside the section: dropped
+            return Step(pos, out)
+        header = self._take_parts()
+        if stop != s.call_close and not name_line and s.kind == "deepseek":
+            if header.strip() == "function":
+                # DeepSeek V3/R1: ``function<sep>NAME\n```json\n{...}\n```<end>``; the name
+                # may also be followed directly by the arguments.
+                self._state = _S.NAME_LINE
+                return pos
+        if not self._start(header, out):
+            return self._give_up(pos, out)
+        if stop == s.call_close:  # a call with no arguments
+            self._end_call(out)
+            self._state = _S.BETWEEN
+        else:
+            self._state = _S.ARGS_WAIT
+        return pos
 
-    def _skip_noted(self, buf: str, pos: int) -> int:
-        end = skip_ws(buf, pos)
-        self._note(buf[pos:end])
-        return end
+    def _arguments_start(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """Before the arguments: a fence to skip, the value, or none (the call ends with {})."""
+        pos, fence = self._next_marker(buf, pos, final, (_FENCE_JSON, _FENCE), (_FENCE_JSON,))
+        if fence is None:
+            return self._give_up(pos, out) if final else Step(pos, out)
+        if fence:  # DeepSeek V3's fenced json block
+            return pos + len(fence)
+        value = JsonValue.begin(buf[pos])
+        if value is None:
+            self._end_call(out)
+            self._state = _S.AFTER_ARGS
+            return pos
+        self._args = StreamedArgs(value)
+        self._state = _S.ARGS
+        return pos
+
+    def _markers(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """Between calls, or after a call's arguments: the next marker."""
+        s = self._syntax
+        after_args = self._state == _S.AFTER_ARGS
+        wanted = (s.call_open, s.section_close) + ((s.call_close,) if after_args else ())
+        forming = (s.call_open, s.section_close, s.call_close, _FENCE)
+        pos, hit = self._next_marker(buf, pos, final, wanted, forming)
+        if hit is None:
+            return self._give_up(pos, out) if final else Step(pos, out)
+        if hit == s.call_open:
+            if not self._started_any:
+                self._note(s.call_open)
+            self._parts = []
+            self._state = _S.HEADER
+        elif hit == s.section_close:
+            return self._finish(pos + len(hit), out)
+        elif hit:  # the call's close
+            self._state = _S.BETWEEN
+        elif not self._started_any:
+            return self._give_up(pos, out)
+        else:
+            return pos + 1  # junk after a call, inside the section: dropped
+        return pos + len(hit)
 
     def _start(self, header: str, out: list[ParsedEvent]) -> bool:
         name = kimi_name(header) if self._syntax.kind == "kimi" else header.strip()
         if not name or any(c.isspace() for c in name):
             return False
-        self._stream = CallStream(self._new_index)
-        self._stream.start(name, out)
+        self._start_call(name, out)
         self._args = None
-        self._started_any = True
-        self._marker = ""
-        self._pending.clear()
         return True
 
     def _end_call(self, out: list[ParsedEvent]) -> None:
         assert self._stream is not None
-        self._stream.end("{}" if self._args is None else self._args.final(), out)
+        self._stream.end("{}" if self._args is None else self._args.args.final(), out)
         self._stream = None
         self._args = None
 
-    def _give_up(self, pos: int, out: list[ParsedEvent]) -> Step:
-        if self._stream is not None:
-            self._end_call(out)
-        if self._started_any:
-            return Step(pos, out, done=True)
-        return self._revert(pos, out)
+    def _end_open_call(self, out: list[ParsedEvent]) -> None:
+        self._end_call(out)

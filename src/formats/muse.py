@@ -17,7 +17,7 @@ text, as any marker that starts no call.
 from __future__ import annotations
 
 from .base import NewIndex, ParsedEvent, Step, skip_ws
-from .regions import ToolRegion, ToolSchemas
+from .region import ToolRegion, ToolSchemas
 from .scan_util import take_until
 from .xml_kv import MUSE_SPARK, KvRegion
 

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from .base import CallStream, NewIndex, ParsedEvent, Step
-from .regions import ToolRegion, ToolSchemas
+from .region import ToolRegion, ToolSchemas
 from .scan_util import take_until
 
 OPEN = "<|tool_call_start|>"

@@ -1,5 +1,7 @@
-"""One incremental parser per tool-call format, as regions the composite parser hands text to.
+"""The tag formats' tool regions and the call scanners they hand text to.
 
+Each region runs on ``region.ToolRegion``'s step driver: a call scanner (JSON, Qwen3-Coder XML,
+Mistral's header) reads one call, and the region's ``_advance`` decides what comes between calls.
 A region starts where the composite parser saw a tool-call marker and ends where the calls end:
 
 - ``TagRegion``, after ``<tool_call>`` (Hermes/Qwen, Qwen3-Coder): one or more calls, each a
@@ -20,50 +22,48 @@ Invariants (on top of ``base``'s):
   rest is ordinary output again.
 - Qwen3-Coder XML arguments are built as JSON from each ``<parameter=...>`` value when it
   completes: ``{`` goes out with the start, ``"key": value`` per parameter, ``}`` at
-  ``</function>``; the final text is ``json.dumps`` of the object, so it always parses.
+  ``</function>``; the final text is exactly what was sent, so it always parses.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
-from typing import Any, Protocol
 
 from .base import (
     JSON_WS,
-    ArgsText,
-    CallStream,
+    CallScannerBase,
     JsonCallScanner,
     JsonValue,
     NewIndex,
     ParsedEvent,
     ScanStatus,
     Step,
-    find_first,
+    StreamedArgs,
     is_partial,
-    partial_suffix,
-    skip_ws,
 )
+from .region import Advance, ToolRegion, ToolSchemas
+from .scan_util import close_object, send_member, take_until, typed_param, xml_param_value
+
+__all__ = [
+    "FUNCTION_OPEN",
+    "MISTRAL_TOOL_CALLS",
+    "PYTHON_TAG",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "FunctionRegion",
+    "Llama3Region",
+    "MistralRegion",
+    "TagRegion",
+    "ToolRegion",
+    "ToolSchemas",
+    "xml_param_value",
+]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 FUNCTION_OPEN = "<function="
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TOOL_CALLS = "[TOOL_CALLS]"
-
-ToolSchemas = Mapping[str, Mapping[str, Any]]
-"""Function name -> the JSON Schema of its parameters (only used to type XML values)."""
-
-
-class CallScanner(Protocol):
-    status: ScanStatus
-
-    @property
-    def started(self) -> bool: ...
-
-    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int: ...
-
 
 # --- Qwen3-Coder XML -------------------------------------------------------------------------
 
@@ -74,28 +74,7 @@ _XML_NAME_MAX = 256
 _X_NAME, _X_BODY, _X_PARAM_NAME, _X_PARAM_VALUE = range(4)
 
 
-def xml_param_value(text: str, schema: Mapping[str, Any] | None = None) -> object:
-    """The JSON value of one XML parameter.
-
-    A value stays a string unless it parses as JSON that is not a string (a number, a bool,
-    ``null``, an object or an array). Where the tool's schema says the parameter is a string,
-    it always stays a string.
-    """
-    kind = schema.get("type") if schema else None
-    stripped = text.strip()
-    if kind == "string" or (isinstance(kind, list) and "string" in kind and stripped != "null"):
-        return text
-    if kind == "boolean" and stripped.lower() in ("true", "false"):
-        return stripped.lower() == "true"
-    try:
-        value = json.loads(stripped)
-        json.dumps(value, allow_nan=False)  # 1e999 parses as inf, which is not JSON
-    except ValueError:
-        return text
-    return text if isinstance(value, str) else value
-
-
-class XmlFunctionScanner:
+class XmlFunctionScanner(CallScannerBase):
     """``f>`` ... ``</function>`` after ``<function=``, parameters as ``<parameter=k>\\nv\\n
     </parameter>``. A parameter also ends at the next ``<parameter=``, ``</function>`` or
     ``</tool_call>`` (models forget the close); text between parameters is ignored; a value
@@ -103,97 +82,92 @@ class XmlFunctionScanner:
     written with what was generated of it, and closes."""
 
     def __init__(self, new_index: NewIndex, schemas: ToolSchemas | None) -> None:
-        self.status: ScanStatus = "running"
-        self._call = CallStream(new_index)
+        super().__init__(new_index)
         self._schemas = schemas or {}
         self._state = _X_NAME
         self._parts: list[str] = []
         self._key = ""
         self._params = 0
 
-    @property
-    def started(self) -> bool:
-        return self._call.started
-
     def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        n = len(buf)
-        while self.status == "running":
-            state = self._state
-            if state in (_X_NAME, _X_PARAM_NAME):
-                m = _XML_NAME_END.search(buf, pos)
-                name_end = n if m is None else m.start()
-                self._parts.append(buf[pos:name_end])
-                pos = name_end
-                name = "".join(self._parts).strip()
-                if m is None:
-                    if state == _X_PARAM_NAME and final:
-                        self._close(out)
-                    elif state == _X_NAME and (final or len(name) > _XML_NAME_MAX):
-                        self.status = "error"
-                    break
-                if m.group() != ">":
-                    if state == _X_NAME:
-                        self.status = "error"
-                        break
-                    self._state = _X_BODY  # a broken parameter tag: skipped
-                    continue
-                pos += 1
-                self._parts = []
-                if state == _X_PARAM_NAME:
-                    self._key = name
-                    self._state = _X_PARAM_VALUE
-                elif not name or any(ch.isspace() for ch in name):
-                    self.status = "error"
-                else:
-                    self._call.start(name, out)
-                    self._call.send("{", out)
-                    self._state = _X_BODY
-            elif state == _X_BODY:
-                i, stop = find_first(buf, pos, _XML_BODY_STOPS)
-                if i < 0:
-                    pos = n if final else n - partial_suffix(buf, pos, _XML_BODY_STOPS)
-                    if final:
-                        self._close(out)
-                    break
-                pos = i if stop == TOOL_CALL_CLOSE else i + len(stop)
-                if stop == "<parameter=":
-                    self._state = _X_PARAM_NAME
-                    self._parts = []
-                else:
-                    self._close(out)
+        go_on = True
+        while go_on and self.status == "running":
+            if self._state in (_X_NAME, _X_PARAM_NAME):
+                pos, go_on = self._name(buf, pos, final, out)
+            elif self._state == _X_BODY:
+                pos, go_on = self._body(buf, pos, final, out)
             else:
-                i, stop = find_first(buf, pos, _XML_VALUE_STOPS)
-                if i < 0:
-                    end = n if final else n - partial_suffix(buf, pos, _XML_VALUE_STOPS)
-                    self._parts.append(buf[pos:end])
-                    pos = end
-                    if final:
-                        self._emit_param(out)
-                        self._close(out)
-                    break
-                self._parts.append(buf[pos:i])
-                pos = i + len(stop) if stop == "</parameter>" else i
-                self._emit_param(out)
-                self._state = _X_BODY
+                pos, go_on = self._value(buf, pos, final, out)
         return pos
+
+    def _name(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> tuple[int, bool]:
+        """The function's name or a parameter's, up to ``>``: ``(pos, read on)``."""
+        param = self._state == _X_PARAM_NAME
+        m = _XML_NAME_END.search(buf, pos)
+        name_end = len(buf) if m is None else m.start()
+        self._parts.append(buf[pos:name_end])
+        name = "".join(self._parts).strip()
+        if m is None:
+            if param and final:
+                self._close(out)
+            elif not param and (final or len(name) > _XML_NAME_MAX):
+                self.status = "error"
+            return name_end, False
+        if m.group() != ">":
+            if not param:
+                self.status = "error"
+                return name_end, False
+            self._state = _X_BODY  # a broken parameter tag: skipped
+            return name_end, True
+        self._parts = []
+        if param:
+            self._key = name
+            self._state = _X_PARAM_VALUE
+        elif not name or any(ch.isspace() for ch in name):
+            self.status = "error"
+        else:
+            self._call.start(name, out)
+            self._call.send("{", out)
+            self._state = _X_BODY
+        return name_end + 1, True
+
+    def _body(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> tuple[int, bool]:
+        """Between parameters: the next one, or the call's close."""
+        _, pos, stop = take_until(buf, pos, _XML_BODY_STOPS, final)
+        if stop is None:
+            if final:
+                self._close(out)
+            return pos, False
+        if stop == "<parameter=":
+            self._state = _X_PARAM_NAME
+            self._parts = []
+        else:
+            self._close(out)
+        return pos - len(TOOL_CALL_CLOSE) if stop == TOOL_CALL_CLOSE else pos, True
+
+    def _value(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> tuple[int, bool]:
+        text, pos, stop = take_until(buf, pos, _XML_VALUE_STOPS, final)
+        self._parts.append(text)
+        if stop is None:
+            if final:
+                self._emit_param(out)
+                self._close(out)
+            return pos, False
+        self._emit_param(out)
+        self._state = _X_BODY
+        return pos if stop == "</parameter>" else pos - len(stop), True
 
     def _emit_param(self, out: list[ParsedEvent]) -> None:
         value = "".join(self._parts)
         value = value.removeprefix("\n").removesuffix("\n")
         if not self._key:
             return
-        params = self._schemas.get(self._call.name, {}).get("properties", {})
-        schema = params.get(self._key) if isinstance(params, Mapping) else None
-        typed = xml_param_value(value, schema if isinstance(schema, Mapping) else None)
-        pair = (
-            json.dumps(self._key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        )
-        self._call.send(pair if self._params == 0 else ", " + pair, out)
+        typed = typed_param(self._schemas, self._call.name, self._key, value)
+        send_member(self._call, self._params == 0, self._key, typed, out)
         self._params += 1
 
     def _close(self, out: list[ParsedEvent]) -> None:
-        self._call.send("}", out)
-        self._call.end("", out)  # arguments = exactly what was sent
+        close_object(self._call, out)
         self.status = "done"
 
 
@@ -208,128 +182,69 @@ def mistral_name_char(c: str) -> bool:
     return c.isalnum() or c in "_-."
 
 
-class MistralHeaderScanner:
+class MistralHeaderScanner(CallScannerBase):
     """``f[ARGS]{...}`` or ``f[CALL_ID]abc[ARGS]{...}``: the call starts at the first tag; the
     arguments value streams raw when it is an object. A call id is read and dropped."""
 
     def __init__(self, new_index: NewIndex) -> None:
-        self.status: ScanStatus = "running"
-        self._call = CallStream(new_index)
+        super().__init__(new_index)
         self._state = _M_NAME
         self._name: list[str] = []
-        self._value = JsonValue("object")
-        self._args: ArgsText | None = None
+        self._reader: StreamedArgs | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._call.started
-
-    def step(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        n = len(buf)
-        while self.status == "running" and pos < n:
-            state = self._state
-            if state == _M_NAME:
-                end = pos
-                while end < n and mistral_name_char(buf[end]):
-                    end += 1
-                self._name.append(buf[pos:end])
-                pos = end
-                if pos < n:
-                    self._state = _M_HEADER
-            elif state == _M_ARGS:
-                assert self._args is not None
-                end = self._value.feed(buf, pos, final)
-                self._args.add(buf[pos:end])
-                if self._args.streams:
-                    self._call.send(buf[pos:end], out)
-                pos = end
-                if self._value.complete:
-                    self._args.complete = True
-                    self._end(out)
-            elif buf[pos] in JSON_WS and state != _M_CALL_ID:
-                pos += 1
-            elif state == _M_ARGS_WAIT:
-                value = JsonValue.begin(buf[pos])
-                if value is None:
-                    self._end(out)
-                else:
-                    self._value = value
-                    self._args = ArgsText(value.kind)
-                    self._state = _M_ARGS
-            elif buf.startswith(_ARGS_TAG, pos) or buf.startswith(_CALL_ID_TAG, pos):
-                tag = _ARGS_TAG if buf.startswith(_ARGS_TAG, pos) else _CALL_ID_TAG
-                pos += len(tag)
-                if not self._call.started:
-                    name = "".join(self._name)
-                    if not name:
-                        self.status = "error"
-                        break
-                    self._call.start(name, out)
-                self._state = _M_ARGS_WAIT if tag == _ARGS_TAG else _M_CALL_ID
-            elif state == _M_CALL_ID and mistral_name_char(buf[pos]):
-                pos += 1
-            elif not final and is_partial(buf, pos, (_ARGS_TAG, _CALL_ID_TAG)):
-                break
-            else:
-                self._fail(out)
-        if final and self.status == "running":
-            self._fail(out)
+    def _scan(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | None:
+        state = self._state
+        if state == _M_NAME:
+            end = pos
+            while end < len(buf) and mistral_name_char(buf[end]):
+                end += 1
+            self._name.append(buf[pos:end])
+            if end < len(buf):
+                self._state = _M_HEADER
+            return end
+        if state == _M_ARGS:
+            assert self._reader is not None
+            pos = self._reader.feed(buf, pos, final, self._call, out)
+            if self._reader.complete:
+                self._end(out)
+            return pos
+        if buf[pos] in JSON_WS and state != _M_CALL_ID:
+            return pos + 1
+        if state == _M_ARGS_WAIT:
+            self._begin_args(buf[pos], out)
+            return pos
+        if buf.startswith(_ARGS_TAG, pos) or buf.startswith(_CALL_ID_TAG, pos):
+            return self._tag(buf, pos, out)
+        if state == _M_CALL_ID and mistral_name_char(buf[pos]):
+            return pos + 1
+        if not final and is_partial(buf, pos, (_ARGS_TAG, _CALL_ID_TAG)):
+            return None
+        self._fail(out)
         return pos
 
-    def _fail(self, out: list[ParsedEvent]) -> None:
-        if self._call.started:
+    def _begin_args(self, first: str, out: list[ParsedEvent]) -> None:
+        value = JsonValue.begin(first)
+        if value is None:
             self._end(out)
-        else:
-            self.status = "error"
+            return
+        self._reader = StreamedArgs(value)
+        self._args = self._reader.args
+        self._state = _M_ARGS
 
-    def _end(self, out: list[ParsedEvent]) -> None:
-        self._call.end("{}" if self._args is None else self._args.final(), out)
-        self.status = "done"
+    def _tag(self, buf: str, pos: int, out: list[ParsedEvent]) -> int:
+        """``[ARGS]`` or ``[CALL_ID]``: the first one starts the call."""
+        tag = _ARGS_TAG if buf.startswith(_ARGS_TAG, pos) else _CALL_ID_TAG
+        if not self._call.started:
+            name = "".join(self._name)
+            if not name:
+                self.status = "error"
+                return pos + len(tag)
+            self._call.start(name, out)
+        self._state = _M_ARGS_WAIT if tag == _ARGS_TAG else _M_CALL_ID
+        return pos + len(tag)
 
 
 # --- Regions ---------------------------------------------------------------------------------
-
-
-class ToolRegion:
-    """The text from one tool-call marker to where its calls end (see the module docstring)."""
-
-    def __init__(self, marker: str, new_index: NewIndex, schemas: ToolSchemas | None) -> None:
-        self._marker = marker  # held whitespace + marker: shown as text if no call starts
-        self._pending: list[str] = []  # consumed since the marker or the last call
-        self._new_index = new_index
-        self._schemas = schemas
-        self._started_any = False
-        self._call: CallScanner | None = None
-
-    def step(self, buf: str, final: bool) -> Step:
-        raise NotImplementedError
-
-    def _note(self, text: str) -> None:
-        if text:
-            self._pending.append(text)
-
-    def _drive(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int:
-        """Run the current call scanner from ``pos``; its ``status`` tells how it went."""
-        assert self._call is not None
-        end = self._call.step(buf, pos, final, out)
-        if self._call.started:
-            self._started_any = True
-            self._marker = ""
-            self._pending.clear()
-        else:
-            self._note(buf[pos:end])
-        return end
-
-    def _revert(self, pos: int, out: list[ParsedEvent]) -> Step:
-        pushback = "".join(self._pending)
-        if self._started_any:
-            pushback = pushback.lstrip(JSON_WS)
-        return Step(pos, out, done=True, revert=self._marker, pushback=pushback)
-
-    def _finish(self, pos: int, out: list[ParsedEvent]) -> Step:
-        if self._started_any:
-            return Step(pos, out, done=True)
-        return self._revert(pos, out)
 
 
 _TAG_BODY_MARKERS = (TOOL_CALL_CLOSE, FUNCTION_OPEN, TOOL_CALL_OPEN)
@@ -340,60 +255,44 @@ class TagRegion(ToolRegion):
     else up to ``</tool_call>`` is dropped (a stray brace, say); another ``{`` or
     ``<function=`` is one more call (parallel calls in one block)."""
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
-        pos, n = 0, len(buf)
-        while True:
-            if self._call is not None:
-                pos = self._drive(buf, pos, final, out)
-                status = self._call.status
-                if status == "running":
-                    return Step(pos, out)
-                self._call = None
-                if status == "error" and not self._started_any:
-                    return self._revert(pos, out)
-                self._pending.clear()
-                continue
-            end = skip_ws(buf, pos)
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        pos = self._skip_space(buf, pos)
+        if pos == len(buf):
+            return self._finish(pos, out) if final else Step(pos, out)
+        if buf[pos] == "{":
+            self._call = JsonCallScanner(self._new_index)
+            return pos
+        if buf.startswith(FUNCTION_OPEN, pos):
             if not self._started_any:
-                self._note(buf[pos:end])
-            pos = end
-            if pos == n:
-                return self._finish(pos, out) if final else Step(pos, out)
-            if buf[pos] == "{":
-                self._call = JsonCallScanner(self._new_index)
-            elif buf.startswith(FUNCTION_OPEN, pos):
-                if not self._started_any:
-                    self._note(FUNCTION_OPEN)
-                pos += len(FUNCTION_OPEN)
-                self._call = XmlFunctionScanner(self._new_index, self._schemas)
-            elif not self._started_any:
-                if not final and is_partial(buf, pos, _TAG_BODY_MARKERS):
-                    return Step(pos, out)
-                return self._revert(pos, out)
-            elif buf.startswith(TOOL_CALL_CLOSE, pos):
-                return Step(pos + len(TOOL_CALL_CLOSE), out, done=True)
-            elif buf.startswith(TOOL_CALL_OPEN, pos):
-                pos += len(TOOL_CALL_OPEN)  # a close was forgotten: keep reading calls
-            elif not final and is_partial(buf, pos, _TAG_BODY_MARKERS):
-                return Step(pos, out)
-            else:
-                pos += 1  # junk after a call, inside the block: dropped
+                self._note(FUNCTION_OPEN)
+            self._call = XmlFunctionScanner(self._new_index, self._schemas)
+            return pos + len(FUNCTION_OPEN)
+        if not final and is_partial(buf, pos, _TAG_BODY_MARKERS):
+            return Step(pos, out)
+        if not self._started_any:
+            return self._revert(pos, out)
+        if buf.startswith(TOOL_CALL_CLOSE, pos):
+            return Step(pos + len(TOOL_CALL_CLOSE), out, done=True)
+        if buf.startswith(TOOL_CALL_OPEN, pos):
+            return pos + len(TOOL_CALL_OPEN)  # a close was forgotten: keep reading calls
+        return pos + 1  # junk after a call, inside the block: dropped
+
+    def _call_ended(self, status: ScanStatus, pos: int, out: list[ParsedEvent]) -> Advance:
+        if status == "error" and not self._started_any:
+            return self._revert(pos, out)
+        self._pending.clear()
+        return pos
 
 
 class FunctionRegion(ToolRegion):
     """After a bare ``<function=`` (Qwen3-Coder): one XML call."""
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
-        if self._call is None:
-            self._call = XmlFunctionScanner(self._new_index, self._schemas)
-        pos = self._drive(buf, 0, final, out)
-        if self._call.status == "running":
-            return Step(pos, out)
-        if self._call.status == "error":
-            return self._revert(pos, out)
-        return Step(pos, out, done=True)
+    def __init__(self, marker: str, new_index: NewIndex, schemas: ToolSchemas | None) -> None:
+        super().__init__(marker, new_index, schemas)
+        self._call = XmlFunctionScanner(new_index, schemas)
+
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        return Step(pos, out, done=True)  # the call is over
 
 
 class Llama3Region(ToolRegion):
@@ -402,28 +301,14 @@ class Llama3Region(ToolRegion):
     ``type``, or it closes without both name and parameters) is text, like everything
     after the calls."""
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
-        pos, n = 0, len(buf)
-        while True:
-            if self._call is not None:
-                pos = self._drive(buf, pos, final, out)
-                status = self._call.status
-                if status == "running":
-                    return Step(pos, out)
-                self._call = None
-                if status == "error":
-                    return self._revert(pos, out)
-                continue
-            end = skip_ws(buf, pos, JSON_WS + ";")
-            if not self._started_any:
-                self._note(buf[pos:end])
-            pos = end
-            if pos == n:
-                return self._finish(pos, out) if final else Step(pos, out)
-            if buf[pos] != "{":
-                return self._finish(pos, out)
-            self._call = JsonCallScanner(self._new_index, strict=True)
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        pos = self._skip_space(buf, pos, JSON_WS + ";")
+        if pos == len(buf):
+            return self._finish(pos, out) if final else Step(pos, out)
+        if buf[pos] != "{":
+            return self._finish(pos, out)
+        self._call = JsonCallScanner(self._new_index, strict=True)
+        return pos
 
 
 _LIST_START, _LIST_ITEM, _LIST_SEP, _AFTER_HEADER_CALL = range(4)
@@ -438,40 +323,31 @@ class MistralRegion(ToolRegion):
         super().__init__(marker, new_index, schemas)
         self._state = _LIST_START
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
-        pos, n = 0, len(buf)
-        while True:
-            if self._call is not None:
-                pos = self._drive(buf, pos, final, out)
-                status = self._call.status
-                if status == "running":
-                    return Step(pos, out)
-                self._call = None
-                if status == "error":
-                    return self._revert(pos, out)
-                self._state = _LIST_SEP if self._state == _LIST_ITEM else _AFTER_HEADER_CALL
-                continue
-            end = skip_ws(buf, pos)
-            if not self._started_any:
-                self._note(buf[pos:end])
-            pos = end
-            if pos == n:
-                return self._finish(pos, out) if final else Step(pos, out)
-            c = buf[pos]
-            state = self._state
-            if state == _LIST_START and c == "[":
-                self._note(c)
-                pos += 1
-                self._state = _LIST_ITEM
-            elif state in (_LIST_START, _AFTER_HEADER_CALL) and mistral_name_char(c):
-                self._call = MistralHeaderScanner(self._new_index)
-            elif state == _LIST_ITEM and c == "{":
-                self._call = JsonCallScanner(self._new_index)
-            elif state == _LIST_SEP and c == ",":
-                pos += 1
-                self._state = _LIST_ITEM
-            elif state in (_LIST_ITEM, _LIST_SEP) and c == "]" and self._started_any:
-                return Step(pos + 1, out, done=True)
-            else:
-                return self._finish(pos, out)
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        pos = self._skip_space(buf, pos)
+        if pos == len(buf):
+            return self._finish(pos, out) if final else Step(pos, out)
+        c = buf[pos]
+        state = self._state
+        if state == _LIST_START and c == "[":
+            self._note(c)
+            self._state = _LIST_ITEM
+            return pos + 1
+        if state in (_LIST_START, _AFTER_HEADER_CALL) and mistral_name_char(c):
+            self._call = MistralHeaderScanner(self._new_index)
+        elif state == _LIST_ITEM and c == "{":
+            self._call = JsonCallScanner(self._new_index)
+        elif state == _LIST_SEP and c == ",":
+            self._state = _LIST_ITEM
+            return pos + 1
+        elif state in (_LIST_ITEM, _LIST_SEP) and c == "]" and self._started_any:
+            return Step(pos + 1, out, done=True)
+        else:
+            return self._finish(pos, out)
+        return pos
+
+    def _call_ended(self, status: ScanStatus, pos: int, out: list[ParsedEvent]) -> Advance:
+        if status == "error":
+            return self._revert(pos, out)
+        self._state = _LIST_SEP if self._state == _LIST_ITEM else _AFTER_HEADER_CALL
+        return pos

@@ -2,7 +2,8 @@
 
 ``StreamParser.feed`` takes the generated text in whatever pieces the detokenizer produces;
 ``finish`` ends it. This parser reads the tag formats (``tagged``: Hermes, Qwen3-Coder, Llama 3,
-Mistral); their tool-call regions live in ``regions``.
+Mistral; their tool-call regions live in ``regions``) and, given a family's table of which
+marker opens which region (``family_regions``), the family formats.
 
 Invariants:
 - Chunking never matters: the events for any split of the same text, after merging adjacent
@@ -35,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from .base import (
@@ -45,8 +47,12 @@ from .base import (
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
+    find_first,
     partial_suffix,
 )
+from .buffered import BufferedParser
+from .format import ParseOptions
+from .region import RegionFactory, ToolRegion, ToolSchemas
 from .regions import (
     FUNCTION_OPEN,
     MISTRAL_TOOL_CALLS,
@@ -56,8 +62,6 @@ from .regions import (
     Llama3Region,
     MistralRegion,
     TagRegion,
-    ToolRegion,
-    ToolSchemas,
 )
 
 __all__ = [
@@ -73,6 +77,7 @@ __all__ = [
     "ToolSchemas",
     "coalesce",
     "reasoning_opens_in_prompt",
+    "stream_parser",
 ]
 
 TagFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
@@ -80,12 +85,12 @@ TagFormat = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
-_TOOL_MARKERS: dict[TagFormat, tuple[str, ...]] = {
-    "hermes": (TOOL_CALL_OPEN,),
-    "qwen3_coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
-    "mistral": (MISTRAL_TOOL_CALLS,),
-    "llama3_json": (),
-    "none": (),
+_TAG_REGIONS: dict[TagFormat, Mapping[str, RegionFactory]] = {
+    "hermes": {TOOL_CALL_OPEN: TagRegion},
+    "qwen3_coder": {TOOL_CALL_OPEN: TagRegion, FUNCTION_OPEN: FunctionRegion},
+    "mistral": {MISTRAL_TOOL_CALLS: MistralRegion},
+    "llama3_json": {},  # its calls open no region by a marker: see ``_start_llama``
+    "none": {},
 }
 
 
@@ -121,13 +126,14 @@ def coalesce(events: list[ParsedEvent]) -> list[ParsedEvent]:
     return merged
 
 
-class StreamParser:
+class StreamParser(BufferedParser):
     """Splits one generation's text into events; one parser per generation."""
 
     def __init__(
         self,
         *,
-        tool_format: TagFormat,
+        tool_format: TagFormat = "none",
+        regions: Mapping[str, RegionFactory] | None = None,
         tools_enabled: bool,
         reasoning: bool,
         starts_in_reasoning: bool = False,
@@ -135,18 +141,21 @@ class StreamParser:
         think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
         hidden: tuple[str, ...] = (),
     ) -> None:
-        """``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
+        """``regions``: which marker opens which tool region (a family format's table, see
+        ``family_regions``); by default the tag format's. ``tool_schemas`` (optional: function name -> JSON Schema of its parameters) only
         types Qwen3-Coder XML parameter values. ``starts_in_reasoning`` needs ``reasoning``.
         ``think``: the markers around reasoning (Gemma 4 writes ``<|channel>thought``...
         ``<channel|>``). ``hidden``: markers of the format's own framing around visible text
         (Kimi K3's ``<|open|>response<|sep|>``), never shown, like a stray ``</think>``."""
+        super().__init__()
         self._format: TagFormat = tool_format if tools_enabled else "none"
         self._schemas = tool_schemas
-        self._tool_markers = _TOOL_MARKERS[self._format]
+        table = _TAG_REGIONS[self._format] if regions is None else regions
+        self._regions = dict(table) if tools_enabled else {}
+        self._tool_markers = tuple(self._regions)
         self._think_open, self._think_close = think
         self._hidden = hidden
         self._markers = (think if reasoning else ()) + hidden + self._tool_markers
-        self._buf = ""
         self._in_reasoning = reasoning and starts_in_reasoning
         self._reasoning_lead = self._in_reasoning  # whitespace opening the reasoning: dropped
         self._prompt_lead = self._in_reasoning  # nothing read yet of reasoning the prompt opened
@@ -157,33 +166,12 @@ class StreamParser:
         # (GLM's template writes ``<|assistant|>\n<think>``; the ``\n`` is its markup).
         self._lead = reasoning and not starts_in_reasoning
         self._llama_start = self._format == "llama3_json"  # nothing visible yet
-        self._calls = 0
-        self._finished = False
-
-    @property
-    def tool_calls(self) -> int:
-        """How many calls have started so far."""
-        return self._calls
-
-    def feed(self, text: str) -> list[ParsedEvent]:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._run(final=False)
 
     def finish(self) -> list[ParsedEvent]:
-        """End of generation: flush what was held back and end any open call."""
-        if self._finished:
-            return []
-        self._finished = True
-        out = self._run(final=True)
+        out = super().finish()
         assert not self._buf, "everything is flushed at finish()"
         assert self._region is None
         return out
-
-    def _new_index(self) -> int:
-        self._calls += 1
-        return self._calls - 1
 
     def _run(self, *, final: bool) -> list[ParsedEvent]:
         out: list[ParsedEvent] = []
@@ -252,11 +240,7 @@ class StreamParser:
             entered = self._start_llama(final)
             if entered is not None:
                 return entered
-        i, marker = -1, ""
-        for m in self._markers:
-            j = buf.find(m)
-            if j >= 0 and (i < 0 or j < i):
-                i, marker = j, m
+        i, marker = find_first(buf, 0, self._markers)
         # A marker that is the start of a longer one (Muse's `` to=`` and `` to=user<|message|>``)
         # waits until the longer one is decided, so chunking never matters.
         if i >= 0 and not final:
@@ -309,11 +293,7 @@ class StreamParser:
         return None
 
     def _open_region(self, marker: str, shown_if_reverted: str) -> ToolRegion:
-        if marker == TOOL_CALL_OPEN:
-            return TagRegion(shown_if_reverted, self._new_index, self._schemas)
-        if marker == FUNCTION_OPEN:
-            return FunctionRegion(shown_if_reverted, self._new_index, self._schemas)
-        return MistralRegion(shown_if_reverted, self._new_index, self._schemas)
+        return self._regions[marker](shown_if_reverted, self._new_index, self._schemas)
 
     def _scan_region(self, final: bool, out: list[ParsedEvent]) -> bool:
         assert self._region is not None
@@ -344,3 +324,24 @@ class StreamParser:
     def _reasoning_text(self, out: list[ParsedEvent], text: str) -> None:
         if text:
             out.append(ReasoningChunk(text))
+
+
+def stream_parser(
+    options: ParseOptions,
+    *,
+    tool_format: TagFormat = "none",
+    regions: Mapping[str, RegionFactory] | None = None,
+    think: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+    hidden: tuple[str, ...] = (),
+) -> StreamParser:
+    """One generation's ``StreamParser`` for a tag format, or for a family's region table."""
+    return StreamParser(
+        tool_format=tool_format,
+        regions=regions,
+        tools_enabled=options.tools_enabled,
+        reasoning=options.reasoning,
+        starts_in_reasoning=options.starts_in_reasoning,
+        tool_schemas=options.tool_schemas,
+        think=think,
+        hidden=hidden,
+    )

@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from .family_grammars import qwen3_coder_grammar
 from .format import Detection, Format, ParseOptions, Parser, register
 from .grammars import ForcedTool, argument_rules, lark_string
-from .stream import StreamParser, TagFormat
+from .stream import TagFormat, stream_parser
 
 __all__ = ["HERMES", "LLAMA3", "MISTRAL", "QWEN3_CODER", "hermes_grammar"]
 
 
 def _parser(tag_format: TagFormat) -> Callable[[ParseOptions], Parser]:
-    def new_parser(options: ParseOptions) -> Parser:
-        return StreamParser(
-            tool_format=tag_format,
-            tools_enabled=options.tools_enabled,
-            reasoning=options.reasoning,
-            starts_in_reasoning=options.starts_in_reasoning,
-            tool_schemas=options.tool_schemas,
-        )
-
-    return new_parser
+    return partial(stream_parser, tool_format=tag_format)
 
 
 def hermes_grammar(tools: Sequence[ForcedTool], literal: Callable[[str], str]) -> str:

@@ -24,19 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum, auto
 
-from .base import (
-    CallStream,
-    NewIndex,
-    ParsedEvent,
-    Step,
-    is_partial,
-    skip_ws,
-)
-from .regions import ToolRegion, ToolSchemas, xml_param_value
-from .scan_util import take_until, unquote
+from .base import NewIndex, ParsedEvent, Step
+from .region import Advance, ToolRegion, ToolSchemas
+from .scan_util import close_object, send_member, typed_param, unquote
 
 _HEADER_MAX = 300
 _KEY_MAX = 300
@@ -68,57 +61,42 @@ class KvSyntax:
     json_close: str = ""
 
 
-GLM = KvSyntax(
-    region_open="<tool_call>",
-    region_close="",
-    invoke_open="",
-    header_close="",
-    key_open="<arg_key>",
-    key_close="</arg_key>",
-    value_open="<arg_value>",
-    value_close="</arg_value>",
-    call_close="</tool_call>",
-    key_is_attribute=False,
-)
+def _arg_key_syntax(prefix: str) -> KvSyntax:
+    """GLM's markup, its tags named with ``prefix`` (LongCat's ``longcat_``)."""
+    return KvSyntax(
+        region_open=f"<{prefix}tool_call>",
+        region_close="",
+        invoke_open="",
+        header_close="",
+        key_open=f"<{prefix}arg_key>",
+        key_close=f"</{prefix}arg_key>",
+        value_open=f"<{prefix}arg_value>",
+        value_close=f"</{prefix}arg_value>",
+        call_close=f"</{prefix}tool_call>",
+        key_is_attribute=False,
+    )
 
-LONGCAT = KvSyntax(
-    region_open="<longcat_tool_call>",
-    region_close="",
-    invoke_open="",
-    header_close="",
-    key_open="<longcat_arg_key>",
-    key_close="</longcat_arg_key>",
-    value_open="<longcat_arg_value>",
-    value_close="</longcat_arg_value>",
-    call_close="</longcat_tool_call>",
-    key_is_attribute=False,
-)
 
-MINIMAX_M2 = KvSyntax(
-    region_open="<minimax:tool_call>",
-    region_close="</minimax:tool_call>",
-    invoke_open="<invoke",
-    header_close=">",
-    key_open="<parameter",
-    key_close=">",
-    value_open="",
-    value_close="</parameter>",
-    call_close="</invoke>",
-    key_is_attribute=True,
-)
+def _invoke_syntax(block: str, ns: str) -> KvSyntax:
+    """MiniMax's markup: ``block`` around ``invoke`` calls, its tags in namespace ``ns``."""
+    return KvSyntax(
+        region_open=f"<{block}>",
+        region_close=f"</{block}>",
+        invoke_open=f"<{ns}invoke",
+        header_close=">",
+        key_open=f"<{ns}parameter",
+        key_close=">",
+        value_open="",
+        value_close=f"</{ns}parameter>",
+        call_close=f"</{ns}invoke>",
+        key_is_attribute=True,
+    )
 
-MUSE_SPARK = KvSyntax(
-    region_open="<atem:function_calls>",
-    region_close="</atem:function_calls>",
-    invoke_open="<atem:invoke",
-    header_close=">",
-    key_open="<atem:parameter",
-    key_close=">",
-    value_open="",
-    value_close="</atem:parameter>",
-    call_close="</atem:invoke>",
-    key_is_attribute=True,
-)
+
+GLM = _arg_key_syntax("")
+LONGCAT = _arg_key_syntax("longcat_")
+MINIMAX_M2 = _invoke_syntax("minimax:tool_call", "")
+MUSE_SPARK = _invoke_syntax("atem:function_calls", "atem:")
 
 MINICPM5 = KvSyntax(
     region_open="<function name=",
@@ -182,7 +160,15 @@ def clean_value(raw: str, strip: bool = True) -> str:
     return raw.strip() if strip else raw
 
 
-_BETWEEN, _HEADER, _BODY, _KEY, _VALUE_WAIT, _VALUE, _JSON_HEAD, _JSON = range(8)
+class _S(Enum):
+    BETWEEN = auto()  # between calls
+    HEADER = auto()  # a call's header, naming the function
+    BODY = auto()  # between parameters
+    KEY = auto()  # a parameter's key (or its header)
+    VALUE_WAIT = auto()  # before a value's opening tag
+    VALUE = auto()
+    JSON_HEAD = auto()  # a JSON arguments block's header
+    JSON = auto()  # the block's object
 
 
 class KvRegion(ToolRegion):
@@ -193,200 +179,158 @@ class KvRegion(ToolRegion):
     ) -> None:
         super().__init__(marker, new_index, schemas)
         self._syntax = syntax
-        self._state = _HEADER if not syntax.invoke_open else _BETWEEN
-        self._parts: list[str] = []
+        self._state = _S.HEADER if not syntax.invoke_open else _S.BETWEEN
         self._key = ""
         self._key_type: str | None = None
         self._params = 0
-        self._stream: CallStream | None = None
-        self._calls_done = 0
 
-    def step(self, buf: str, final: bool) -> Step:
-        out: list[ParsedEvent] = []
+    def _advance(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        match self._state:
+            case _S.HEADER:
+                return self._header(buf, pos, final, out)
+            case _S.KEY:
+                return self._key_header(buf, pos, final, out)
+            case _S.VALUE:
+                return self._value(buf, pos, final, out)
+            case _S.JSON_HEAD | _S.JSON:
+                return self._json_block(buf, pos, final, out)
+            case _S.VALUE_WAIT:
+                return self._value_wait(buf, pos, final, out)
+            case _S.BETWEEN | _S.BODY:  # markers separated by whitespace
+                return self._markers(buf, pos, final, out)
+
+    def _header(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """A call's header, up to ``header_close`` (or its first key or its close)."""
         s = self._syntax
-        pos, n = 0, len(buf)
-        while True:
-            state = self._state
-            if state == _HEADER:
-                if s.header_close:
-                    stops: tuple[str, ...] = (s.header_close,)
-                else:
-                    stops = (s.key_open, s.call_close)
-                text, end, stop = take_until(buf, pos, stops, final)
-                self._parts.append(text)
-                if self._stream is None:
-                    self._note(buf[pos:end])
-                pos = end
-                header = "".join(self._parts)
-                if stop is None:
-                    if final or len(header) > _HEADER_MAX:
-                        return self._give_up(pos, out)
-                    return Step(pos, out)
-                name = attribute_name(header, s.name_attr) if s.header_close else header.strip()
-                if not name or any(c.isspace() for c in name) or "<" in name:
-                    return self._give_up(pos, out)
-                self._start(name, out)
-                self._parts = []
-                if stop == s.key_open and not s.header_close:
-                    self._state = _KEY
-                elif stop == s.call_close and not s.header_close:
-                    self._close_call(out)
-                    if not s.region_close:
-                        return Step(pos, out, done=True)
-                    self._state = _BETWEEN
-                else:
-                    self._state = _BODY
-                continue
-            if state == _KEY:
-                text, end, stop = take_until(buf, pos, (s.key_close, s.call_close), final)
-                self._parts.append(text)
-                pos = end
-                if stop is None:
-                    if final or len("".join(self._parts)) > _KEY_MAX:
-                        self._close_call(out)
-                        return Step(pos, out, done=True)
-                    return Step(pos, out)
-                if stop == s.call_close:
-                    if self._end_of_call(out):
-                        return Step(pos, out, done=True)
-                    continue
-                header = "".join(self._parts)
-                self._key = (
-                    attribute_name(header, s.key_attr) if s.key_is_attribute else header.strip()
-                )
-                self._key_type = attributes(header).get("type") if s.key_is_attribute else None
-                self._parts = []
-                self._state = _VALUE_WAIT if s.value_open else _VALUE
-                continue
-            if state in (_JSON_HEAD, _JSON):
-                done = self._json_block(buf, pos, final, out)
-                if isinstance(done, Step):
-                    return done
-                pos = done
-                continue
-            if state == _VALUE:
-                stops = (s.value_close, s.call_close)
-                text, end, stop = take_until(buf, pos, stops, final)
-                self._parts.append(text)
-                pos = end
-                if stop is None:
-                    if final:
-                        self._emit_param(out)
-                        self._close_call(out)
-                        return Step(pos, out, done=True)
-                    return Step(pos, out)
-                self._emit_param(out)
-                if stop == s.call_close:
-                    if self._end_of_call(out):
-                        return Step(pos, out, done=True)
-                    continue
-                self._state = _BODY
-                continue
-            # _BETWEEN, _BODY, _VALUE_WAIT: markers separated by whitespace
-            end = skip_ws(buf, pos)
-            if self._stream is None and not self._started_any:
-                self._note(buf[pos:end])
-            pos = end
-            if pos == n:
-                if final:
-                    if self._stream is not None:
-                        self._close_call(out)
-                    return self._finish(pos, out)
-                return Step(pos, out)
-            if state == _VALUE_WAIT:
-                if buf.startswith(s.value_open, pos):
-                    pos += len(s.value_open)
-                elif not final and is_partial(buf, pos, (s.value_open,)):
-                    return Step(pos, out)
-                self._parts = []
-                self._state = _VALUE  # a forgotten value tag: the value starts here
-                continue
-            if state == _BODY:
-                wanted: tuple[str, ...] = (s.key_open, s.call_close)
-                if s.json_open:
-                    wanted += (s.json_open,)
-            else:
-                wanted = tuple(m for m in (s.invoke_open, s.region_close) if m)
-            hit = next((m for m in wanted if buf.startswith(m, pos)), "")
-            if not hit:
-                if not final and is_partial(buf, pos, wanted):
-                    return Step(pos, out)
-                if not self._started_any:
-                    return self._give_up(pos, out)
-                if state == _BETWEEN:  # text after the calls, inside the block: dropped
-                    pos += 1
-                    continue
-                pos += 1  # text between parameters: ignored
-                continue
-            if self._stream is None and not self._started_any:
-                self._note(hit)
-            pos += len(hit)
-            if hit == s.key_open and state == _BODY:
-                self._parts = []
-                self._state = _KEY
-            elif hit == s.call_close and state == _BODY:
-                if self._end_of_call(out):
-                    return Step(pos, out, done=True)
-            elif hit == s.json_open and state == _BODY:
-                self._parts = []
-                self._state = _JSON_HEAD
-            elif hit == s.invoke_open:
-                self._parts = []
-                self._state = _HEADER
-            else:  # region_close
-                if not self._started_any:
-                    return self._give_up(pos, out)
-                return Step(pos, out, done=True)
-
-    def _start(self, name: str, out: list[ParsedEvent]) -> None:
-        self._stream = CallStream(self._new_index)
-        self._stream.start(name, out)
-        self._stream.send("{", out)
+        stops = (s.header_close,) if s.header_close else (s.key_open, s.call_close)
+        pos, stop = self._read_until(buf, pos, stops, final)
+        if stop is None:
+            if final or len("".join(self._parts)) > _HEADER_MAX:
+                return self._give_up(pos, out)
+            return Step(pos, out)
+        header = self._take_parts()
+        name = attribute_name(header, s.name_attr) if s.header_close else header.strip()
+        if not name or any(c.isspace() for c in name) or "<" in name:
+            return self._give_up(pos, out)
+        self._start_call(name, out).send("{", out)
         self._params = 0
-        self._started_any = True
-        self._marker = ""
-        self._pending.clear()
+        if s.header_close:
+            self._state = _S.BODY
+        elif stop == s.key_open:
+            self._state = _S.KEY
+        else:
+            return self._call_closed(pos, out)
+        return pos
 
-    def _end_of_call(self, out: list[ParsedEvent]) -> bool:
-        """Close the call; True when that ends the region too."""
-        self._close_call(out)
-        self._state = _BETWEEN
-        return not self._syntax.region_close
-
-    def _json_block(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> int | Step:
-        """Inside a JSON arguments block: its header, then the object up to ``json_close``.
-        Returns where scanning goes on, or the region's ``Step`` when it stops here."""
+    def _key_header(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """A parameter's key, or its header naming the key, up to ``key_close``."""
         s = self._syntax
-        if self._state == _JSON_HEAD:
-            text, end, stop = take_until(buf, pos, (s.key_close,), final)
-            self._parts.append(text)
+        pos, stop = self._read_until(buf, pos, (s.key_close, s.call_close), final)
+        if stop is None:
+            if final or len("".join(self._parts)) > _KEY_MAX:
+                self._close_call(out)
+                return Step(pos, out, done=True)
+            return Step(pos, out)
+        header = self._take_parts()
+        if stop == s.call_close:
+            return self._call_closed(pos, out)
+        if s.key_is_attribute:
+            self._key = attribute_name(header, s.key_attr)
+            self._key_type = attributes(header).get("type")
+        else:
+            self._key, self._key_type = header.strip(), None
+        self._state = _S.VALUE_WAIT if s.value_open else _S.VALUE
+        return pos
+
+    def _value(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        s = self._syntax
+        pos, stop = self._read_until(buf, pos, (s.value_close, s.call_close), final)
+        if stop is None:
+            if final:
+                self._emit_param(out)
+                self._close_call(out)
+                return Step(pos, out, done=True)
+            return Step(pos, out)
+        self._emit_param(out)
+        if stop == s.call_close:
+            return self._call_closed(pos, out)
+        self._state = _S.BODY
+        return pos
+
+    def _value_wait(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """Before a value: its opening tag, or a forgotten one (the value starts here)."""
+        value_open = self._syntax.value_open
+        pos, hit = self._next_marker(buf, pos, final, (value_open,))
+        if hit is None:
+            return self._give_up(pos, out) if final else Step(pos, out)
+        self._parts = []
+        self._state = _S.VALUE
+        return pos + len(hit)
+
+    def _markers(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """Between calls (``BETWEEN``) or parameters (``BODY``): the next marker."""
+        s = self._syntax
+        body = self._state == _S.BODY
+        if body:
+            wanted = (s.key_open, s.call_close) + ((s.json_open,) if s.json_open else ())
+        else:
+            wanted = tuple(m for m in (s.invoke_open, s.region_close) if m)
+        pos, hit = self._next_marker(buf, pos, final, wanted)
+        if hit is None:
+            return self._give_up(pos, out) if final else Step(pos, out)
+        if not hit:
+            if not self._started_any:
+                return self._give_up(pos, out)
+            return pos + 1  # text between calls or parameters, inside the block: dropped
+        if not self._started_any:
+            self._note(hit)
+        pos += len(hit)
+        if body and hit == s.call_close:
+            return self._call_closed(pos, out)
+        if hit == s.region_close and not body:
+            return self._finish(pos, out)
+        self._parts = []
+        if not body:
+            self._state = _S.HEADER
+        else:
+            self._state = _S.KEY if hit == s.key_open else _S.JSON_HEAD
+        return pos
+
+    def _call_closed(self, pos: int, out: list[ParsedEvent]) -> Advance:
+        """The call's close marker: the call ends, and with it the region where the region
+        has no close of its own."""
+        self._close_call(out)
+        self._state = _S.BETWEEN
+        return pos if self._syntax.region_close else Step(pos, out, done=True)
+
+    def _json_block(self, buf: str, pos: int, final: bool, out: list[ParsedEvent]) -> Advance:
+        """Inside a JSON arguments block: its header, then the object up to ``json_close``."""
+        s = self._syntax
+        if self._state == _S.JSON_HEAD:
+            pos, stop = self._read_until(buf, pos, (s.key_close,), final)
             if stop is None:
                 if final or len("".join(self._parts)) > _HEADER_MAX:
                     self._close_call(out)
-                    return Step(end, out, done=True)
-                return Step(end, out)
+                    return Step(pos, out, done=True)
+                return Step(pos, out)
             self._parts = []
-            self._state = _JSON
-            return end
-        text, end, stop = take_until(buf, pos, (s.json_close, s.call_close), final)
-        self._parts.append(text)
+            self._state = _S.JSON
+            return pos
+        pos, stop = self._read_until(buf, pos, (s.json_close, s.call_close), final)
         if stop is None and not final:
-            return Step(end, out)
+            return Step(pos, out)
         self._emit_object(out)
         if stop is None:  # cut short: the call ends with what was written
             self._close_call(out)
-            return Step(end, out, done=True)
+            return Step(pos, out, done=True)
         if stop == s.call_close:
-            if self._end_of_call(out):
-                return Step(end, out, done=True)
-            return end
-        self._state = _BODY
-        return end
+            return self._call_closed(pos, out)
+        self._state = _S.BODY
+        return pos
 
     def _emit_object(self, out: list[ParsedEvent]) -> None:
-        raw, self._parts = "".join(self._parts), []
         try:
-            value = json.loads(raw)
+            value = json.loads(self._take_parts())
         except ValueError:
             return
         if isinstance(value, dict):
@@ -395,35 +339,23 @@ class KvRegion(ToolRegion):
 
     def _send_pair(self, key: str, typed: object, out: list[ParsedEvent]) -> None:
         assert self._stream is not None
-        pair = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        self._stream.send(pair if self._params == 0 else ", " + pair, out)
+        send_member(self._stream, self._params == 0, key, typed, out)
         self._params += 1
 
     def _emit_param(self, out: list[ParsedEvent]) -> None:
         assert self._stream is not None
-        value = clean_value("".join(self._parts), self._syntax.strip)
-        self._parts = []
+        value = clean_value(self._take_parts(), self._syntax.strip)
         key, self._key = self._key, ""
         if not key:
             return
-        params = (self._schemas or {}).get(self._stream.name, {}).get("properties", {})
-        schema = params.get(key) if isinstance(params, Mapping) else None
-        if self._key_type is not None and not isinstance(schema, Mapping):
-            schema = {"type": self._key_type}  # the model's own typing (Kimi K3's type="...")
-        typed = xml_param_value(value, schema if isinstance(schema, Mapping) else None)
+        typed = typed_param(self._schemas, self._stream.name, key, value, self._key_type)
         self._send_pair(key, typed, out)
 
     def _close_call(self, out: list[ParsedEvent]) -> None:
         if self._stream is None:
             return
-        self._stream.send("}", out)
-        self._stream.end("", out)  # arguments = exactly what was sent
+        close_object(self._stream, out)
         self._stream = None
-        self._calls_done += 1
 
-    def _give_up(self, pos: int, out: list[ParsedEvent]) -> Step:
-        if self._stream is not None:
-            self._close_call(out)
-        if self._started_any:
-            return Step(pos, out, done=True)
-        return self._revert(pos, out)
+    def _end_open_call(self, out: list[ParsedEvent]) -> None:
+        self._close_call(out)
