@@ -20,9 +20,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard
+from typing import Final, TypeGuard
 
 DETAILS: Final = ("auto", "low", "high")
 
@@ -100,14 +100,3 @@ def content_parts(content: Content, text_type: str) -> list[dict[str, object]]:
         image_part(piece) if isinstance(piece, ImageRef) else {"type": text_type, "text": piece}
         for piece in pieces_of(content)
     ]
-
-
-def stored_image(part: Mapping[str, Any]) -> ImageRef | None:
-    """The image a stored ``input_image`` part (``image_part``) holds; None when the part is no
-    such part (a client's, which never reaches here unchecked, holds no ``data:`` URL then)."""
-    url, detail = part.get("image_url"), part.get("detail")
-    if part.get("type") != "input_image" or not isinstance(url, str):
-        return None
-    if not url.startswith("data:"):
-        return None
-    return ImageRef(url, detail if detail in DETAILS else "auto")

@@ -35,7 +35,7 @@ from typing import Any, Final
 from ..errors import ApiError, invalid_request
 from ..objects import Execution
 from ..tools.spec import qualified_name
-from .images import Content, ImageRef, Piece, content_of, stored_image, text_of
+from .images import DETAILS, Content, ImageRef, Piece, content_of
 from .values import (
     COMPACTION_FORMAT_VERSION,
     PHASES,
@@ -190,7 +190,8 @@ def _reasoning_text(item: JsonObject, path: str) -> str:
                 f"Invalid type for '{path}.{key}': expected an array, but got {json_type(parts)}.",
                 f"{path}.{key}",
             )
-        text = text_of(_content_of_parts(parts, "reasoning", f"{path}.{key}"))
+        content = _content_of_parts(parts, "reasoning", f"{path}.{key}")
+        text = content if isinstance(content, str) else ""  # no images: never a tuple
         if text:
             return text
     return ""
@@ -252,7 +253,7 @@ def _content_of_parts(parts: list[Any], owner: str, path: str, stored: bool = Fa
         part_path = f"{path}[{i}]"
         image = part if isinstance(part, ImageRef) else None
         if image is None and stored and isinstance(part, dict):
-            image = stored_image(part)
+            image = _stored_image(part)
         if image is not None and owner in _IMAGE_OWNERS:
             pieces.append(image)
         elif not isinstance(part, dict):
@@ -263,6 +264,17 @@ def _content_of_parts(parts: list[Any], owner: str, path: str, stored: bool = Fa
         else:
             pieces.append(_text_part(part, allowed, owner, part_path))
     return content_of(pieces)
+
+
+def _stored_image(part: Mapping[str, Any]) -> ImageRef | None:
+    """The image a stored ``input_image`` part (``image_part``) holds; None when the part is no
+    such part (a client's, which never reaches here unchecked, holds no ``data:`` URL then)."""
+    url, detail = part.get("image_url"), part.get("detail")
+    if part.get("type") != "input_image" or not isinstance(url, str):
+        return None
+    if not url.startswith("data:"):
+        return None
+    return ImageRef(url, detail if detail in DETAILS else "auto")
 
 
 def _text_part(part: JsonObject, allowed: frozenset[str], owner: str, path: str) -> str:
