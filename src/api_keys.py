@@ -1,4 +1,4 @@
-"""API keys and tenants (decision 12): the configured keys, a value of the settings; the HTTP
+"""API keys and tenants: the configured keys, a value of the settings; the HTTP
 edge (``http/auth.py``) checks each request against them.
 
 Invariants:

@@ -1,4 +1,4 @@
-"""OpenBLAS for MLX's CPU backend on Linux (issue 16, platform notes).
+"""OpenBLAS for MLX's CPU backend on Linux (platform notes).
 
 Invariants:
 - ``preload_openblas`` runs before anything imports ``mlx``: importing the package runs it

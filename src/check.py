@@ -1,5 +1,5 @@
 """``mlx-responses serve --check``: start the real server, run one documented prompt through
-it over HTTP (streamed), print the timings, stop (issue 16).
+it over HTTP (streamed), print the timings, stop.
 
 Invariants:
 - The whole server runs (actors, model thread, Hypercorn), on 127.0.0.1 with a free port, an

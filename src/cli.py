@@ -65,7 +65,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         prog="mlx-responses",
         description="A local server for the OpenAI Responses API running one MLX model.",
     )
-    parser.add_argument("--version", action="version", version=version_text())  # issue 16
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser(
         "serve",
@@ -97,14 +97,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         f"key is its own tenant) [env: {API_KEY_ENV}, comma-separated]",
     )
     serve_parser.set_defaults(env_api_keys=env_keys)
-    serve_parser.add_argument(  # issue 26
+    serve_parser.add_argument(
         "--pipeline",
         action="store_true",
         default=env.get("MLX_RESPONSES_PIPELINE", "") not in ("", "0", "false"),
         help="when started by mlx.launch over several ranks: split the model by layers "
         "(pipeline parallel) instead of by tensors [env: MLX_RESPONSES_PIPELINE]",
     )
-    serve_parser.add_argument(  # issue 16
+    serve_parser.add_argument(
         "--check",
         action="store_true",
         help="load the model, run one documented prompt through the server, print the "
@@ -114,39 +114,15 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    if args.model is None:
-        model_path = str(BUNDLED_MODEL_PATH)
-        alias = args.alias or BUNDLED_ALIAS
-    else:
-        model_path = resolve_model_path(args.model)
-        alias = args.alias or os.path.basename(os.path.normpath(args.model))
-    for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("prompt_cache_bytes", "prompt_cache_entries"):
-        if (value := getattr(args, name)) is not None and value < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise SystemExit("--ctx-size must be at least 1")
-    if not 0 <= args.port < 65536:
-        raise SystemExit("--port must be between 0 and 65535")
+    """The parsed flags as settings; a value out of range stops start-up with its flag's name.
+
+    The checks run in the flags' order, so the first bad flag is the one named.
+    """
+    model_path, alias = _model_location(args)
+    _check_engine_flags(args)
     responses_store = _store_limits(args, "responses_store")
     conversation_store = _store_limits(args, "conversation_store")
-    if args.responses_background_max_jobs < 0:
-        raise SystemExit("--responses-background-max-jobs must not be negative")
-    if args.responses_background_ephemeral_ttl_secs < 1:
-        raise SystemExit("--responses-background-ephemeral-ttl-secs must be at least 1")
-    for name in ("files_max_bytes", "files_max_file_bytes", "files_ttl_secs"):
-        if (value := getattr(args, name)) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
-    if args.reasoning_echo_max_bytes < 0:
-        raise SystemExit("--reasoning-echo-max-bytes must not be negative")
-    if args.max_request_bytes < 1:
-        raise SystemExit("--max-request-bytes must be at least 1")
-    if args.websocket_max_connections < 0:
-        raise SystemExit("--websocket-max-connections must not be negative")
-    if args.websocket_max_seconds <= 0:
-        raise SystemExit("--websocket-max-seconds must be above 0")
+    _check_server_flags(args)
     try:
         api_keys = load_api_keys(args.api_key or args.env_api_keys, args.api_keys_file)
     except OSError as exc:
@@ -157,32 +133,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         store = parse_store(args.store, args.data_dir or default_data_dir())
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    if not args.replica_lease_secs > 0:  # issue 15
+    if not args.replica_lease_secs > 0:
         raise SystemExit("--replica-lease-secs must be above 0")
-    try:
-        default_temperature = (
-            parse_temperature(args.default_temperature) if args.default_temperature else None
-        )
-    except ValueError as exc:
-        raise SystemExit(f"--default-temperature: {exc}") from None
+    default_temperature = _default_temperature(args)
     return ServerSettings(
         store=store,
         host=args.host,
         port=args.port,
-        model=ModelSettings(
-            model_path=model_path,
-            alias=alias,
-            prefill_step_size=args.prefill_step_size,
-            completion_batch_size=args.decode_concurrency,
-            prefill_batch_size=args.prompt_concurrency,
-            max_sequences=args.max_sequences,
-            context_size=args.ctx_size,
-            prompt_cache_bytes=args.prompt_cache_bytes,
-            prompt_cache_entries=args.prompt_cache_entries,
-            blas_threads=args.blas_threads,
-            tool_format=args.tool_format,
-            sharding=_sharding(args),
-        ),
+        model=_model_settings(args, model_path, alias),
         responses_store=responses_store,
         conversation_store=conversation_store,
         background_max_jobs=args.responses_background_max_jobs,
@@ -198,8 +156,74 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         files=FileLimits(args.files_max_bytes, args.files_max_file_bytes, args.files_ttl_secs),
         data_dir=args.data_dir or None,
         reasoning_secret_file=args.reasoning_secret_file,
-        replica_lease_seconds=args.replica_lease_secs,  # issue 15
-        fetch_image_urls=args.image_urls == "fetch",  # issue 27
+        replica_lease_seconds=args.replica_lease_secs,
+        fetch_image_urls=args.image_urls == "fetch",
+    )
+
+
+def _model_location(args: argparse.Namespace) -> tuple[str, str]:
+    """The model's path and the alias clients name it by (the bundled model without ``--model``)."""
+    if args.model is None:
+        return str(BUNDLED_MODEL_PATH), args.alias or BUNDLED_ALIAS
+    alias = args.alias or os.path.basename(os.path.normpath(args.model))
+    return resolve_model_path(args.model), alias
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """The batch, cache, context and port flags' ranges."""
+    for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("prompt_cache_bytes", "prompt_cache_entries"):
+        if (value := getattr(args, name)) is not None and value < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise SystemExit("--ctx-size must be at least 1")
+    if not 0 <= args.port < 65536:
+        raise SystemExit("--port must be between 0 and 65535")
+
+
+def _check_server_flags(args: argparse.Namespace) -> None:
+    """The background, files, request-size and WebSocket flags' ranges."""
+    if args.responses_background_max_jobs < 0:
+        raise SystemExit("--responses-background-max-jobs must not be negative")
+    if args.responses_background_ephemeral_ttl_secs < 1:
+        raise SystemExit("--responses-background-ephemeral-ttl-secs must be at least 1")
+    for name in ("files_max_bytes", "files_max_file_bytes", "files_ttl_secs"):
+        if (value := getattr(args, name)) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
+    if args.reasoning_echo_max_bytes < 0:
+        raise SystemExit("--reasoning-echo-max-bytes must not be negative")
+    if args.max_request_bytes < 1:
+        raise SystemExit("--max-request-bytes must be at least 1")
+    if args.websocket_max_connections < 0:
+        raise SystemExit("--websocket-max-connections must not be negative")
+    if args.websocket_max_seconds <= 0:
+        raise SystemExit("--websocket-max-seconds must be above 0")
+
+
+def _default_temperature(args: argparse.Namespace) -> float | None:
+    """``--default-temperature``, or None when the flag is unset."""
+    try:
+        return parse_temperature(args.default_temperature) if args.default_temperature else None
+    except ValueError as exc:
+        raise SystemExit(f"--default-temperature: {exc}") from None
+
+
+def _model_settings(args: argparse.Namespace, model_path: str, alias: str) -> ModelSettings:
+    return ModelSettings(
+        model_path=model_path,
+        alias=alias,
+        prefill_step_size=args.prefill_step_size,
+        completion_batch_size=args.decode_concurrency,
+        prefill_batch_size=args.prompt_concurrency,
+        max_sequences=args.max_sequences,
+        context_size=args.ctx_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        prompt_cache_entries=args.prompt_cache_entries,
+        blas_threads=args.blas_threads,
+        tool_format=args.tool_format,
+        sharding=_sharding(args),
     )
 
 
@@ -226,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
-    try:  # issue 16: a folder that is not a model, or a hub id that cannot be had, stops here
+    try:  # a folder that is not a model, or a hub id that cannot be had, stops here
         model = dataclasses.replace(
             settings.model, model_path=locate_model(settings.model.model_path)
         )
@@ -234,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"mlx-responses: {exc}") from None
     settings = dataclasses.replace(settings, model=model)
     rank = launched_rank()
-    if model.sharding is not None and rank:  # issue 26: a follower rank
+    if model.sharding is not None and rank:  # a follower rank
         code = run_follower(thread_settings(model), rank)
         # Straight out: MLX's ring threads may still hold a dead peer's sockets, and its
         # static destructors would abort on them (exit status 134 instead of this one).
@@ -246,12 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check(settings)
     try:
         trio.run(lambda: serve(settings, handle_signals=True))
-    except RankLost as exc:  # issue 26: loud, and no wait for a thread stuck on a lost rank
+    except RankLost as exc:  # loud, and no wait for a thread stuck on a lost rank
         logging.getLogger("mlx_responses").critical("the sharded model stopped: %s", exc)
         print(f"mlx-responses: the sharded model stopped: {exc}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(1)
-    except Exception as exc:  # issue 15: an unusable store file stops start-up with its message
+    except Exception as exc:  # an unusable store file stops start-up with its message
         store_error = _store_error(exc)
         if store_error is None:
             raise
@@ -260,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sharding(args: argparse.Namespace) -> Sharding | None:
-    """Issue 26: sharded when ``mlx.launch`` started this process as one of several ranks."""
+    """Sharded when ``mlx.launch`` started this process as one of several ranks."""
     if not sharded_launch():
         if args.pipeline:
             raise SystemExit("--pipeline needs several ranks: start with mlx.launch")

@@ -50,7 +50,7 @@ def background_key_flag(text: str) -> str:
 
 
 def image_urls_flag(text: str) -> str:
-    """``--image-urls``: 'refuse' or 'fetch' (issue 27, docs/vision.md)."""
+    """``--image-urls``: 'refuse' or 'fetch' (docs/vision.md)."""
     value = text.strip().lower()
     if value not in ("refuse", "fetch"):
         raise argparse.ArgumentTypeError(f"expected 'refuse' or 'fetch', got {text!r}")
@@ -153,7 +153,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "tokenizer_config.json's tool_parser_type, else detected from the chat template and "
         f"vocabulary) or one of: {', '.join(formats.names())}",
     ),
-    # Spec 000, Storage Flags: names, defaults and environment variables exactly as written there.
+    # The storage flags: names, defaults and environment variables as docs/stores.md lists them.
     Flag(
         "--responses-store-max-entries",
         "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
@@ -238,7 +238,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         int,
         "largest request body accepted; a larger one is 413",
     ),
-    # Decision 24: the WebSocket mode of /v1/responses (docs/websocket.md).
+    # The WebSocket mode of /v1/responses (docs/websocket.md).
     Flag(
         "--websocket-max-connections",
         "MLX_RESPONSES_WEBSOCKET_MAX_CONNECTIONS",
@@ -255,7 +255,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         float,
         "longest life of a WebSocket connection; then it closes with 1001 (clients reconnect)",
     ),
-    # Decision 13: the Files API's in-memory store (docs/files.md).
+    # The Files API's in-memory store (docs/files.md).
     Flag(
         "--files-max-bytes",
         "MLX_RESPONSES_FILES_MAX_BYTES",
@@ -287,7 +287,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "byte budget of the reasoning echo (the reasoning of earlier plain replies, put back "
         "when a client replays a reply without it); 0 disables it",
     ),
-    # Issue 15: where state lives (docs/stores.md).
+    # Where state lives (docs/stores.md).
     Flag(
         "--store",
         "MLX_RESPONSES_STORE",
@@ -305,7 +305,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "folder of the default SQLite store (default: the platform's user data folder, "
         "e.g. $XDG_DATA_HOME/mlx-responses or ~/.local/share/mlx-responses)",
     ),
-    Flag(  # issue 15: replicas over one PostgreSQL store (docs/deploy.md)
+    Flag(  # replicas over one PostgreSQL store (docs/deploy.md)
         "--replica-lease-secs",
         "MLX_RESPONSES_REPLICA_LEASE_SECS",
         10.0,
@@ -313,7 +313,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "with a postgresql:// store: seconds a replica's lease lasts (renewed at least every "
         "third of it); the background jobs of a replica that stopped end failed once it expires",
     ),
-    Flag(  # issue 13: ServerSettings.reasoning_secret_file
+    Flag(  # ServerSettings.reasoning_secret_file
         "--reasoning-secret-file",
         "MLX_RESPONSES_REASONING_SECRET_FILE",
         "",
@@ -330,16 +330,16 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "temperature (0..2) for /v1/responses and /v1/messages requests that give none, e.g. "
         "0 for greedy answers to clients that never send one (Codex CLI); default: 1.0",
     ),
-    Flag(  # issue 28
+    Flag(
         "--background-key",
         "MLX_RESPONSES_BACKGROUND_KEY",
         "omitted",
         background_key_flag,
-        "'omitted': a foreground Response has no 'background' key (spec 000); 'always': every "
+        "'omitted': a foreground Response has no 'background' key; 'always': every "
         "Response and every event's response carries it, false for foreground, as OpenAI "
         "sends it (for clients and suites that require the key, e.g. Open Responses)",
     ),
-    Flag(  # issue 26: docs/distributed.md
+    Flag(  # docs/distributed.md
         "--distributed-backend",
         "MLX_RESPONSES_DISTRIBUTED_BACKEND",
         "any",
@@ -347,7 +347,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "when started by mlx.launch over several ranks: mx.distributed's backend (ring, "
         "jaccl, mpi or any)",
     ),
-    Flag(  # issue 26
+    Flag(
         "--rank-timeout-secs",
         "MLX_RESPONSES_RANK_TIMEOUT_SECS",
         30.0,

@@ -28,7 +28,7 @@ class Runtime:
     created_at: int
     _stop: trio.Event
     base_url: str = ""
-    status: StatusHandle | None = None  # issue 16: the status page's history
+    status: StatusHandle | None = None  # the status page's history
 
     @property
     def model(self) -> ModelHandle:

@@ -26,13 +26,18 @@ from functools import partial
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from quart_trio import QuartTrio
 
-from .actors.model import run_model_actor
+from .actors.model import ModelHandle, run_model_actor
 from .actors.replica_link import new_replica_id, start_replica_link
 from .actors.runtime import Actors
 from .actors.status import run_status_history
-from .actors.store import run_store
-from .actors.supervisor import SupervisorSettings, run_response_supervisor
+from .actors.store import Store, run_store
+from .actors.supervisor import (
+    ResponseSupervisorHandle,
+    SupervisorSettings,
+    run_response_supervisor,
+)
 from .engine.distributed import RankLost
 from .http.app import create_app
 from .http.metrics import Metrics
@@ -55,7 +60,7 @@ ServerHandle = Runtime
 
 log = logging.getLogger(__name__)
 
-# Issue 12: the generation thread shares the GIL with the event loop. It gives the GIL up for
+# The generation thread shares the GIL with the event loop. It gives the GIL up for
 # every MLX evaluation and needs it back right after; with Python's default switch interval
 # (5 ms) a busy event loop could keep it waiting that long each time, a large share of a
 # decode step on a fast model. A shorter interval bounds the wait (bench/throughput.py).
@@ -68,28 +73,14 @@ async def serve(
     handle_signals: bool = False,
     task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Start the actors in order, each ready before the next; serve until stopped; shut down."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
     stop = trio.Event()
-    stopped_http = trio.Event()
     async with trio.open_nursery() as nursery:
-        # Issue 15: the store actor opens the durable backends (if any) on a thread of its own.
         replica_id = new_replica_id()
-        budgets = Budgets(
-            settings.responses_store,
-            settings.conversation_store,
-            settings.files,
-            settings.reasoning_echo_max_bytes,
-        )
-        opener = backends_opener(
-            settings.store,
-            budgets,
-            replica_id=replica_id,
-            lease_seconds=settings.replica_lease_seconds,
-            responses=settings.response_storage,
-        )
-        store = await nursery.start(partial(run_store, budgets, open_backends=opener))
+        store = await _start_store(nursery, settings, replica_id)
         model = await nursery.start(run_model_actor, settings.model)
-        metrics = Metrics()  # issue 16
+        metrics = Metrics()
         replica = await start_replica_link(
             nursery,
             settings.store,
@@ -105,76 +96,117 @@ async def serve(
             store.files,
             store.echo,
             timings=metrics,
-            replica=replica,  # issue 15
+            replica=replica,
         )
-        responses = await nursery.start(
-            run_response_supervisor,
-            actors,
-            SupervisorSettings(
-                max_jobs=settings.background_max_jobs,
-                max_job_bytes=settings.responses_store.max_bytes,
-                ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
-                max_sockets_per_tenant=settings.websocket_max_connections,
-            ),
-        )
+        responses = await _start_supervisor(nursery, settings, actors)
         if replica is not None:
             replica.bind(responses.cancel)
-        status = await nursery.start(run_status_history, model, responses, metrics)  # issue 16
+        status = await nursery.start(run_status_history, model, responses, metrics)
         runtime = Runtime(settings, actors, responses, int(time.time()), stop, status=status)
-
-        config = HypercornConfig()
-        config.bind = [f"{settings.host}:{settings.port}"]
-        config.graceful_timeout = settings.graceful_timeout
-        config.accesslog = None
-        config.errorlog = logging.getLogger("hypercorn.error")
-        app = create_app(runtime)
-
-        async def wait_http_stop() -> None:
-            await stopped_http.wait()
-
-        http_done = trio.Event()
-
-        async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            try:
-                await hypercorn_serve(
-                    app,
-                    config,
-                    shutdown_trigger=wait_http_stop,
-                    task_status=task_status,
-                )
-            finally:
-                http_done.set()
-
-        binds = await nursery.start(run_http)
-        runtime = dataclasses.replace(runtime, base_url=binds[0])
+        http = await _start_http(nursery, settings, create_app(runtime))
+        runtime = dataclasses.replace(runtime, base_url=http.base_url)
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
-        # Issue 16: the model, its size, the backend.
         log_startup(log, model.info, model.blas, model.device, model.topology)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
-        nursery.start_soon(_watch_model_failure, model.failed, stop)  # issue 26
+        nursery.start_soon(_watch_model_failure, model.failed, stop)
         task_status.started(runtime)
         await stop.wait()
         log.info("shutting down")
-        await model.shutdown()
-        with trio.move_on_after(settings.graceful_timeout):
-            if model.fatal is None:  # issue 26: a lost rank's batch never empties
-                await model.wait_idle()
-            # The sequences are out of the batch; their responses publish their terminal
-            # events (a run may be between receives) before the HTTP server stops.
-            while responses.statistics().running:  # noqa: ASYNC110
-                await trio.sleep(0.001)
-        stopped_http.set()
-        # The HTTP server returns once open requests have finished (bounded by its grace).
-        with trio.move_on_after(settings.graceful_timeout + 1):
-            await http_done.wait()
+        await _drain(settings, model, responses)
+        await http.close(settings.graceful_timeout + 1)
         nursery.cancel_scope.cancel()
     if model.fatal is not None:
         raise RankLost(model.fatal)
 
 
+async def _start_store(nursery: trio.Nursery, settings: ServerSettings, replica_id: str) -> Store:
+    """The store actor; it opens the durable backends (if any) on a thread of its own."""
+    budgets = Budgets(
+        settings.responses_store,
+        settings.conversation_store,
+        settings.files,
+        settings.reasoning_echo_max_bytes,
+    )
+    opener = backends_opener(
+        settings.store,
+        budgets,
+        replica_id=replica_id,
+        lease_seconds=settings.replica_lease_seconds,
+        responses=settings.response_storage,
+    )
+    store: Store = await nursery.start(partial(run_store, budgets, open_backends=opener))
+    return store
+
+
+async def _start_supervisor(
+    nursery: trio.Nursery, settings: ServerSettings, actors: Actors
+) -> ResponseSupervisorHandle:
+    supervisor_settings = SupervisorSettings(
+        max_jobs=settings.background_max_jobs,
+        max_job_bytes=settings.responses_store.max_bytes,
+        ephemeral_ttl_seconds=settings.background_ephemeral_ttl_seconds,
+        max_sockets_per_tenant=settings.websocket_max_connections,
+    )
+    responses: ResponseSupervisorHandle = await nursery.start(
+        run_response_supervisor, actors, supervisor_settings
+    )
+    return responses
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Http:
+    """The running HTTP server: its first bound address, and how to stop it."""
+
+    base_url: str
+    stop: trio.Event
+    done: trio.Event
+
+    async def close(self, grace_seconds: float) -> None:
+        """Stop accepting; return once open requests have finished (bounded by the grace)."""
+        self.stop.set()
+        with trio.move_on_after(grace_seconds):
+            await self.done.wait()
+
+
+async def _start_http(nursery: trio.Nursery, settings: ServerSettings, app: QuartTrio) -> _Http:
+    """Hypercorn on ``settings.host:port``; ready once its socket is bound."""
+    config = HypercornConfig()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.graceful_timeout = settings.graceful_timeout
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    stop, done = trio.Event(), trio.Event()
+
+    async def wait_stop() -> None:
+        await stop.wait()
+
+    async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await hypercorn_serve(app, config, shutdown_trigger=wait_stop, task_status=task_status)
+        finally:
+            done.set()
+
+    binds: list[str] = await nursery.start(run_http)
+    return _Http(binds[0], stop, done)
+
+
+async def _drain(
+    settings: ServerSettings, model: ModelHandle, responses: ResponseSupervisorHandle
+) -> None:
+    """The model refuses new sequences and finishes the running ones, bounded by the grace."""
+    await model.shutdown()
+    with trio.move_on_after(settings.graceful_timeout):
+        if model.fatal is None:  # a lost rank's batch never empties
+            await model.wait_idle()
+        # The sequences are out of the batch; their responses publish their terminal
+        # events (a run may be between receives) before the HTTP server stops.
+        while responses.statistics().running:  # noqa: ASYNC110
+            await trio.sleep(0.001)
+
+
 async def _watch_model_failure(failed: trio.Event, stop: trio.Event) -> None:
-    """Issue 26: a sharded model that lost a rank stops the server (its requests failed)."""
+    """A sharded model that lost a rank stops the server (its requests failed)."""
     await failed.wait()
     stop.set()
 

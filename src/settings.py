@@ -13,7 +13,7 @@ from .storage.choice import MEMORY, StoreChoice, default_data_dir
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import ResponseStorage, StoreLimits
 
-# Spec 000, Storage Flags.
+# The storage flags' defaults (docs/stores.md).
 DEFAULT_RESPONSE_LIMITS = StoreLimits(max_entries=1024, max_bytes=268435456, ttl_seconds=3600)
 DEFAULT_CONVERSATION_LIMITS = StoreLimits(max_entries=256, max_bytes=67108864, ttl_seconds=3600)
 
@@ -33,24 +33,24 @@ class ServerSettings:
     api_keys: ApiKeys = OPEN
     max_request_bytes: int = 32 * 1024 * 1024
     reasoning_echo_max_bytes: int = DEFAULT_ECHO_BYTES
-    # Issue 15: the command line defaults to SQLite in the data dir; code and tests to memory.
+    # The command line defaults to SQLite in the data dir; code and tests to memory.
     store: StoreChoice = MEMORY
     # --default-temperature: for requests that give none (None: OpenAI's 1.0).
     default_temperature: float | None = None
-    # --background-key always: every Response carries ``background`` (issue 28).
+    # --background-key always: every Response carries ``background``.
     background_key: bool = False
     # The seam for fault injection into the response store: tests install a backend factory.
     response_storage: Callable[[], ResponseStorage] | None = None
     # The WebSocket mode: most open connections per tenant, and a connection's longest life.
     websocket_max_connections: int = 16
     websocket_max_seconds: float = 3600.0
-    # Issue 13: --data-dir (None: the platform's user data folder) and --reasoning-secret-file
+    # --data-dir (None: the platform's user data folder) and --reasoning-secret-file
     # ("": ``reasoning-secret`` under the data dir), read through ``reasoning_secret_path``.
     data_dir: str | None = None
     reasoning_secret_file: str = ""
-    # Issue 15: with a postgresql:// store, how long a replica's lease lasts (docs/deploy.md).
+    # With a postgresql:// store, how long a replica's lease lasts (docs/deploy.md).
     replica_lease_seconds: float = 10.0
-    # Issue 27: --image-urls fetch (off by default: docs/vision.md says why).
+    # --image-urls fetch (off by default: docs/vision.md says why).
     fetch_image_urls: bool = False
 
     def reasoning_secret_path(self) -> Path:

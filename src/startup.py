@@ -1,4 +1,4 @@
-"""The start-up line: what is being served, and on which backend (issue 16)."""
+"""The start-up line: what is being served, and on which backend."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def startup_line(
         f"reasoning {'yes' if info.has_thinking else 'no'}, "
         f"input_modalities: [{', '.join(repr(m) for m in info.input_modalities)}]; {where}"
     )
-    if topology is not None:  # issue 26
+    if topology is not None:
         line += f"; {topology.describe()}"
     return line, slow
 

@@ -1,4 +1,4 @@
-"""How many threads OpenBLAS runs MLX's CPU products on (issue 12): its default only where
+"""How many threads OpenBLAS runs MLX's CPU products on: its default only where
 the extra threads pay for the cores they take.
 
 Invariants:
@@ -12,7 +12,7 @@ Invariants:
   the threaded passes most; measured on this shared machine, the 10M bench model's speedup
   read 1.23-1.58 from one start to the next). Below that decode steps run on one thread: on a model whose products are small,
   a second thread buys little speed and takes a core from the event loop, the clients and the
-  generation thread's own Python (measured: ``docs/benchmarks.md``, session 6). Steps that
+  generation thread's own Python (measured: ``docs/benchmarks.md``). Steps that
   prefill always run on the default: their products have a row per prompt token.
 - The count is process-wide in OpenBLAS and changing it while a product runs is not safe, so
   ``StepThreads`` changes it only between steps and only after the generation stream has
@@ -165,7 +165,7 @@ def set_blas_threads(
     """Choose the counts for ``model`` (None: ``auto``; ``key`` names its folder) and leave
     OpenBLAS on the prefill count (a batch's first step prefills); the choice, or None where
     OpenBLAS does not compute. Runs on the generation thread before it serves. ``sharded``
-    (issue 26): never measured, since a measurement runs as many passes as time allows and
+    (a split model): never measured, since a measurement runs as many passes as time allows and
     each pass of a split model is an exchange every rank must join alike."""
     blas = open_blas()
     if blas is None:

@@ -1,4 +1,4 @@
-"""A follower rank (issue 26): the generation thread alone, stepping on what rank 0 sends.
+"""A follower rank: the generation thread alone, stepping on what rank 0 sends.
 
 Invariants:
 - A follower runs no HTTP, no actors and no stores: ``mlx-responses serve`` on a rank other

@@ -44,7 +44,7 @@ class LoadedModel:
     # MLX's version and default device in words, asked once here on the generation thread
     # (the only thread that calls MLX), so the start-up line and /status never call it.
     device: str = ""
-    # Issue 26: the ranks the model is split over (None: one process holds it all).
+    # The ranks the model is split over (None: one process holds it all).
     topology: Topology | None = None
 
 

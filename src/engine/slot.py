@@ -9,7 +9,7 @@ Invariants:
   ``receive`` as one ``SequenceOutput`` (text joined, token counts summed). Nothing is dropped;
   the buffer is bounded by the sequence's own ``max_tokens``.
 - The producer wakes the consumer only when it waits: a push while the consumer is busy, or
-  lingers (``receive(linger=...)``, issue 12: it lets output pile up under load), costs no
+  lingers (``receive(linger=...)``: it lets output pile up under load), costs no
   wake-up, except a finish, which always ends a linger at once.
 - A linger ends on a tick of the Trio clock shared by every slot (``tick_after``), not a
   linger's length after it began: consumers lingering with the same interval wake together, in

@@ -1,4 +1,4 @@
-"""Where the model comes from: a local folder (checked) or a hub id (downloaded) (issue 16).
+"""Where the model comes from: a local folder (checked) or a hub id (downloaded).
 
 Invariants:
 - Runs in the CLI before the server starts, so a model that cannot be had stops start-up with

@@ -18,7 +18,7 @@ Invariants:
   batch exactly (``tests/test_engine_replay.py``).
 - Only an error of the batch itself (the model's forward pass) ends the thread; every
   sequence it held ends with ``error`` then, and ``Exited`` carries the error.
-- Issue 26: with ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
+- With ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
   its share of the model; on rank 0 its journal is the ``Broadcaster``, on another rank it is a
   lockstep thread whose inbox is the ``Receiver`` (``distributed.py``), and an idle rank 0
   sends heartbeats instead of blocking for good (one at once when it falls idle, so that every
@@ -60,7 +60,7 @@ __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_boun
 
 log = logging.getLogger(__name__)
 
-# Issue 12: when the batch is idle and a sequence arrives while more requests are on their way
+# When the batch is idle and a sequence arrives while more requests are on their way
 # to the model (a burst: the event loop prepares them one after another), the thread waits for
 # them, so that the burst is prefilled together as the engine alone would, instead of its first
 # sequence alone while the rest queue behind that prefill. It waits at most as long as that
@@ -110,7 +110,7 @@ class ThreadSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads: OpenBLAS's thread count; None measures (blas_threads.set_blas_threads).
     blas_threads: int | None = None
-    # Issue 26: this process is one rank of a model split over several (None: the whole model).
+    # This process is one rank of a model split over several (None: the whole model).
     sharding: Sharding | None = None
 
 
@@ -137,10 +137,10 @@ class GenerationThread:
         self._statistics = ModelStatistics()
         self._arriving = 0  # the latest ``Arrivals`` count
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
-        self._link: Link | None = None  # issue 26: this rank's exchange with the others
-        self._broadcaster: Broadcaster | None = None  # issue 26: rank 0's journal
+        self._link: Link | None = None  # this rank's exchange with the others
+        self._broadcaster: Broadcaster | None = None  # rank 0's journal
         self._steps = 0
-        self._reported = True  # issue 26: the ranks have heard this rank's latest batch
+        self._reported = True  # the ranks have heard this rank's latest batch
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
             default_max_bytes() if cache_bytes is None else cache_bytes,
@@ -167,7 +167,7 @@ class GenerationThread:
             try:
                 loaded = self._load()
                 # Before any sequence: the count is process-wide (blas_threads).
-                # Issue 26: a split model is never measured (set_blas_threads' ``sharded``).
+                # A split model is never measured (set_blas_threads' ``sharded``).
                 sharded = {} if self._link is None else {"sharded": True}
                 blas = set_blas_threads(
                     loaded.model, self._settings.blas_threads, self._settings.model_path, **sharded
@@ -181,7 +181,7 @@ class GenerationThread:
             self._serve(loaded)
         except BaseException as exc:
             log.exception("generation thread crashed")
-            # Issue 26: a collective that failed means a rank is gone: say which.
+            # A collective that failed means a rank is gone: say which.
             error = exc if self._link is None else self._link.explain(exc)
         finally:
             mx.synchronize()
@@ -192,7 +192,7 @@ class GenerationThread:
         sharding = self._settings.sharding
         if sharding is None:
             return load_model(self._settings.model_path)
-        # Issue 26: join the ranks, load this rank's share; rank 0 broadcasts what it applies
+        # Join the ranks, load this rank's share; rank 0 broadcasts what it applies
         # (its journal), a follower steps in lockstep on what it receives (its inbox).
         self._link = link = open_link(sharding, self._facts)
         shares: list[tuple[int, int]] = []
@@ -245,12 +245,12 @@ class GenerationThread:
     def _step(self, batch: Batch) -> None:
         if self._journal is not None:
             self._journal.put(Step())
-        # Issue 26: a step of a sharded model waits on every rank; a silent one is timed.
+        # A step of a sharded model waits on every rank; a silent one is timed.
         with nullcontext() if self._link is None else self._link.guard():
             batch.step()
         self._publish(batch)
         self._steps += 1
-        if self._link is not None:  # issue 26: what the next header tells the other ranks
+        if self._link is not None:  # what the next header tells the other ranks
             self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
             self._reported = False
 
@@ -261,54 +261,85 @@ class GenerationThread:
         self._statistics = batch.statistics(self._statistics)
         self._facts.publish(self._statistics)
 
+    # -- intake: one function per mode, the journal and the messages' effects written once ----
+
     def _intake(self, batch: Batch) -> bool:
-        """Apply every pending message; block for one when idle (always, in lockstep), then
-        gather the rest of a burst (``gather_bound``). True means stop."""
-        block = self._lockstep or not batch.live
+        """Apply the messages due before the next step; True means stop."""
+        if self._lockstep:
+            return self._intake_lockstep(batch)
+        return self._intake_free(batch)
+
+    def _intake_lockstep(self, batch: Batch) -> bool:
+        """Lockstep (a follower rank, or a replayed journal): block for each message and apply
+        it, until a ``Step``, which this thread takes then, never gathering a burst."""
+        while True:
+            if self._link is not None:
+                # A follower's figure after what it applied (the next header's).
+                self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
+            message = self._inbox.get()
+            if isinstance(message, Step):
+                self._step(batch)  # journals the Step
+                return False
+            message = self._record(batch, message)
+            if self._apply(batch, message):
+                return True
+
+    def _intake_free(self, batch: Batch) -> bool:
+        """Free-running: apply every pending message. An idle batch blocks for the first one
+        (rank 0 of a sharded model settles first), then gathers the rest of a burst until the
+        deadline its first ``Admit`` sets (``gather_bound``) while requests are on their way."""
+        block = not batch.live
         if block and self._broadcaster is not None:
             self._settle(batch, self._broadcaster)
         gather_until = math.inf
-        while True:
-            if self._lockstep and self._link is not None:
-                # Issue 26: a follower's figure after what it applied (the next header's).
-                self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
-            try:
-                if block:
-                    message = self._inbox.get(timeout=self._beat_seconds())
-                elif self._arriving > 0 and gather_until != math.inf:
-                    timeout = gather_until - time.monotonic()
-                    if timeout <= 0:
-                        return False
-                    message = self._inbox.get(timeout=timeout)
-                else:
-                    message = self._inbox.get_nowait()
-            except queue.Empty:
-                if block and self._link is not None:
-                    self._link.beat()  # issue 26: idle rank 0, alive (distributed.py)
-                return False
+        while (message := self._next_free(block, gather_until)) is not None:
+            block = False
             message = self._record(batch, message)
-            block = self._lockstep
-            match message:
-                case Admit():
-                    if not batch.live and gather_until == math.inf and not self._lockstep:
-                        gather_until = time.monotonic() + self._gather_bound(batch, message)
-                    batch.admit(message)
-                case Cancel(seq_id):
-                    batch.cancel(seq_id)
-                case StopMatched(seq_id):
-                    batch.stop(seq_id)
-                case ClearPromptCache():
-                    batch.clear_cache()
-                case Arrivals(count):
-                    self._arriving = count
-                case Step():
-                    if self._lockstep:
-                        self._step(batch)
-                        return False
-                case Shutdown():
-                    return True
-                case _:
-                    assert_never(message)
+            if isinstance(message, Admit) and not batch.live and gather_until == math.inf:
+                gather_until = time.monotonic() + self._gather_bound(batch, message)
+            if self._apply(batch, message):
+                return True
+        return False
+
+    def _next_free(self, block: bool, gather_until: float) -> Inbound | None:
+        """A free-running thread's next message, or None when it should step (or idle again):
+        blocking when idle (rank 0 of a sharded model beats when its wait times out), waiting
+        until ``gather_until`` while requests are on their way, else only a pending one."""
+        try:
+            if block:
+                return self._inbox.get(timeout=self._beat_seconds())
+            if self._arriving > 0 and gather_until != math.inf:
+                timeout = gather_until - time.monotonic()
+                if timeout <= 0:
+                    return None
+                return self._inbox.get(timeout=timeout)
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            if block and self._link is not None:
+                self._link.beat()  # idle rank 0, alive (distributed.py)
+            return None
+
+    def _apply(self, batch: Batch, message: Inbound) -> bool:
+        """One message's effect on the batch; True means stop. A ``Step`` has none here: a
+        free-running thread steps on its own, a lockstep one in ``_intake_lockstep``."""
+        match message:
+            case Admit():
+                batch.admit(message)
+            case Cancel(seq_id):
+                batch.cancel(seq_id)
+            case StopMatched(seq_id):
+                batch.stop(seq_id)
+            case ClearPromptCache():
+                batch.clear_cache()
+            case Arrivals(count):
+                self._arriving = count
+            case Step():
+                pass
+            case Shutdown():
+                return True
+            case _:
+                assert_never(message)
+        return False
 
     def _record(self, batch: Batch, message: Inbound) -> Inbound:
         """``message`` as the journal keeps it (without its slot), put there. An ``Admit`` is
@@ -321,7 +352,7 @@ class GenerationThread:
         return message
 
     def _settle(self, batch: Batch, broadcaster: Broadcaster) -> None:
-        """Issue 26: rank 0 falls idle. What it applied since its last step (a cancel that
+        """Rank 0 falls idle. What it applied since its last step (a cancel that
         emptied the batch) reaches every rank now rather than with the next request, and one
         heartbeat carries every rank's batch after it, rather than a beat period later."""
         assert self._link is not None

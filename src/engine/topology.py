@@ -1,4 +1,4 @@
-"""What a model split over several ranks is (issue 26), as plain data: how it is split
+"""What a model split over several ranks is, as plain data: how it is split
 (``Sharding``, a setting), and what rank 0 learnt at load (``Topology``: the ranks and their
 memory) and counts while it serves (``Traffic``), for the start-up line, /health and /metrics.
 """

@@ -3,7 +3,7 @@
 Invariants:
 - Thin: parse and validate at the edge, then talk to actors only through their handles (the
   ``Runtime`` in ``app.extensions``, read with ``common.runtime()``).
-- Every error, streaming set-up included, is OpenAI's envelope (decision 2); anything
+- Every error, streaming set-up included, is OpenAI's envelope; anything
   unexpected is a 500 ``server_error`` and the server keeps serving.
 - Every request's lifetime is a channel (``lifetime.RequestLifetimes`` wraps the ASGI app), so a
   response opened by a request learns when the request ends, wherever the client left.
@@ -11,7 +11,7 @@ Invariants:
   connection never wedges on an unread body; a body over the limit closes the connection.
 - ``/v1/responses`` has a WebSocket mode (``websocket.py``); an upgrade on any other route gets
   a 404 in the envelope, never a 500.
-- Every route is mounted with and without the ``/v1`` prefix (decision 19).
+- Every route is mounted with and without the ``/v1`` prefix.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ async def health() -> Response:
             },
             "prompt_cache": stats.prompt_cache.to_json(),
             "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
-            # Issue 26: the ranks a sharded model runs on (None: one process).
+            # The ranks a sharded model runs on (None: one process).
             "distributed": (
                 None if rt.model.topology is None else rt.model.topology.as_json(rt.model.fatal)
             ),
@@ -173,7 +173,7 @@ async def get_model(model_id: str) -> Response:
 
 
 async def chat_completions() -> Response:
-    # Spec 001 / decision 15: this server speaks the Responses API only.
+    # This server speaks the Responses API only (docs/api.md): a clear 404, not a silent miss.
     raise ApiError(
         404,
         "invalid_request_error",
@@ -196,8 +196,8 @@ def create_app(rt: Runtime) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = rt.settings.max_request_bytes
     app.request_class = CountedRequest  # ... and so is a chunked one, counted as it arrives
     install_request_log(app)  # one structured line per request (before auth: 401s too)
-    install_metrics(app, rt)  # issue 16: /metrics and the request hooks (before auth)
-    install_status_page(app)  # issue 16: the status page at / and its data routes
+    install_metrics(app, rt)  # /metrics and the request hooks (before auth)
+    install_status_page(app)  # the status page at / and its data routes
     app.before_request(authenticate)
     app.before_websocket(authenticate)
     app.after_request(drain_body)

@@ -1,4 +1,4 @@
-"""API keys at the HTTP edge (decision 12): the key a request presents.
+"""API keys at the HTTP edge: the key a request presents.
 
 Invariants:
 - With keys, every route but ``/health`` needs ``Authorization: Bearer <key>`` (or Anthropic's

@@ -43,14 +43,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode_json_body(raw: bytes | str) -> object:
-    """Strict JSON (decision 3): no duplicate keys, no NaN/Infinity, UTF-8; at most
+    """Strict JSON: no duplicate keys, no NaN/Infinity, UTF-8; at most
     ``MAX_JSON_DEPTH`` deep; every string (keys too) encodable as UTF-8, so no lone surrogate
     escape (``"\\ud800"``) gets past the edge."""
     if isinstance(raw, str):
         raw = raw.encode()
     if not raw.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", None)
-    constants = Constants()  # issue 13: a NaN's refusal names its key
+    constants = Constants()  # a NaN's refusal names its key
     try:
         decoded = json.loads(
             raw.decode("utf-8"),
@@ -100,7 +100,7 @@ def json_depth(value: object) -> int:
 
 
 def mount(app: QuartTrio, rule: str, methods: list[str]) -> Callable[[View], View]:
-    """Register a view at ``/v1<rule>`` and at ``<rule>`` (decision 19)."""
+    """Register a view at ``/v1<rule>`` and at ``<rule>``."""
 
     def register(view: View) -> View:
         name = view.__name__
@@ -126,7 +126,7 @@ def runtime() -> Runtime:
 
 
 def sealer() -> Sealer:
-    """The server's reasoning sealer (decision 23)."""
+    """The server's reasoning sealer."""
     return cast("Sealer", current_app.extensions["mlx_responses.sealer"])
 
 

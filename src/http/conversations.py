@@ -1,7 +1,7 @@
-"""``/v1/conversations`` and ``/v1/conversations/{id}/items`` as OpenAI defines them (decision 18).
+"""``/v1/conversations`` and ``/v1/conversations/{id}/items`` as OpenAI defines them.
 
 Invariants:
-- Thin: bodies are decoded strictly (decision 3) and validated by the pure
+- Thin: bodies are decoded strictly and validated by the pure
   ``protocol.conversation_items``; state is reached only through ``ConversationStoreHandle``.
 - Images in items are taken as a response's are (``image_inputs.py``, on a vision model
   only), before the parser sees the body: a bad image is a 400 and nothing is kept.
@@ -10,7 +10,7 @@ Invariants:
 - With the conversation store disabled (``--conversation-store-max-entries 0``) every route
   here is a 400 saying so, before anything else is looked at.
 - An unknown conversation, item or ``after`` cursor is a 404 whose message names the id.
-- Every route is mounted with and without the ``/v1`` prefix (decision 19).
+- Every route is mounted with and without the ``/v1`` prefix.
 """
 
 from __future__ import annotations

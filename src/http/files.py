@@ -1,4 +1,4 @@
-"""``/v1/files``: OpenAI's Files API over the file store actor (decision 13, spec 001 "Files").
+"""``/v1/files``: OpenAI's Files API over the file store actor (docs/files.md).
 
 Invariants:
 - Thin: the multipart body and the query are validated here and by the pure
@@ -15,7 +15,7 @@ Invariants:
   404 exactly like an unknown one.
 - ``GET /v1/files/{id}/content`` answers the stored bytes unchanged, with the upload's content
   type (or the one guessed from its name), ``nosniff`` and an attachment file name.
-- Every route is mounted with and without the ``/v1`` prefix (decision 19).
+- Every route is mounted with and without the ``/v1`` prefix (as every route, ``common.mount``).
 """
 
 from __future__ import annotations
@@ -60,67 +60,13 @@ def file_too_large(message: str) -> ApiError:
 
 def register_file_routes(app: QuartTrio, files: FileStoreHandle) -> None:
     """Mount the Files API on ``app``; ``files`` is its only state."""
-    limits = files.limits
-
-    async def owned(file_id: str) -> StoredFile:
-        record = await files.get(file_id, tenant())
-        if record is None:
-            raise file_not_found(file_id)
-        return record
 
     @mount(app, "/files", ["POST"])
     async def create_file() -> Response:
         try:
-            return await _create_file()
+            return await _create_file(files)
         finally:
             await request.close()  # the parts' spool files, a cut-off one included
-
-    async def _create_file() -> Response:
-        if request.mimetype != "multipart/form-data":
-            raise invalid_request(
-                "POST /v1/files takes a multipart/form-data body with a 'file' part and a "
-                f"'purpose' field; got Content-Type {request.content_type or 'none'!r}.",
-                None,
-            )
-        try:
-            form = await request.form
-            uploads = await request.files
-        except RequestEntityTooLarge:
-            raise file_too_large(
-                "The upload is larger than this server accepts: a request body may have at most "
-                f"{request.max_content_length} bytes, a file at most {limits.max_file_bytes} "
-                "bytes (--files-max-file-bytes)."
-            ) from None
-        upload = _the_upload(form, uploads)
-        purpose = parse_purpose(_field(form, "purpose"))
-        expires_after = parse_expires_after(
-            _field(form, "expires_after[anchor]"),
-            _field(form, "expires_after[seconds]"),
-            ttl_seconds=limits.ttl_seconds,
-        )
-        # The parser spooled the part to a temporary file; its size is known before reading.
-        size = await trio.to_thread.run_sync(_spooled_size, upload.stream)
-        if size > limits.max_file_bytes:
-            raise file_too_large(
-                f"The file {upload.filename!r} has {size} bytes; files on this server may "
-                f"have at most {limits.max_file_bytes} bytes (--files-max-file-bytes)."
-            )
-        data = await trio.to_thread.run_sync(upload.stream.read)
-        filename = str(upload.filename)
-        record = await files.put(
-            filename=filename,
-            purpose=purpose,
-            content_type=upload.content_type or guess_content_type(filename),
-            data=data,
-            owner=tenant(),
-            expires_after=expires_after,
-        )
-        if record is None:
-            raise file_too_large(
-                f"The file {filename!r} ({len(data)} bytes) does not fit the file store's "
-                f"budget of {limits.max_bytes} bytes (--files-max-bytes)."
-            )
-        return json_response(file_object(record))
 
     @mount(app, "/files", ["GET"])
     async def list_files() -> Response:
@@ -130,23 +76,85 @@ def register_file_routes(app: QuartTrio, files: FileStoreHandle) -> None:
 
     @mount(app, "/files/<file_id>", ["GET"])
     async def retrieve_file(file_id: str) -> Response:
-        return json_response(file_object(await owned(file_id)))
+        return json_response(file_object(await _owned(files, file_id)))
 
     @mount(app, "/files/<file_id>/content", ["GET"])
     async def file_content(file_id: str) -> Response:
-        record = await owned(file_id)
-        response = Response(record.data, status=200, content_type=record.content_type)
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Content-Disposition"] = (
-            f"attachment; filename*=UTF-8''{quote(record.filename, safe='')}"
-        )
-        return response
+        return _content_response(await _owned(files, file_id))
 
     @mount(app, "/files/<file_id>", ["DELETE"])
     async def delete_file(file_id: str) -> Response:
         if not await files.delete(file_id, tenant()):
             raise file_not_found(file_id)
         return json_response(deleted_object(file_id))
+
+
+async def _owned(files: FileStoreHandle, file_id: str) -> StoredFile:
+    """The request's tenant's file ``file_id``; 404 for another tenant's exactly as an unknown."""
+    record = await files.get(file_id, tenant())
+    if record is None:
+        raise file_not_found(file_id)
+    return record
+
+
+async def _create_file(files: FileStoreHandle) -> Response:
+    """``POST /v1/files``: validate the multipart body, then store the one file part."""
+    limits = files.limits
+    if request.mimetype != "multipart/form-data":
+        raise invalid_request(
+            "POST /v1/files takes a multipart/form-data body with a 'file' part and a "
+            f"'purpose' field; got Content-Type {request.content_type or 'none'!r}.",
+            None,
+        )
+    try:
+        form = await request.form
+        uploads = await request.files
+    except RequestEntityTooLarge:
+        raise file_too_large(
+            "The upload is larger than this server accepts: a request body may have at most "
+            f"{request.max_content_length} bytes, a file at most {limits.max_file_bytes} "
+            "bytes (--files-max-file-bytes)."
+        ) from None
+    upload = _the_upload(form, uploads)
+    purpose = parse_purpose(_field(form, "purpose"))
+    expires_after = parse_expires_after(
+        _field(form, "expires_after[anchor]"),
+        _field(form, "expires_after[seconds]"),
+        ttl_seconds=limits.ttl_seconds,
+    )
+    # The parser spooled the part to a temporary file; its size is known before reading.
+    size = await trio.to_thread.run_sync(_spooled_size, upload.stream)
+    if size > limits.max_file_bytes:
+        raise file_too_large(
+            f"The file {upload.filename!r} has {size} bytes; files on this server may "
+            f"have at most {limits.max_file_bytes} bytes (--files-max-file-bytes)."
+        )
+    data = await trio.to_thread.run_sync(upload.stream.read)
+    filename = str(upload.filename)
+    record = await files.put(
+        filename=filename,
+        purpose=purpose,
+        content_type=upload.content_type or guess_content_type(filename),
+        data=data,
+        owner=tenant(),
+        expires_after=expires_after,
+    )
+    if record is None:
+        raise file_too_large(
+            f"The file {filename!r} ({len(data)} bytes) does not fit the file store's "
+            f"budget of {limits.max_bytes} bytes (--files-max-bytes)."
+        )
+    return json_response(file_object(record))
+
+
+def _content_response(record: StoredFile) -> Response:
+    """The stored bytes unchanged, as an attachment the browser must not sniff."""
+    response = Response(record.data, status=200, content_type=record.content_type)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Content-Disposition"] = (
+        f"attachment; filename*=UTF-8''{quote(record.filename, safe='')}"
+    )
+    return response
 
 
 def _the_upload(form: MultiDict[str, str], uploads: MultiDict[str, FileStorage]) -> FileStorage:

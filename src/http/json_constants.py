@@ -1,4 +1,4 @@
-"""``NaN`` / ``Infinity`` in a request body: refused, naming the key that holds one (decision 3).
+"""``NaN`` / ``Infinity`` in a request body: refused, naming the key that holds one.
 
 Invariants:
 - ``Constants.record`` is the ``parse_constant`` hook: it stands a marker in for the value, so

@@ -1,4 +1,4 @@
-"""The ``/v1/messages`` routes: Anthropic's Messages encoding on the same actors (decision 14).
+"""The ``/v1/messages`` routes: Anthropic's Messages encoding on the same actors.
 
 Invariants:
 - One pipeline: the body is decoded into the same ``CreateRequest`` the Responses route builds
@@ -14,7 +14,7 @@ Invariants:
   the batch at the next step. A stop sequence does the same as soon as it is seen.
 - A stream has exactly one terminal (``message_stop`` or ``error``); while the model is busy
   elsewhere (a long prefill), a ``ping`` goes out every ``PING_INTERVAL_SECONDS``.
-- ``message_start`` reports the prompt-cache read (issue 12): it goes out with the response's
+- ``message_start`` reports the prompt-cache read: it goes out with the response's
   first output (or its end), once the generation thread has consulted the cache for the
   sequence (``EventLog.cached_tokens``), so its usage split is the final one; if nothing
   comes for ``PING_INTERVAL_SECONDS``, it goes out then, with the split known by then.

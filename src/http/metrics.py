@@ -1,4 +1,4 @@
-"""``GET /metrics``: the server's state in Prometheus text format (issue 16).
+"""``GET /metrics``: the server's state in Prometheus text format.
 
 Invariants:
 - One ``Metrics`` per server (its own ``CollectorRegistry``), so several servers in one
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -110,132 +110,157 @@ class RuntimeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         rt = self._rt
-        batch = rt.model.statistics()
-        info = GaugeMetricFamily(
+        yield _model_info(rt)
+        yield from _batch(rt)
+        yield from _distributed(rt)
+        yield from _responses(rt)
+        yield from _stores(rt)
+
+
+def _model_info(rt: Runtime) -> Metric:
+    """The served model (value 1) and what clients see of it, as labels."""
+    info = rt.model.info
+    return _labelled(
+        GaugeMetricFamily(
             "mlx_responses_model_info",
             "The served model (value 1), its alias, context window and tool format.",
             labels=("model", "context_window", "tool_format", "reasoning"),
-        )
-        info.add_metric(
+        ),
+        [
             (
-                rt.model.info.alias,
-                str(rt.model.info.context_window),
-                rt.model.info.tool_format,
-                str(rt.model.info.has_thinking).lower(),
-            ),
-            1,
-        )
-        yield info
-        gauges = GaugeMetricFamily(
+                (
+                    info.alias,
+                    str(info.context_window),
+                    info.tool_format,
+                    str(info.has_thinking).lower(),
+                ),
+                1,
+            )
+        ],
+    )
+
+
+def _batch(rt: Runtime) -> Iterator[Metric]:
+    """The model's batch and its prompt cache, from one snapshot."""
+    batch = rt.model.statistics()
+    yield _labelled(
+        GaugeMetricFamily(
             "mlx_responses_batch_sequences",
             "Sequences in the model's batch now, by state.",
             labels=("state",),
-        )
-        for state, value in (
-            ("active", batch.active),
-            ("queued", batch.queued),
-            ("prefilling", batch.prefilling),
-            ("decoding", batch.decoding),
-            ("admitted", batch.admitted),
-        ):
-            gauges.add_metric((state,), value)
-        yield gauges
-        yield _counter(
-            "mlx_responses_generated_tokens",
-            "Tokens the model has generated since start.",
-            batch.tokens_generated,
-        )
-        yield _counter(
-            "mlx_responses_prompt_tokens",
-            "Prompt tokens the model has prefilled since start (cache hits excluded).",
-            batch.prompt_tokens_processed,
-        )
-        yield _counter(
-            "mlx_responses_batch_steps", "Generation steps of the batch since start.", batch.steps
-        )
-        ended = CounterMetricFamily(
+        ),
+        [
+            (("active",), batch.active),
+            (("queued",), batch.queued),
+            (("prefilling",), batch.prefilling),
+            (("decoding",), batch.decoding),
+            (("admitted",), batch.admitted),
+        ],
+    )
+    yield _counter(
+        "mlx_responses_generated_tokens",
+        "Tokens the model has generated since start.",
+        batch.tokens_generated,
+    )
+    yield _counter(
+        "mlx_responses_prompt_tokens",
+        "Prompt tokens the model has prefilled since start (cache hits excluded).",
+        batch.prompt_tokens_processed,
+    )
+    yield _counter(
+        "mlx_responses_batch_steps", "Generation steps of the batch since start.", batch.steps
+    )
+    yield _labelled(
+        CounterMetricFamily(
             "mlx_responses_sequences_ended",
             "Sequences that left the batch since start, by how they ended.",
             labels=("reason",),
-        )
-        ended.add_metric(("finished",), batch.sequences_finished)
-        ended.add_metric(("cancelled",), batch.sequences_cancelled)
-        ended.add_metric(("failed",), batch.sequences_failed)
-        yield ended
-        cache = batch.prompt_cache
-        yield _counter(
-            "mlx_responses_prompt_cache_hits", "Prompt-cache lookups that hit.", cache.hits
-        )
-        yield _counter(
-            "mlx_responses_prompt_cache_misses", "Prompt-cache lookups that missed.", cache.misses
-        )
-        yield _counter(
-            "mlx_responses_prompt_cache_reused_tokens",
-            "Prompt tokens served from the prompt cache instead of prefilled.",
-            cache.tokens_reused,
-        )
-        yield _counter(
-            "mlx_responses_prompt_cache_evictions", "Prompt-cache entries evicted.", cache.evictions
-        )
-        yield _gauge("mlx_responses_prompt_cache_entries", "Prompt-cache entries.", cache.entries)
-        yield _gauge("mlx_responses_prompt_cache_bytes", "Prompt-cache bytes held.", cache.bytes)
-        yield from _distributed(rt)
-        books = rt.responses.statistics()
-        yield _gauge(
-            "mlx_responses_response_tasks",
-            "Response tasks alive (opening, running, ending).",
-            books.tasks,
-        )
-        yield _gauge(
-            "mlx_responses_responses_running",
-            "Responses whose events are still open.",
-            books.running,
-        )
-        jobs = CounterMetricFamily(
+        ),
+        [
+            (("finished",), batch.sequences_finished),
+            (("cancelled",), batch.sequences_cancelled),
+            (("failed",), batch.sequences_failed),
+        ],
+    )
+    cache = batch.prompt_cache
+    yield _counter("mlx_responses_prompt_cache_hits", "Prompt-cache lookups that hit.", cache.hits)
+    yield _counter(
+        "mlx_responses_prompt_cache_misses", "Prompt-cache lookups that missed.", cache.misses
+    )
+    yield _counter(
+        "mlx_responses_prompt_cache_reused_tokens",
+        "Prompt tokens served from the prompt cache instead of prefilled.",
+        cache.tokens_reused,
+    )
+    yield _counter(
+        "mlx_responses_prompt_cache_evictions", "Prompt-cache entries evicted.", cache.evictions
+    )
+    yield _gauge("mlx_responses_prompt_cache_entries", "Prompt-cache entries.", cache.entries)
+    yield _gauge("mlx_responses_prompt_cache_bytes", "Prompt-cache bytes held.", cache.bytes)
+
+
+def _responses(rt: Runtime) -> Iterator[Metric]:
+    """The response supervisor's books: tasks, running responses, jobs and sockets."""
+    books = rt.responses.statistics()
+    yield _gauge(
+        "mlx_responses_response_tasks",
+        "Response tasks alive (opening, running, ending).",
+        books.tasks,
+    )
+    yield _gauge(
+        "mlx_responses_responses_running",
+        "Responses whose events are still open.",
+        books.running,
+    )
+    yield _labelled(
+        CounterMetricFamily(
             "mlx_responses_background_jobs",
             "Background jobs since start, by status (started, finished).",
             labels=("status",),
-        )
-        jobs.add_metric(("started",), books.jobs_started)
-        jobs.add_metric(("finished",), books.jobs_finished)
-        yield jobs
-        yield _gauge(
-            "mlx_responses_background_jobs_active",
-            "Background jobs running now.",
-            books.jobs_active,
-        )
-        yield _gauge(
-            "mlx_responses_websocket_connections", "Open WebSocket connections.", books.sockets
-        )
-        entries = GaugeMetricFamily(
-            "mlx_responses_store_entries", "Entries held, per store.", labels=("store",)
-        )
-        held = GaugeMetricFamily(
-            "mlx_responses_store_bytes", "Bytes held, per store.", labels=("store",)
-        )
-        evicted = CounterMetricFamily(
-            "mlx_responses_store_evictions",
-            "Entries evicted to stay in budget, per store.",
-            labels=("store",),
-        )
-        stores = [
-            ("responses", rt.store.statistics()),
-            ("conversations", rt.conversations.statistics()),
-            ("files", rt.files.statistics()),
-        ]
-        if rt.actors.echo is not None:
-            stores.append(("reasoning_echo", rt.actors.echo.statistics()))
-        for name, stats in stores:
-            entries.add_metric((name,), stats.entries)
-            held.add_metric((name,), stats.bytes)
-            evicted.add_metric((name,), stats.evictions)
-        yield entries
-        yield held
-        yield evicted
+        ),
+        [(("started",), books.jobs_started), (("finished",), books.jobs_finished)],
+    )
+    yield _gauge(
+        "mlx_responses_background_jobs_active",
+        "Background jobs running now.",
+        books.jobs_active,
+    )
+    yield _gauge(
+        "mlx_responses_websocket_connections", "Open WebSocket connections.", books.sockets
+    )
+
+
+def _stores(rt: Runtime) -> Iterator[Metric]:
+    """Entries, bytes and evictions of each store."""
+    entries = GaugeMetricFamily(
+        "mlx_responses_store_entries", "Entries held, per store.", labels=("store",)
+    )
+    held = GaugeMetricFamily(
+        "mlx_responses_store_bytes", "Bytes held, per store.", labels=("store",)
+    )
+    evicted = CounterMetricFamily(
+        "mlx_responses_store_evictions",
+        "Entries evicted to stay in budget, per store.",
+        labels=("store",),
+    )
+    stores = [
+        ("responses", rt.store.statistics()),
+        ("conversations", rt.conversations.statistics()),
+        ("files", rt.files.statistics()),
+    ]
+    if rt.actors.echo is not None:
+        stores.append(("reasoning_echo", rt.actors.echo.statistics()))
+    for name, stats in stores:
+        entries.add_metric((name,), stats.entries)
+        held.add_metric((name,), stats.bytes)
+        evicted.add_metric((name,), stats.evictions)
+    yield entries
+    yield held
+    yield evicted
 
 
 def _distributed(rt: Runtime) -> Iterator[Metric]:
-    """Issue 26: a sharded model's ranks, each rank's memory and rank 0's broadcast."""
+    """A sharded model's ranks, each rank's memory and rank 0's broadcast."""
     topology = rt.model.topology
     if topology is None:
         return
@@ -294,6 +319,16 @@ def _distributed(rt: Runtime) -> Iterator[Metric]:
             value=traffic.seconds,
         )
         yield seconds
+
+
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _labelled(family: _Family, samples: list[tuple[tuple[str, ...], int]]) -> _Family:
+    """``family`` with one sample per (label values, value)."""
+    for labels, value in samples:
+        family.add_metric(labels, value)
+    return family
 
 
 def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:

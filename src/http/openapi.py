@@ -3,7 +3,7 @@
 Invariants:
 - The paths are read from the app's own URL map when first asked, so every mounted ``/v1``
   route (and ``/health``) is listed and nothing that is not. The routes without the ``/v1``
-  prefix (decision 19) are the same operations and are not listed twice.
+  prefix are the same operations and are not listed twice.
 - Request bodies use this server's own Pydantic schemas where it has them
   (``CreateResponseBody``, ``CompactBody``); 200 bodies use the pinned ``openai`` SDK's types,
   which every 200 body validates against strictly, when the SDK is installed (it is a test

@@ -5,7 +5,7 @@ Invariants:
   ``duration_ms`` (to the response headers; a stream's body may run on), ``response_id``
   (the Response or Message the request created or read, else null), ``tenant`` (the tenant's
   label, never its key), ``stream``.
-- WebSocket traffic (issue 28) logs on the same logger with ``method: "WS"``: a line when a
+- WebSocket traffic logs on the same logger with ``method: "WS"``: a line when a
   connection opens and when it closes, and one per ``response.create`` when its response ends
   (``log_socket``).
 - Never a key, a header value, a body or any generated text: the response id is read from the
@@ -68,7 +68,7 @@ def install_request_log(app: QuartTrio) -> None:
 
 
 def log_socket(event: str, **fields: object) -> None:
-    """One line for WebSocket traffic on the same logger (issue 28): ``open`` and ``close`` of a
+    """One line for WebSocket traffic on the same logger: ``open`` and ``close`` of a
     connection, and each ``response.create`` when it ends (its response id, the HTTP-like
     ``status``: 200 for a response that ran, whatever it ended as, else the refusal's status,
     and the response's own terminal ``response_status``)."""

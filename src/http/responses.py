@@ -5,7 +5,7 @@ Invariants:
 - Create goes through the one pipeline (``pipeline.open_response``): every refusal happens
   before the response exists, so a refused create changes nothing; the answer (JSON, SSE)
   only subscribes to the response's event log.
-- Event positions are sequence numbers (decision 8 numbers from 0 without gaps), so
+- Event positions are sequence numbers (numbered from 0 without gaps), so
   ``starting_after=N`` resumes at index ``N + 1`` of the stored or live events.
 - Cancel and delete are messages to the response supervisor; no route touches a response's
   state.
@@ -113,7 +113,7 @@ async def cancel_response(response_id: str) -> Response:
         record = await rt.store.get(response_id, tenant())
         return json_response(record.response if record is not None else running.snapshot())
     known = await rt.responses.find(response_id, tenant())
-    replica = rt.actors.replica  # issue 15: a job running on another replica
+    replica = rt.actors.replica  # a job running on another replica
     if known is None and replica is not None and await replica.cancel(response_id, tenant()):
         with trio.move_on_after(CANCEL_WAIT_SECONDS):
             stored = await replica.wait_record(response_id, tenant())
@@ -155,7 +155,7 @@ async def get_response(response_id: str) -> Response:
     starting_after = _query_int("starting_after", None, 0)
     start = 0 if starting_after is None else starting_after + 1
     # The live registry first: a running response is answered from its log without a store
-    # read (issue 25: every follower's and poller's read used to queue in the store ahead of
+    # read (a store read per follower and poller would queue in the store ahead of
     # the job's own final write). A response leaves the registry only after its record is
     # stored, so one that is not there is in the store, or nowhere.
     log = await rt.responses.find(response_id, tenant())
@@ -169,7 +169,7 @@ async def get_response(response_id: str) -> Response:
     record = await rt.store.get(response_id, tenant())
     # A closed log without a record answers for a store: false background job kept for its
     # ephemeral TTL.
-    replica = rt.actors.replica  # issue 15: a job running on another replica
+    replica = rt.actors.replica  # a job running on another replica
     if record is None and log is None and replica is not None:
         snapshot = await replica.job(response_id, tenant())
         if snapshot is not None and not stream:
@@ -209,7 +209,7 @@ async def delete_response(response_id: str) -> Response:
     if not rt.store.enabled:
         raise persistence_disabled("Deleting a response")
     running = await rt.responses.find(response_id, tenant())
-    replica = rt.actors.replica  # issue 15: a job still running on another replica
+    replica = rt.actors.replica  # a job still running on another replica
     remote = running is None and replica is not None and await replica.job(response_id, tenant())
     if (running is not None and not running.closed) or remote:
         raise invalid_request(

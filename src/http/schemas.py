@@ -2,7 +2,7 @@
 
 Invariants:
 - Every key of OpenAI's ``ResponseCreateParams`` (plus ``stream``) is accepted as a key; an
-  unknown top-level key is a 400 naming it (decision 3).
+  unknown top-level key is a 400 naming it, as OpenAI answers.
 - Scalars are strict: no string-to-number or number-to-bool coercion.
 - A field whose value we cannot honour yet is a 400 saying so, never silently dropped.
 - The result is the internal frozen ``CreateRequest`` (or ``CompactRequest``); nothing downstream
@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -22,9 +23,16 @@ from ..protocol.errors import ApiError, invalid_request
 from ..protocol.items.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.items.sealed import Sealer, open_sealed
 from ..protocol.objects import ResponseConfig
-from ..protocol.request import CompactRequest, CreateRequest, json_type, parse_input
-from ..protocol.text_format import parse_text_format
-from ..protocol.tools.offered import echo_tools, offered_tools, parse_tool_choice, parse_tools
+from ..protocol.request import CompactRequest, CreateRequest, InputItem, json_type, parse_input
+from ..protocol.text_format import TextFormat, parse_text_format
+from ..protocol.tools.offered import (
+    FunctionTool,
+    ToolChoice,
+    echo_tools,
+    offered_tools,
+    parse_tool_choice,
+    parse_tools,
+)
 from ..protocol.tools.search import discoverable
 
 Number = StrictFloat | StrictInt
@@ -39,7 +47,7 @@ class StreamOptions(BaseModel):
 
 
 class PromptCacheOptions(BaseModel):
-    """``prompt_cache_options`` (issue 28): checked as OpenAI types it, no effect here: the
+    """``prompt_cache_options``: checked as OpenAI types it, no effect here: the
     prefix cache is always implicit, lives in memory, and warms through WebSocket warm-ups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -102,7 +110,7 @@ class CreateResponseBody(BaseModel):
     background_options: Any = None
     image: Any = None
     moderation: Any = None
-    # Sent by real clients and accepted by OpenAI before an SDK types them (decision 3). Codex
+    # Sent by real clients and accepted by OpenAI before an SDK types them. Codex
     # puts whole JSON documents in its values (x-codex-turn-metadata), so no metadata-like caps.
     client_metadata: (
         dict[
@@ -111,7 +119,7 @@ class CreateResponseBody(BaseModel):
         ]
         | None
     ) = None
-    # Open Responses sampling fields (decision 21), honoured by logits processors.
+    # Open Responses sampling fields, honoured by logits processors.
     presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
 
@@ -259,17 +267,79 @@ def parse_create_request(
             "conversation",
         )
     messages = open_sealed(parse_input(raw_input), sealer)
-    tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
+    parsed_tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
     text_format, verbosity = parse_text_format(body.text)
-    effort, summary = _parse_reasoning(body.reasoning)
-    echoed_tools = echo_tools(tools)
-    declared_tools = tools if any(tool.deferred for tool in tools) else ()
-    # Tool discovery (issue 13): deferred tools wait for a tool_search_output in the input
-    # (or in the history: protocol/history.py ``resolve``).
-    tools = discoverable(tools, messages)
-    tool_choice = parse_tool_choice(body.tool_choice, tools)
-    tools = offered_tools(tools, tool_choice)  # allowed_tools: the model sees only those
-    config = ResponseConfig(
+    reasoning = _parse_reasoning(body.reasoning)
+    tools = _request_tools(parsed_tools, body.tool_choice, messages)
+    config = _response_config(
+        body,
+        model,
+        conversation_id=conversation_id,
+        tools=tools,
+        text_format=text_format,
+        verbosity=verbosity,
+        reasoning=reasoning,
+        default_temperature=default_temperature,
+        background_key=background_key,
+    )
+    include = body.include or ()
+    return CreateRequest(
+        config=config,
+        input=messages,
+        stream=bool(body.stream),
+        tools=tools.offered,
+        tool_choice=tools.choice,
+        declared_tools=tools.declared,
+        template_kwargs=body.chat_template_kwargs or {},
+        logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in include else None,
+        seed=body.seed,
+        text_format=text_format,
+        owner=owner,
+        compact_threshold=compact_threshold,
+        compact_now=compact_now,
+        seal=sealer.seal if sealer is not None and SEALED_INCLUDE in include else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestTools:
+    """A request's tools: as the Response echoes them, all declared ones (when some are
+    deferred), those the model is shown, and the tool choice."""
+
+    echoed: tuple[dict[str, Any], ...]
+    declared: tuple[FunctionTool, ...]
+    offered: tuple[FunctionTool, ...]
+    choice: ToolChoice
+
+
+def _request_tools(
+    tools: tuple[FunctionTool, ...], raw_choice: object, messages: tuple[InputItem, ...]
+) -> _RequestTools:
+    echoed = tuple(echo_tools(tools))
+    declared = tools if any(tool.deferred for tool in tools) else ()
+    # Deferred tools wait for a tool_search_output in the input (or in the history:
+    # protocol/history.py ``resolve``), so the model is not shown them before it searched.
+    visible = discoverable(tools, messages)
+    choice = parse_tool_choice(raw_choice, visible)
+    # With allowed_tools the model is shown only that subset.
+    return _RequestTools(echoed, declared, offered_tools(visible, choice), choice)
+
+
+def _response_config(
+    body: CreateResponseBody,
+    model: str,
+    *,
+    conversation_id: str | None,
+    tools: _RequestTools,
+    text_format: TextFormat,
+    verbosity: str,
+    reasoning: tuple[str | None, str | None],
+    default_temperature: float | None,
+    background_key: bool,
+) -> ResponseConfig:
+    """What the Response object echoes of its request, defaults filled in."""
+    effort, summary = reasoning
+    return ResponseConfig(
         model=model,
         instructions=body.instructions,
         max_output_tokens=body.max_output_tokens,
@@ -285,8 +355,8 @@ def parse_create_request(
         conversation_id=conversation_id,
         background=bool(body.background),
         background_key=background_key,
-        tools=tuple(echoed_tools),
-        tool_choice=tool_choice.to_json(),
+        tools=tools.echoed,
+        tool_choice=tools.choice.to_json(),
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs or 0,
         reasoning_effort=effort,
@@ -296,32 +366,16 @@ def parse_create_request(
         presence_penalty=float(body.presence_penalty or 0),
         frequency_penalty=float(body.frequency_penalty or 0),
     )
-    return CreateRequest(
-        config=config,
-        input=messages,
-        stream=bool(body.stream),
-        tools=tools,
-        tool_choice=tool_choice,
-        declared_tools=declared_tools,
-        template_kwargs=body.chat_template_kwargs or {},
-        logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) else None,
-        seed=body.seed,
-        text_format=text_format,
-        owner=owner,
-        compact_threshold=compact_threshold,
-        compact_now=compact_now,
-        seal=sealer.seal if sealer is not None and SEALED_INCLUDE in (body.include or ()) else None,
-    )
 
 
-MAX_COMPACT_THRESHOLD = 100_000_000  # spec 000
+MAX_COMPACT_THRESHOLD = 100_000_000  # OpenAI's bound (docs/compaction.md)
 
 
 TRIGGER_KEYS = frozenset({"type", "id"})
 
 
 def _compaction_trigger(value: object) -> tuple[object, bool]:
-    """Issue 28: a ``compaction_trigger`` item ends the input of a create that compacts the
+    """A ``compaction_trigger`` item ends the input of a create that compacts the
     history before it (Codex's remote compaction); the input without it, and whether it was
     there. Anywhere else it is the 400 OpenAI gives."""
     if not isinstance(value, list):
@@ -409,7 +463,8 @@ class CompactBody(BaseModel):
     keep_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_output_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_SUMMARY_TOKENS)] | None = None
     chat_template_kwargs: dict[StrictStr, Any] | None = None
-    # Refused when given (decision 10), accepted as keys so the refusal names them.
+    # Refused when given (compaction is unary; a conversation is sent as input), accepted as
+    # keys so the refusal names them.
     stream: StrictBool | None = None
     conversation: Any = None
 

@@ -1,4 +1,4 @@
-"""The live status page (issue 16): ``GET /`` (one HTML file, no build step), its data as JSON
+"""The live status page: ``GET /`` (one HTML file, no build step), its data as JSON
 (``GET /status``) and as a live event stream (``GET /status/events``).
 
 Invariants:
@@ -78,7 +78,7 @@ def _version() -> str:
 
 
 def _sharded(rt: Runtime) -> str:
-    """Issue 26: the backend line goes on with the ranks, mode and memory per rank."""
+    """The backend line goes on with the ranks, mode and memory per rank."""
     topology = rt.model.topology
     return "" if topology is None else f"; {topology.describe()}"
 
@@ -95,7 +95,7 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
         "reasoning": info.has_thinking,
         "backend": _backend(rt.model.device) + _sharded(rt),
         "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
-        # Issue 26: the ranks a sharded model runs on (None: one process).
+        # The ranks a sharded model runs on (None: one process).
         "distributed": (
             None if rt.model.topology is None else rt.model.topology.as_json(rt.model.fatal)
         ),

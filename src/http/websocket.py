@@ -1,4 +1,4 @@
-"""The WebSocket mode of ``/v1/responses`` (decision 24): the openai SDK's
+"""The WebSocket mode of ``/v1/responses``: the openai SDK's
 ``client.responses.connect()`` grammar, on the same pipeline as HTTP.
 
 Invariants:

@@ -68,9 +68,13 @@ def parse_text_format(text: object) -> tuple[TextFormat, str]:
             "'high'.",
             "text.verbosity",
         )
-    fmt = text.get("format")
+    return _parse_format(text.get("format")), verbosity
+
+
+def _parse_format(fmt: object) -> TextFormat:
+    """``text.format``: absent is plain text."""
     if fmt is None:
-        return TEXT, verbosity
+        return TEXT
     if not isinstance(fmt, dict):
         raise invalid_request(
             f"Invalid type for 'text.format': expected an object, but got {json_type(fmt)}.",
@@ -78,13 +82,18 @@ def parse_text_format(text: object) -> tuple[TextFormat, str]:
         )
     kind = fmt.get("type")
     if kind in ("text", "json_object"):
-        return TextFormat(kind), verbosity
+        return TextFormat(kind)
     if kind != "json_schema":
         raise invalid_request(
             f"Invalid value for 'text.format.type': {kind!r}; expected 'text', 'json_object' "
             "or 'json_schema'.",
             "text.format.type",
         )
+    return _parse_json_schema(fmt)
+
+
+def _parse_json_schema(fmt: dict[str, Any]) -> TextFormat:
+    """A ``json_schema`` format's fields, each checked as OpenAI types it."""
     name = fmt.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise invalid_request(
@@ -112,4 +121,4 @@ def parse_text_format(text: object) -> tuple[TextFormat, str]:
             "Invalid type for 'text.format.description': expected a string.",
             "text.format.description",
         )
-    return TextFormat("json_schema", name, schema, strict, description), verbosity
+    return TextFormat("json_schema", name, schema, strict, description)

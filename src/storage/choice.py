@@ -1,9 +1,9 @@
 """Which store backs the server (``--store``, ``--data-dir``), and the backends it opens.
 
 Invariants:
-- ``memory`` is spec 000's in-memory behaviour exactly: no file is touched, a restart forgets
-  everything. ``sqlite`` (the command line's default) is one SQLite file, ``store.sqlite3`` in
-  the data directory, or the file named by ``sqlite:PATH``.
+- ``memory`` is the in-memory behaviour of docs/stores.md exactly: no file is touched, a
+  restart forgets everything. ``sqlite`` (the command line's default) is one SQLite file,
+  ``store.sqlite3`` in the data directory, or the file named by ``sqlite:PATH``.
 - ``postgresql://...`` (or ``postgres://...``) is one PostgreSQL database shared by every
   replica that names it (``storage/postgres.py``); no lock file, each replica holds a lease.
 - The opener returned (``backends_opener``) runs on the store actor's own thread
@@ -118,7 +118,7 @@ def lock_store(path: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """The store's flags, one budget per kind of record (spec 000, Storage Flags)."""
+    """The store's flags, one budget per kind of record (docs/stores.md)."""
 
     responses: StoreLimits
     conversations: StoreLimits

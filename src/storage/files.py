@@ -1,4 +1,4 @@
-"""The file store's records, limits and in-memory backend (decision 13), on ``BudgetedMap``.
+"""The file store's records, limits and in-memory backend, on ``BudgetedMap``.
 
 Invariants:
 - A file is one immutable ``StoredFile``: its bytes (``bytes`` is immutable) and metadata. The
@@ -6,7 +6,7 @@ Invariants:
   no copy is made of (possibly tens of MiB of) file data on the way in or out. This satisfies
   the storage interface's ownership rule without copying.
 - Entries are keyed by ``(owner, file id)``: a lookup with another owner is a plain miss, so
-  another tenant's file is absent (404), never forbidden (decision 12), and such a miss touches
+  another tenant's file is absent (404), never forbidden, and such a miss touches
   nothing (no recency refresh, no expiry change) of the other tenant's entry.
 - Byte accounting: a file is charged ``charged_bytes(record)``: its size plus its metadata
   strings plus a fixed ``RECORD_OVERHEAD``; the total is held under ``max_bytes``, least
@@ -48,7 +48,7 @@ class FileLimits:
 
     max_bytes: int = 1024 * MIB
     max_file_bytes: int = 32 * MIB
-    ttl_seconds: float = 7 * 24 * 3600  # spec 001: the seven-day retention window
+    ttl_seconds: float = 7 * 24 * 3600  # the seven-day retention window
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0 or self.max_file_bytes < 0 or self.ttl_seconds < 0:

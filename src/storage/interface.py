@@ -7,7 +7,7 @@ Invariants:
   backend may serialise; ``from_json(r.to_json())`` equals ``r`` up to lists for tuples inside).
 - ``get`` returns a record that no one else holds (decoded afresh or deep-copied), so a caller
   may mutate what it gets without changing what is stored; ``put`` takes its own copy likewise.
-- Limits follow spec 000's Storage Flags: ``max_entries`` 0 disables persistence,
+- Limits follow the storage flags (docs/stores.md): ``max_entries`` 0 disables persistence,
   ``max_bytes`` 0 keeps the route but evicts at once, ``ttl_seconds`` 0 disables expiry.
 """
 
@@ -99,7 +99,7 @@ def change_in_place(
 
 
 class EchoStorage(Protocol):
-    """The reasoning echo's memory (spec 000): reply key -> reasoning text, least recently used
+    """The reasoning echo's memory: reply key -> reasoning text, least recently used
     evicted first under a byte budget. ``recall`` answers only the keys it holds and refreshes
     them."""
 

@@ -1,4 +1,4 @@
-"""In-memory storage backends (the default, decision 11), under spec 000's budgets.
+"""In-memory storage backends (the default), under the storage flags' budgets.
 
 Each backend keeps its records in a :class:`~.budget.BudgetedMap` as serialised JSON: one
 ``bytes`` blob per record, the compact UTF-8 JSON of ``record.to_json()`` (what the HTTP layer
