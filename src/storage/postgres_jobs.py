@@ -1,4 +1,4 @@
-"""The replica link's queries on the shared PostgreSQL store (issue 15): a running job's live
+"""The replica link's queries on the shared PostgreSQL store: a running job's live
 events and snapshot, a follower's reads, and cancels between replicas.
 
 Invariants:

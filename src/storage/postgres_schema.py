@@ -1,4 +1,4 @@
-"""The shared PostgreSQL store's schema and connections (issue 15): forward-only migrations,
+"""The shared PostgreSQL store's schema and connections: forward-only migrations,
 the advisory locks and channels every replica agrees on, and ``PgDatabase``.
 
 Invariants:
