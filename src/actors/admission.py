@@ -9,7 +9,7 @@ Invariants:
   closing) raises ``ApiError`` and leaves nothing admitted.
 - ``admit_ready`` is a create's one call here (its prompt compacted first or not, the
   compacted one ready from ``compaction.compacted``); ``admit_continuation`` is a run's,
-  after a server tool search (issue 13): render, grammar and admission of the next sequence.
+  after a server tool's call: render, grammar and admission of the next sequence.
 """
 
 from __future__ import annotations

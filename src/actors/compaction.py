@@ -1,11 +1,16 @@
-"""Compaction, the actor side: the summary generation and the checks around it (issue 6).
+"""Compaction, the actor side: the summary generation and the checks around it.
 
 Invariants:
-- A create that compacts takes its own route from the response task (``compact_first``), off
-  a plain create's way down: a ``compaction_trigger`` is checked before anything exists and
-  summarizes inside its response; a background job compacts inside the job
-  (``compacted`` later); a foreground response's summary generates first. Either way the
-  compacted prompt comes back ready (a ``ReadyPrompt``) and is admitted as a plain one is.
+- Four routes share one summary (``compact``: plan, summarize, render): a
+  ``compaction_trigger`` (``compact_now``: checked with ``plan`` before anything exists, its
+  summary is its response's output), automatic compaction (``compacted``: a foreground
+  response's summary generates before it exists, a background job's inside the job; the
+  compacted prompt comes back ready, a ``ReadyPrompt``, and is admitted as a plain one is), and
+  ``/v1/responses/compact`` (``compact_history``). Which route a response takes is the
+  lifecycle table's (``protocol/lifecycle.py``), not this module's.
+- A summary is registered one way (``on_summary`` hears of its log as soon as it exists) and
+  ends one way (its run's ``end(HUNG_UP)`` in a ``finally``: it leaves the batch, nothing is
+  recorded).
 - Nothing here stores or changes anything. ``compact`` counts, splits the history
   (``protocol.compaction.split_history``), generates one summary as an internal non-streaming
   response (``store: false``, temperature 0, no tools) on the same path as ``/v1/responses``
@@ -48,6 +53,7 @@ from ..protocol.items.compaction import (
 )
 from ..protocol.items.read import Compaction, InputMessage, TurnItem
 from ..protocol.items.write import item_json
+from ..protocol.lifecycle import Input
 from ..protocol.objects import JsonObject, ResponseConfig, Usage
 from ..protocol.request import CompactRequest, CreateRequest
 from .admission import admit
@@ -93,9 +99,9 @@ async def compact(
     on_summary: OnSummary = None,
 ) -> CompactionResult:
     """Compact ``prepared`` (the request's history and input, rendered); raises ``ApiError``.
-    ``keep_tokens`` None: summarize every turn (a ``compaction_trigger``, issue 28); the client
+    ``keep_tokens`` None: summarize every turn (a ``compaction_trigger``); the client
     asked for exactly one compaction item then, so a summary that does not shorten the history
-    is not refused (spec 000's rule is for ``/v1/responses/compact`` and automatic
+    is not refused (the rule that it must shorten is for ``/v1/responses/compact`` and automatic
     compaction)."""
     split = await plan(prepared, actors, keep_tokens)
     before = len(prepared.prompt)
@@ -124,7 +130,7 @@ async def compact(
 async def compact_now(
     request: CreateRequest, prepared: PreparedPrompt, actors: Actors
 ) -> tuple[Compacted, Usage]:
-    """A ``compaction_trigger`` (issue 28): the whole history as one compaction item (the
+    """A ``compaction_trigger``: the whole history as one compaction item (the
     machine input that makes it the response's output), and the summary's usage."""
     window = actors.model.info.context_window
     result = await compact(
@@ -164,10 +170,10 @@ async def _summarize(
     try:
         if on_summary is not None:
             await on_summary(run.log)
-        await run.generate()
+        await run.drive()
     finally:
-        if not run.terminal:
-            await run.end_cancelled(record=False)
+        # Its caller left (cancelled, hung up): it leaves the batch and nothing is recorded.
+        await run.end(Input.HUNG_UP)
     final = run.snapshot()
     if final["status"] not in ("completed", "incomplete"):
         why = (final.get("error") or {}).get("message") or f"it ended {final['status']}"
@@ -187,23 +193,6 @@ async def _summarize(
         reasoning_tokens=counted["output_tokens_details"]["reasoning_tokens"],
     )
     return summary.strip(), usage
-
-
-async def compact_first(
-    ready: ReadyPrompt, actors: Actors, *, background: bool, on_summary: OnSummary = None
-) -> ReadyPrompt | None:
-    """A create whose history is compacted before it generates, at its open: a
-    ``compaction_trigger`` (issue 28) is refused now when it cannot be done at all, and its
-    summary is the response (None: nothing to admit); a background job compacts inside the
-    job (None); otherwise the summary generates first, a whole response, and the compacted
-    prompt is ready to admit before this response exists (``on_summary`` hears of the
-    summary's log: the task registers it, so the summary is listed and cancellable by id)."""
-    if ready.request.compact_now:
-        await plan(ready.prepared, actors, None)
-        return None
-    if background:
-        return None
-    return await compacted(ready.request, ready.prepared, actors, on_summary)
 
 
 async def compacted(

@@ -9,7 +9,7 @@ Invariants:
 - A stored response's record is in the response store before its log closes, so a
   subscriber that saw the terminal event and then GETs the response finds it.
 - Besides the events, the log carries the facts a transport needs back from its response
-  (issue 25: the request is a frozen value with no back-channel): the prompt-cache read of its
+  (the request is a frozen value with no back-channel): the prompt-cache read of its
   first sequence (``cached_tokens``, final once any output was seen) and the prompt as rendered
   (``rendered``, when the request asked to keep it), both written by the owner only.
 """
@@ -46,7 +46,8 @@ class EventLog:
         self._closed = False
         self._changed = trio.Event()
         self.prompt_tokens = 0  # set by the owner once its prompt is admitted
-        # Issue 16 (the status page): set by the owner as it starts and generates.
+        # What the status page shows: the lifecycle table's status, set by the owner's run as
+        # it moves (``ResponseRun.step``), and the tokens generated so far.
         self.status = "queued"
         self.output_tokens = 0
         # Every item the response was generated from (history and input), set by the owner.
@@ -54,9 +55,9 @@ class EventLog:
         self.final: JsonObject | None = None  # the final object, once closed
         # The stop sequence that ended the generation, once closed (the Anthropic encoding).
         self.stop_sequence: str | None = None
-        # Issue 14: the prompt as rendered, kept for a WebSocket continuation (``keep_render``).
+        # The prompt as rendered, kept for a WebSocket continuation (``keep_render``).
         self.rendered: RenderedPrompt | None = None
-        # Issue 12: reads the first sequence's prompt-cache hit (the generation thread writes
+        # Reads the first sequence's prompt-cache hit (the generation thread writes
         # it when it consults the cache, before the sequence's first output).
         self._cache_read: Callable[[], int] | None = None
 

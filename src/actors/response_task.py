@@ -4,10 +4,12 @@ Invariants:
 - A response task owns everything of its response: preparation, admission (its model
   sequence), the parsers, the event machine, the event log, and the store write at the
   terminal event. Nobody else touches them; subscribers only read the log.
-- Its life is one pass through the phases of ``protocol/phase.py``: preparing (nothing exists;
-  a refusal is the opener's error), waiting for admission, prefilling, decoding, finishing
-  (the records are written), ended (the terminal event is out, the log closed). The
-  ``ResponseRun`` holds the phase and moves it only by the table.
+- Its life is one pass through the table of ``protocol/lifecycle.py``: preparing (nothing
+  exists; a refusal is the opener's error), waiting for admission, prefilling, decoding (and a
+  server tool's call and continuation), finishing (the records are written), ended (the
+  terminal event is out, the log closed). The ``ResponseRun`` holds the phase and moves it only
+  by the table; the task opens the run, then lets the table say what comes next
+  (``ResponseRun.drive``), doing the compaction a route needs itself.
 - Every way a response ends gives exactly one terminal event: finished, refused after it was
   announced (a background job's compaction), cancelled (the cancel endpoint, the client leaving,
   shutdown, a steer) or an exception inside it (``failed`` / ``server_error``).
@@ -29,27 +31,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
 
 import trio
 
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.events.machine import Fail
-from ..protocol.events.phase import Phase
-from ..protocol.objects import JsonObject, ResponseErrorCode
+from ..protocol.lifecycle import CANCEL_INPUT, Action, CancelReason, Input
+from ..protocol.objects import JsonObject
 from ..protocol.request import CompactRequest, CreateRequest
+from ..storage.interface import StoredResponse
 from .admission import Admission, admit_ready
-from .compaction import compact_first, compact_history, compact_now, compacted
+from .compaction import compact_history, compact_now, compacted, plan
 from .event_log import EventLog
 from .kit import Reply, ask
 from .prompt import ReadyPrompt, prepare_response
-from .run import ResponseRun
+from .run import Ending, ResponseRun, refusal
 from .runtime import Actors, RunningResponses
 from .timings import report_cancel
 
 log = logging.getLogger(__name__)
-
-CancelReason = Literal["cancel requested", "client disconnected", "shutdown", "steered"]
 
 
 @dataclass(slots=True, eq=False)
@@ -64,7 +63,7 @@ class TaskEntry:
     log: EventLog | None = None
     size: int = 0
     retain_until: float | None = None
-    opened_at: float = field(default_factory=trio.current_time)  # issue 16: its age
+    opened_at: float = field(default_factory=trio.current_time)  # its age, on /status
 
     def cancel(self, reason: CancelReason) -> None:
         if self.reason is None:
@@ -151,31 +150,11 @@ async def _open(
     once its response exists (announced to the opener), or None after a refusal (told to the
     opener; nothing is left)."""
     run: ResponseRun | None = None
-
-    async def register(summary: EventLog) -> None:  # a summary that generates first
-        await ask(mailbox, lambda reply: Register(entry, summary, reply))
-
     try:
-        # On its way to the model until admitted or refused: an idle batch that gets another
-        # request's sequence meanwhile waits for this one (a burst is prefilled together).
-        # The way down, each step once: prepared (a finished value), admitted, then the run.
-        with actors.model.arriving() as arrival:
-            ready = await prepare_response(request, actors, running)
-            admitting: ReadyPrompt | None = ready
-            if ready.compacting:  # its own route: a summary generates first (not an arrival)
-                arrival.done()
-                admitting = await compact_first(
-                    ready, actors, background=entry.background, on_summary=register
-                )
-            if entry.background:
-                await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
-            admission: Admission | None = None
-            if admitting is not None:  # the compacted prompt, if it was compacted first
-                admission = await admit_ready(admitting, actors.model)
-        run = ResponseRun(ready.request, ready.prepared, actors, admission=admission)
+        run = await _exist(entry, request, actors, running, mailbox)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
-            await run.persist_job()  # issue 15: a durable job row before the create answers
+            await _persist_job(run, actors)  # a durable job row before the create answers
     except BaseException as exc:
         if run is not None:
             await run.refused()  # its sequence, if one was admitted, leaves the batch
@@ -190,27 +169,88 @@ async def _open(
     return run
 
 
-async def _drive(run: ResponseRun, actors: Actors) -> None:
-    """From waiting (or prefilling) to its terminal event, unless it is cancelled first."""
+async def _exist(
+    entry: TaskEntry,
+    request: CreateRequest,
+    actors: Actors,
+    running: RunningResponses,
+    mailbox: Mailbox,
+) -> ResponseRun:
+    """Prepared and, unless its route admits it later, admitted: the run. On its way to the
+    model until admitted or refused: an idle batch that gets another request's sequence
+    meanwhile waits for this one (a burst is prefilled together). A foreground create that
+    compacts takes its own way: its summary generates first (not an arrival), registered
+    under its own id, so it is listed and cancellable."""
+
+    async def register(summary: EventLog) -> None:
+        await ask(mailbox, lambda reply: Register(entry, summary, reply))
+
+    with actors.model.arriving() as arrival:
+        ready = await prepare_response(request, actors, running)
+        admitting: ReadyPrompt | None = ready
+        if ready.compacting:  # its own route: not an arrival
+            arrival.done()
+            admitting = None
+            if ready.request.compact_now:  # refused now when it cannot be done at all
+                await plan(ready.prepared, actors, None)
+            elif not entry.background:  # a background job compacts inside the job
+                admitting = await compacted(ready.request, ready.prepared, actors, register)
+        if entry.background:
+            await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
+        admission: Admission | None = None
+        if admitting is not None:  # the compacted prompt, if it was compacted first
+            admission = await admit_ready(admitting, actors.model)
+    return ResponseRun(ready.request, ready.prepared, actors, admission=admission)
+
+
+async def _persist_job(run: ResponseRun, actors: Actors) -> None:
+    """A stored background job is written to the store as it starts (its queued object and
+    input), and stays there until its record is put; a restart in between ends it ``failed``
+    instead of leaving it queued forever. Never raises: a job whose row could not be written
+    still runs (a restart then forgets it)."""
+    store = actors.store
+    if not (run.request.config.store and store.enabled):
+        return
+    queued = StoredResponse(run.snapshot(), run.prepared.all_items, (), run.request.owner)
     try:
-        if not run.request.generate:
-            await run.warm_up()
-        elif run.request.compact_now:
-            await _compact_now(run, actors)
-        elif run.phase is not Phase.WAITING or await _admit_later(run, actors):
-            await run.generate()
+        await store.job_started(queued)
+    except Exception:
+        log.exception("could not record background job %s", run.response_id)
+
+
+async def _drive(run: ResponseRun, actors: Actors) -> None:
+    """From waiting (or prefilling) to its terminal event, unless it is cancelled first: the
+    table says what comes next; the compaction a route needs is done here."""
+
+    async def compact_whole(run: ResponseRun) -> None:
+        try:
+            step, usage = await compact_now(run.request, run.prepared, actors)
+        except ApiError as error:
+            await run.end(Input.FAILED, refusal(error))
+            return
+        run.start(step)  # the compaction item is the whole output; the usage the summary's
+        await run.end(Input.FINISHED, Ending(usage=usage))
+
+    async def compact_then_admit(run: ResponseRun) -> None:
+        try:
+            ready = await compacted(run.request, run.prepared, actors)
+            run.attach(await admit_ready(ready, actors.model))
+        except ApiError as error:  # the job ends failed: invalid_prompt for a refusal
+            await run.end(Input.FAILED, refusal(error))
+
+    routes = {Action.COMPACT_WHOLE: compact_whole, Action.COMPACT_THEN_ADMIT: compact_then_admit}
+    try:
+        await run.drive(routes)
     except Exception:
         log.exception("response %s failed", run.response_id)
-        await run.end_failed("The server had an internal error while generating this response.")
+        await run.end(Input.FAILED)
 
 
 async def _end_cancelled(entry: TaskEntry, run: ResponseRun, actors: Actors) -> None:
-    """A run cancelled before its terminal event: one terminal event all the same."""
-    report_cancel(actors.timings, entry.reason)  # issue 16: cancellations by reason
-    if entry.reason == "steered":
-        await run.end_steered()
-    else:  # cancelled
-        await run.end_cancelled(record=entry.reason != "client disconnected")
+    """A run cancelled before its terminal event: one terminal event all the same (what the
+    cancel's reason makes of it is the table's)."""
+    report_cancel(actors.timings, entry.reason)  # cancellations by reason
+    await run.end(CANCEL_INPUT[entry.reason])
 
 
 async def _drive_published(
@@ -218,8 +258,8 @@ async def _drive_published(
     run: ResponseRun,
     actors: Actors,
 ) -> None:
-    """``_drive``; with replicas (issue 15), a stored background job's events are published
-    to the shared store while it runs, so any replica can follow it."""
+    """``_drive``; with replicas, a stored background job's events are published to the
+    shared store while it runs, so any replica can follow it."""
     replica = actors.replica
     if replica is None or not entry.background or entry.ephemeral:
         await _drive(run, actors)
@@ -228,31 +268,6 @@ async def _drive_published(
         nursery.start_soon(replica.publish, run.log)
         await _drive(run, actors)
         nursery.cancel_scope.cancel()  # its record is stored: followers read that
-
-
-async def _admit_later(run: ResponseRun, actors: Actors) -> bool:
-    """A background job's automatic compaction and admission; False when it was refused (the
-    run then ended ``failed``: ``invalid_prompt`` for a refused compaction or render)."""
-    try:
-        ready = await compacted(run.request, run.prepared, actors)
-        run.attach(await admit_ready(ready, actors.model))
-    except ApiError as error:
-        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
-        await run.end(Fail(code, error.message, None))
-        return False
-    return True
-
-
-async def _compact_now(run: ResponseRun, actors: Actors) -> None:
-    """A ``compaction_trigger`` (issue 28): the summary generates, then the response ends with
-    the compaction item as its only output."""
-    try:
-        step, usage = await compact_now(run.request, run.prepared, actors)
-    except ApiError as error:
-        code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
-        await run.end(Fail(code, error.message, None))
-        return
-    await run.finish_compacted(step, usage)
 
 
 async def _watch_presence(presence: trio.MemoryReceiveChannel[None], entry: TaskEntry) -> None:

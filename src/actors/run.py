@@ -1,10 +1,16 @@
 """One response's generation: model output -> the event machine -> the log -> the store.
 
+``ResponseRun`` drives the table of ``protocol/lifecycle.py``: it tells the table what happened
+(``step``), does what the move says (feeds the event machine, sets what ``/status`` shows,
+writes the records, releases the sequence), and asks it what to do next (``drive``). It has no
+method per route: a warm-up, a compaction trigger, a background job's later admission and a
+server tool's continuation are rows and actions of the table.
+
 Invariants:
 - A ``ResponseRun`` belongs to exactly one response task (its owner); only that task feeds its
   machine and writes its log, so numbering, pairing and the single terminal event hold by
   construction (the pure ``ResponseMachine``).
-- Every way a run ends goes through ``_end``: the final record goes to the response store (with
+- Every way a run ends goes through ``end``: the final record goes to the response store (with
   ``store``), the turn is appended to the conversation (when there is output), then the
   terminal event is published and the log closes. A subscriber that reads the terminal event
   and then GETs the response finds it.
@@ -13,16 +19,12 @@ Invariants:
   ``server_error`` instead, and that terminal event is the one published. A busy store is not a
   failed one: the deadline is for a store that does not answer at all, and a write that timed
   out (it may still land, queued in the store) is followed by the failed record, so the store
-  ends agreeing with what the followers saw (issue 25: a job once told its live followers
-  ``failed`` while its record landed ``completed``).
-- ``_end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
-- The run's ``phase`` (``protocol/phase.py``) is the one record of where the response is:
-  waiting for admission, prefilling, decoding (``in_progress`` told), finishing (the terminal
-  input is in the machine, the records are being written), ended. It moves only by the table.
-- A server-executed tool search (issue 13) does not end the response: once its
-  ``tool_search_output`` is out, the run renders its input and output so far with the loaded
-  tools and admits a second sequence, which goes on in the same machine (``_continue``). The
-  usage adds both sequences up.
+  ends agreeing with what the followers saw (a job must never tell its live followers
+  ``failed`` while its record lands ``completed``).
+- ``end`` is shielded and bounded, so a cancelled owner still ends its run exactly once.
+- A server-run tool does not end the response: once its output is out, the run renders its
+  input and output so far with the tools it loaded and admits a second sequence, which goes on
+  in the same machine. The usage adds both sequences up.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import assert_never
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, assert_never
 
 import trio
 
@@ -45,16 +49,27 @@ from ..protocol.events.machine import (
     ResponseMachine,
     Start,
 )
-from ..protocol.events.phase import Phase, Step, advance, announced
-from ..protocol.events.replay import FAILED_UNSTARTED
 from ..protocol.ids import new_id
-from ..protocol.objects import JsonObject, Usage
+from ..protocol.lifecycle import (
+    Action,
+    Feed,
+    Input,
+    LifecycleError,
+    Move,
+    Phase,
+    advance,
+    announced,
+    next_action,
+    route_of,
+)
+from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
+from ..protocol.tools.offered import FunctionTool, ToolChoice
 from ..protocol.tools.search import after_server_search
-from ..storage.interface import StoredResponse
 from .admission import Admission, admit_continuation
 from .event_log import EventLog
 from .prompt import PreparedPrompt
+from .run_records import write_failed, write_records
 from .runtime import Actors
 from .timings import RunTimings
 
@@ -67,20 +82,22 @@ STORE_DEADLINE_SECONDS = 60
 RELEASE_DEADLINE_SECONDS = 5
 
 
-# Issue 12: the server's own work per event (the machine, the log, encoding, one transport
-# write and one client read per delta) competes with the generation thread for the GIL and
-# the cores, most when the engine is fast. A run that lets its sequence's tokens pile up
-# between receives turns many one-token deltas into fewer, fuller ones: the same text and
-# logprobs, in order. A delta waits at most ``delta_interval`` (the first one and the finish
-# not at all), which grows with the sequences decoding; on a model slower than that per step
-# nothing changes (each receive has one step's token anyway). The generation thread never
-# waits on it. Runs linger to the same ticks of one clock (``SequenceSlot.receive``), so all
-# the streams' deltas of a tick go out in one pass of the event loop. Session 5 measured the
-# slope (A/B, 16 streams, 10M model): 15 ms per stream gave the engine ~4 % more of the cores
-# than 5 ms did; a stream of 16 still gets four deltas a second.
+# The server's own work per event (the machine, the log, encoding, one transport write and one
+# client read per delta) competes with the generation thread for the GIL and the cores, most
+# when the engine is fast. A run that lets its sequence's tokens pile up between receives turns
+# many one-token deltas into fewer, fuller ones: the same text and logprobs, in order. A delta
+# waits at most ``delta_interval`` (the first one and the finish not at all), which grows with
+# the sequences decoding; on a model slower than that per step nothing changes (each receive
+# has one step's token anyway). The generation thread never waits on it. Runs linger to the
+# same ticks of one clock (``SequenceSlot.receive``), so all the streams' deltas of a tick go
+# out in one pass of the event loop. Measured (A/B, 16 streams, 10M model): 15 ms per stream
+# gave the engine ~4 % more of the cores than 5 ms did; a stream of 16 still gets four deltas
+# a second.
 BASE_INTERVAL_SECONDS = 0.01
 INTERVAL_PER_STREAM_SECONDS = 0.015
 MAX_INTERVAL_SECONDS = 0.25
+
+INTERNAL_ERROR = "The server had an internal error while generating this response."
 
 
 def delta_interval(decoding: int) -> float:
@@ -88,10 +105,30 @@ def delta_interval(decoding: int) -> float:
     return min(MAX_INTERVAL_SECONDS, BASE_INTERVAL_SECONDS + INTERVAL_PER_STREAM_SECONDS * decoding)
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The counts and words of an end the table's feeds need: the finish reason, the usage
+    ("counted": the run's own), the error of a ``Fail``."""
+
+    finish: Literal["stop", "length"] = "stop"
+    usage: Usage | Literal["counted"] | None = "counted"
+    error: tuple[ResponseErrorCode, str] = ("server_error", INTERNAL_ERROR)
+
+
+def refusal(error: ApiError) -> Ending:
+    """A later compaction or render refused: ``invalid_prompt`` for a 400, no usage."""
+    code: ResponseErrorCode = "invalid_prompt" if error.status == 400 else "server_error"
+    return Ending(usage=None, error=(code, error.message))
+
+
+# An action the table asks of a run that only its task can do (a compaction's summary).
+Handler = Callable[["ResponseRun"], Awaitable[None]]
+
+
 class ResponseRun:
-    """The state of one response; driven by its owner task with ``generate`` and the ends.
+    """The state of one response, driven by its owner task through the lifecycle table.
     Built from finished values: the prepared request and, unless it is admitted later (a
-    background job's compaction), its admission."""
+    background job's compaction, a compaction trigger), its admission."""
 
     def __init__(
         self,
@@ -101,32 +138,38 @@ class ResponseRun:
         *,
         admission: Admission | None = None,
     ) -> None:
-        self.phase = advance(Phase.PREPARING, Step.PREPARED)
-        if admission is not None:
-            self.phase = advance(self.phase, Step.ADMITTED)
         self.request = request
         self.prepared = prepared
         self._actors = actors
+        self.route = route_of(
+            generate=request.generate,
+            compact_now=request.compact_now,
+            admitted=admission is not None,
+        )
+        self.phase = Phase.PREPARING
         self._machine = ResponseMachine(
             new_id("resp"), request.config, int(time.time()), seal=request.seal
         )
         self.log = EventLog(self._machine.response_id, self._machine.snapshot, request.owner)
         self.log.input_items = prepared.all_items
-        self.log.rendered = prepared.rendered  # issue 14: the transport keeps it
+        self.log.rendered = prepared.rendered  # the transport keeps it
         self.log.prompt_tokens = len(prepared.prompt)
-        if admission is not None:  # issue 12: message_start reads its cache hit
-            sequence = admission.sequence
-            self.log.admitted(sequence.prompt_tokens, lambda: sequence.cached_tokens)
-        self._admission = admission
+        self._admission: Admission | None = None
+        self._sequence_done = False  # the current sequence reported its finish
         self._output_tokens = 0
         self._stop_sequence: str | None = None
-        self._timings = RunTimings(actors.timings)  # issue 16: TTFT and tokens/s
-        # Earlier sequences of this response (a server tool search's continuation, issue 13).
+        self._timings = RunTimings(actors.timings)  # TTFT and tokens/s
+        # Earlier sequences of this response (a server tool's continuation).
         self._prior = Usage(0, 0)
         self._prior_reasoning = ""
+        # What a server tool's continuation generates with: the tools and the tool choice.
+        self._continuation: tuple[tuple[FunctionTool, ...], ToolChoice] | None = None
         # Events fed but not yet published (the closing events of a finished sequence's items,
         # published with the terminal event).
         self._held: list[JsonObject] = []
+        self.step(Input.PREPARED)
+        if admission is not None:
+            self.attach(admission)
 
     @property
     def response_id(self) -> str:
@@ -134,35 +177,55 @@ class ResponseRun:
 
     @property
     def terminal(self) -> bool:
-        return self._machine.terminal
-
-    async def persist_job(self) -> None:
-        """Issue 15: a stored background job is written to the store as it starts (its queued
-        object and input), and stays there until its record is put; a restart in between ends
-        it ``failed`` instead of leaving it queued forever. Never raises: a job whose row could
-        not be written still runs (a restart then forgets it)."""
-        store = self._actors.store
-        if not (self.request.config.store and store.enabled):
-            return
-        queued = StoredResponse(self.snapshot(), self.prepared.all_items, (), self.request.owner)
-        try:
-            await store.job_started(queued)
-        except Exception:
-            log.exception("could not record background job %s", self.response_id)
-
-    def snapshot(self) -> JsonObject:
-        return self._machine.snapshot()
-
-    def attach(self, admission: Admission) -> None:
-        """The run's sequence is admitted: generation may start."""
-        self.phase = advance(self.phase, Step.ADMITTED)
-        self._admission = admission
-        sequence = admission.sequence
-        self.log.admitted(sequence.prompt_tokens, lambda: sequence.cached_tokens)  # issue 12
+        """Whether its terminal input was fed (it is finishing or ended)."""
+        return self.phase in (Phase.FINISHING, Phase.ENDED)
 
     @property
     def admission(self) -> Admission | None:
         return self._admission
+
+    def snapshot(self) -> JsonObject:
+        return self._machine.snapshot()
+
+    def step(self, happened: Input) -> Move:
+        """Move by the table (``LifecycleError`` if it has no row); what /status shows follows."""
+        move = advance(self.phase, happened)
+        self.phase = move.phase
+        if move.status is not None:
+            self.log.status = move.status
+        return move
+
+    async def drive(self, routes: Mapping[Action, Handler] | None = None) -> None:
+        """Do what the table asks next until nothing is left (the run finished or ended);
+        ``routes`` handles the actions only the task can (a compaction's summary)."""
+        own: Mapping[Action, Handler] = {
+            Action.GENERATE: ResponseRun._generate,
+            Action.PREFILL: ResponseRun._prefill,
+            Action.RUN_SERVER_TOOL: ResponseRun._run_server_tool,
+            Action.ADMIT_CONTINUATION: ResponseRun._admit_continuation,
+        }
+        while (action := next_action(self.route, self.phase)) is not None:
+            handler = (routes or {}).get(action) or own.get(action)
+            if handler is None:
+                raise LifecycleError(f"nobody drives {action.value} of {self.response_id}")
+            before = self.phase
+            await handler(self)
+            if self.phase is before:
+                raise LifecycleError(f"{action.value} left {self.response_id} {before.value}")
+
+    def attach(self, admission: Admission) -> None:
+        """The run's sequence is admitted: generation may start."""
+        self.step(Input.ADMITTED)
+        self._admission = admission
+        sequence = admission.sequence
+        self.log.admitted(sequence.prompt_tokens, lambda: sequence.cached_tokens)
+
+    def start(self, compaction: Compacted | None = None) -> None:
+        """``in_progress`` is told (with the compaction item, if the history was compacted)."""
+        move = self.step(Input.STARTED)
+        if compaction is None and self._admission is not None:
+            compaction = self._admission.compaction
+        self._publish(self._feed(move, Ending(), compaction))
 
     def usage(self) -> Usage:
         """Token counts so far (final once the terminal event was sent)."""
@@ -179,27 +242,81 @@ class ResponseRun:
             reasoning_tokens=min(reasoning, self._output_tokens),
         )
 
-    async def generate(self) -> None:
-        """Run the admitted sequence to the terminal event (cancellable at every await)."""
-        admission = self._admission
-        assert admission is not None
+    # -- the actions the table asks for --
+
+    async def _generate(self) -> None:
+        """Receive the admitted sequence's output until the phase leaves prefilling and
+        decoding (its terminal input, or a server tool's call). Cancellable at every await."""
         if not announced(self.phase) and not self.request.config.background:
             # A foreground response is in progress from the start (OpenAI sends created and
             # in_progress at once); a background one stays queued until the model reports work.
-            self._start()
+            self.start()
         model = self._actors.model
         linger = 0.0  # the first output goes out at once
-        while not self._machine.terminal:
-            current = self._admission  # a tool search's continuation replaces it
+        while self.phase in (Phase.PREFILLING, Phase.DECODING):
+            current = self._admission  # a server tool's continuation replaces it
             assert current is not None
             await self._apply(await current.sequence.receive(linger))
             linger = delta_interval(model.decoding)
 
-    def _start(self) -> None:
-        self.phase = advance(self.phase, Step.STARTED)
-        self.log.status = "in_progress"  # issue 16: the status page
-        compaction = self._admission.compaction if self._admission is not None else None
-        self._publish(self._machine.feed(Start(compaction)))
+    async def _prefill(self) -> None:
+        """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates
+        one token, which is not output), and the answer is a chainable response with no
+        output."""
+        self.start()
+        admission = self._admission
+        if admission is not None:
+            while (await admission.sequence.receive()).finish is None:
+                pass
+            self._sequence_done = True
+        cached = 0 if admission is None else admission.sequence.cached_tokens
+        usage = Usage(len(self.prepared.prompt), 0, cached_tokens=cached)
+        await self.end(Input.FINISHED, Ending(usage=usage))
+
+    async def _run_server_tool(self) -> None:
+        """A tool search runs inside the output parser: its ``tool_search_output`` went out
+        with its call, so its result is out already."""
+        self.step(Input.TOOL_OUTPUT)
+
+    async def _admit_continuation(self) -> None:
+        """After a server tool's result: admit the continuation; without one (no budget
+        left, or it cannot be admitted) the response finishes with the tool's output."""
+        admission = self._admission
+        assert admission is not None
+        following = await self._following()
+        if following is None:
+            await self.end(Input.FINISHED)
+            return
+        self._prior = Usage(
+            self._prior.input_tokens + admission.sequence.prompt_tokens,
+            0,
+            cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
+        )
+        self._prior_reasoning += admission.shaper.reasoning_text
+        self.step(Input.CONTINUATION_ADMITTED)
+        self._admission, self._sequence_done = following, False
+        self.log.prompt_tokens = self._prior.input_tokens + following.sequence.prompt_tokens
+
+    async def _following(self) -> Admission | None:
+        """The continuation's sequence, None when it has no budget or is refused."""
+        assert self._continuation is not None
+        tools, choice = self._continuation
+        request = self.request
+        config = request.config
+        if config.max_output_tokens is not None:  # the budget is the response's, not per sequence
+            left = config.max_output_tokens - self._output_tokens
+            if left < 1:
+                return None
+            config = dataclasses.replace(config, max_output_tokens=left)
+        follow = dataclasses.replace(request, config=config, tools=tools, tool_choice=choice)
+        output = tuple(self._machine.output_items)
+        try:
+            return await admit_continuation(follow, self.prepared, output, self._actors)
+        except ApiError:
+            log.info("response %s: no continuation after its server tool", self.response_id)
+            return None
+
+    # -- the model's output --
 
     def _publish(self, events: list[JsonObject]) -> None:
         if self._held:
@@ -211,210 +328,139 @@ class ResponseRun:
         assert admission is not None
         working = output.prefill_done or output.text or output.finish in ("stop", "length")
         if not announced(self.phase) and working:
-            self._start()
+            self.start()
         events: list[JsonObject] = []
         for step in admission.shaper.feed(output.text, output.logprobs):
             events += self._machine.feed(step)
         self._output_tokens += output.new_tokens
-        self.log.output_tokens = self._output_tokens  # issue 16: the status page
+        self.log.output_tokens = self._output_tokens  # the status page
         self._timings.saw(output.new_tokens, output.finish is not None)
         self._publish(events)
         if output.finish is None:
             return
-        terminal: MachineInput
+        self._sequence_done = True
         match output.finish:
             case "stop" | "length":
                 # The items' closing events go out with the terminal event, in one write.
                 for step in admission.shaper.finish():
                     self._held += self._machine.feed(step)
-                if output.finish == "stop" and await self._continue():
-                    self._publish([])
-                    return
                 self._stop_sequence = output.stop_sequence
-                terminal = Finish(output.finish, self.usage(), int(time.time()))
+                if output.finish == "stop" and self._server_tool_called():
+                    return
+                await self.end(Input.FINISHED, Ending(finish=output.finish))
             case "cancelled":
-                terminal = Cancel(self.usage())
+                await self.end(Input.CANCELLED)
             case "shutdown":
-                terminal = Fail("server_error", "The server is shutting down.", self.usage())
+                await self.end(Input.FAILED, Ending(error=("server_error", SHUTTING_DOWN)))
             case "error":
-                terminal = Fail("server_error", "The model failed while generating.", self.usage())
+                await self.end(Input.FAILED, Ending(error=("server_error", MODEL_FAILED)))
             case _:
                 assert_never(output.finish)
-        await self.end(terminal)
 
-    async def _continue(self) -> bool:
-        """After a server tool search: admit the continuation; False when there is none (or
-        it cannot be admitted: the response then ends with the search)."""
-        admission = self._admission
-        assert admission is not None
+    def _server_tool_called(self) -> bool:
+        """Whether the sequence stopped on a call of a tool the server runs (its call's
+        closing events go out now; the continuation follows)."""
         request = self.request
-        output = self._machine.output_items
-        nxt = after_server_search(request.tools, request.tool_choice, output)
-        if nxt is None:
+        found = after_server_search(request.tools, request.tool_choice, self._machine.output_items)
+        if found is None:
             return False
-        tools, choice = nxt
-        config = request.config
-        if config.max_output_tokens is not None:  # the budget is the response's, not per sequence
-            left = config.max_output_tokens - self._output_tokens
-            if left < 1:
-                return False
-            config = dataclasses.replace(config, max_output_tokens=left)
-        follow = dataclasses.replace(request, config=config, tools=tools, tool_choice=choice)
-        try:
-            following = await admit_continuation(follow, self.prepared, tuple(output), self._actors)
-        except ApiError:
-            log.info("response %s: no continuation after its tool search", self.response_id)
-            return False
-        self._prior = Usage(
-            self._prior.input_tokens + admission.sequence.prompt_tokens,
-            0,
-            cached_tokens=self._prior.cached_tokens + admission.sequence.cached_tokens,
-        )
-        self._prior_reasoning += admission.shaper.reasoning_text
-        self.phase = advance(self.phase, Step.ADMITTED)
-        self._admission = following
-        self.log.prompt_tokens = self._prior.input_tokens + following.sequence.prompt_tokens
+        self._continuation = found
+        self.step(Input.TOOL_CALLED)
+        self._publish([])
         return True
 
-    async def warm_up(self) -> None:
-        """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates
-        one token, which is not output), and the answer is a chainable response with no
-        output."""
-        self._start()
-        admission = self._admission
-        if admission is not None:
-            while (await admission.sequence.receive()).finish is None:
-                pass
-        cached = 0 if admission is None else admission.sequence.cached_tokens
-        usage = Usage(len(self.prepared.prompt), 0, cached_tokens=cached)
-        await self.end(Finish("stop", usage, int(time.time())))
+    # -- the end --
 
-    async def finish_compacted(self, step: Compacted, usage: Usage) -> None:
-        """A ``compaction_trigger`` (issue 28): the compaction item is the whole output; the
-        usage is the summary's."""
-        self.phase = advance(self.phase, Step.STARTED)
-        self.log.status = "in_progress"
-        self._publish(self._machine.feed(Start(step)))
-        await self.end(Finish("stop", usage, int(time.time())))
+    def _feed(
+        self, move: Move, ending: Ending, compaction: Compacted | None = None
+    ) -> list[JsonObject]:
+        """Feed the event machine what ``move`` says, in order; the events to publish."""
+        events: list[JsonObject] = []
+        for feed in move.feeds:
+            events += self._machine.feed(self._input(feed, ending, compaction))
+        return events
 
-    async def end_steered(self) -> None:
-        """Steering input arrived for a continuation: stop here, ``incomplete`` / ``steered``."""
-        await self._release()
-        if not announced(self.phase):
-            self._start()
-        await self.end(Finish("steered", self.usage(), int(time.time())))
+    def _input(self, feed: Feed, ending: Ending, compaction: Compacted | None) -> MachineInput:
+        now = int(time.time())
+        match feed:
+            case Feed.START:
+                return Start(compaction)
+            case Feed.FINISH | Feed.STEER:
+                usage = self.usage() if ending.usage == "counted" else ending.usage
+                assert usage is not None
+                reason = ending.finish if feed is Feed.FINISH else "steered"
+                return Finish(reason, usage, now)
+            case Feed.CANCEL:
+                return Cancel(self.usage() if self._admission is not None else None)
+            case Feed.FAIL:
+                code, message = ending.error
+                return Fail(code, message, self._counted(ending))
+            case _:
+                assert_never(feed)
 
-    async def end_cancelled(self, *, record: bool) -> None:
-        """End a run whose owner was cancelled: the sequence leaves the batch at the next step,
-        the terminal is ``response.cancelled``; stored only when ``record`` (the cancel
-        endpoint, a background job), not when the client hung up."""
-        await self._release()
-        await self.end(Cancel(self.usage() if self._admission else None), record=record)
-
-    async def end_failed(self, message: str) -> None:
-        """End a run whose owner hit an unexpected error: ``failed`` / ``server_error``."""
-        await self._release()
+    def _counted(self, ending: Ending) -> Usage | None:
+        if ending.usage != "counted":
+            return ending.usage
         try:
-            usage: Usage | None = self.usage()
-        except Exception:  # the same fault may break the counts
-            usage = None
-        await self.end(Fail("server_error", message, usage))
+            return self.usage()
+        except Exception:  # the same fault that failed the run may break the counts
+            return None
 
     async def refused(self) -> None:
-        """The response was refused before it existed (registration cancelled at shutdown,
-        a job's bytes over budget): nothing is published; an admitted sequence leaves."""
-        self.phase = advance(self.phase, Step.REFUSED)
-        await self._release()
+        """The response was refused before it was announced (registration cancelled at
+        shutdown, a job's bytes over budget): nothing is published; an admitted sequence
+        leaves."""
+        if self.step(Input.REFUSED).release:
+            await self._release()
 
     async def _release(self) -> None:
         admission = self._admission
-        if admission is not None:
+        if admission is not None and not self._sequence_done:
             with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_DEADLINE_SECONDS):
                 await admission.sequence.cancel()
 
-    async def end(self, terminal: MachineInput, *, record: bool = True) -> None:
-        """Publish the terminal event after the records are written (once)."""
-        if self._machine.terminal:
+    async def end(self, happened: Input, ending: Ending | None = None) -> None:
+        """Feed the terminal input the table names for ``happened``, write the records when
+        it says so, then publish the terminal event (once: a run already ending is left)."""
+        if self.terminal:
             return
-        self.phase = advance(self.phase, Step.TERMINAL)
+        ending = ending or Ending()
+        move = self.step(happened)
+        if move.release:
+            await self._release()
         # The machine as it was, in case the records cannot be written.
-        before = self._machine.fork() if record else None
+        before = self._machine.fork() if move.records else None
         held, self._held = self._held, []
-        closing = held + self._machine.feed(terminal)
-        if record:
-            # Shielded: a hang-up at this instant must not leave the store or the
-            # conversation half-told.
-            written = False
-            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS) as wait:
-                try:
-                    await self._finish_records(closing)
-                    written = True
-                except Exception:
-                    log.exception("could not store response %s", self.response_id)
-            if not written and before is not None:
-                self._machine = before
-                usage = self.usage()
-                closing = held + self._machine.feed(
-                    Fail("server_error", "The response could not be stored.", usage)
-                )
-                if wait.cancelled_caught:  # the records may still land: this one goes after
-                    log.error("the store did not answer for response %s", self.response_id)
-                    await self._store_failed(closing)
+        closing = held + self._feed(move, ending)
+        if before is not None:
+            closing = await self._recorded(closing, held, before)
         self._publish(closing)
-        self.phase = advance(self.phase, Step.CLOSED)
+        self.step(Input.STORED)
         self.log.close(self._machine.snapshot(), self._stop_sequence)
 
-    async def _finish_records(self, closing: list[JsonObject]) -> None:
-        final = self._machine.snapshot()
-        config = self.request.config
-        actors = self._actors
-        if config.store and actors.store.enabled:
-            record = StoredResponse(
-                final, self.prepared.all_items, self.log.events + tuple(closing), self.request.owner
-            )
-            await actors.store.put(record)
-            if config.background and await actors.store.get(record.id, record.owner) is None:
-                # Spec 000: a job whose final object alone exceeds the byte budget still
-                # leaves an answer for its pollers.
-                await actors.store.put(self._too_large(final, record.owner))
-        output = final.get("output") or []
-        finished = final["status"] in ("completed", "incomplete")
-        if finished and actors.echo is not None:
-            await actors.echo.remember(self.request.owner, output)
-        if config.conversation_id is not None and output and finished:
-            await actors.conversations.append(
-                config.conversation_id, self.prepared.new_items + tuple(output), self.request.owner
-            )
-
-    async def _store_failed(self, closing: list[JsonObject]) -> None:
-        """After a write that timed out: the failed record, queued behind it in the store."""
-        config, store = self.request.config, self._actors.store
-        if not (config.store and store.enabled):
-            return
-        record = StoredResponse(
-            self._machine.snapshot(),
-            self.prepared.all_items,
-            self.log.events + tuple(closing),
-            self.request.owner,
-        )
-        with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+    async def _recorded(
+        self, closing: list[JsonObject], held: list[JsonObject], before: ResponseMachine
+    ) -> list[JsonObject]:
+        """The records written (shielded: a hang-up at this instant must not leave the store
+        or the conversation half-told); the closing events to publish, a failure's if the
+        store failed."""
+        final, events = self._machine.snapshot(), self.log.events + tuple(closing)
+        with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS) as wait:
             try:
-                await store.put(record)
+                await write_records(self._actors, self.request, self.prepared, final, events)
+                return closing
             except Exception:
-                log.exception("could not store failed response %s", self.response_id)
+                log.exception("could not store response %s", self.response_id)
+        self._machine = before
+        failed = Ending(error=("server_error", "The response could not be stored."))
+        closing = held + self._feed(self.step(Input.STORE_FAILED), failed)
+        if wait.cancelled_caught:  # the records may still land: this one goes after
+            log.error("the store did not answer for response %s", self.response_id)
+            final, events = self._machine.snapshot(), self.log.events + tuple(closing)
+            with trio.CancelScope(shield=True), trio.move_on_after(STORE_DEADLINE_SECONDS):
+                await write_failed(self._actors, self.request, self.prepared, final, events)
+        return closing
 
-    def _too_large(self, final: JsonObject, owner: str) -> StoredResponse:
-        failed = {
-            **final,
-            "status": "failed",
-            "output": [],
-            "completed_at": None,
-            "incomplete_details": None,
-            "error": {
-                "code": "server_error",
-                "message": "The response finished but its final object is larger than the "
-                "response store's byte budget (--responses-store-max-bytes).",
-            },
-        }
-        # Issue 15: replayed by the event machine as created, queued, failed (one Fail).
-        return StoredResponse(failed, self.prepared.all_items, (), owner, FAILED_UNSTARTED)
+
+SHUTTING_DOWN = "The server is shutting down."
+MODEL_FAILED = "The model failed while generating."

@@ -25,6 +25,7 @@ from typing import assert_never
 import trio
 
 from ..protocol.events.machine import Compacted
+from ..protocol.lifecycle import CancelReason
 from ..protocol.objects import JsonObject
 from ..protocol.request import CompactRequest, CreateRequest
 from ..storage.interface import scoped
@@ -32,7 +33,6 @@ from .event_log import EventLog
 from .kit import Reply, ask, open_mailbox
 from .prompt import PreparedPrompt
 from .response_task import (
-    CancelReason,
     Ended,
     Register,
     Reserve,
@@ -45,7 +45,7 @@ from .runtime import Actors
 
 class TooManyJobs(RuntimeError):
     """``max_jobs`` background jobs are already active, or the active jobs' estimated bytes
-    would pass the response store's byte budget (spec 000)."""
+    would pass the response store's byte budget (docs/api.md)."""
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class CloseSocket:
 
 @dataclass(frozen=True, slots=True)
 class ListRunning:
-    """Sender: the status page (issue 16). Reply: ``owner``'s running responses, oldest first."""
+    """Sender: the status page. Reply: ``owner``'s running responses, oldest first."""
 
     owner: str
     reply: Reply[tuple[RunningResponse, ...]]
@@ -137,6 +137,20 @@ SupervisorMessage = (
     Open
     | OpenCompaction
     | Register
+    | Reserve
+    | Ended
+    | CancelResponse
+    | Find
+    | Forget
+    | OpenSocket
+    | CloseSocket
+    | ListRunning
+)
+
+
+# What the registry answers without starting a task.
+_Answered = (
+    Register
     | Reserve
     | Ended
     | CancelResponse
@@ -265,59 +279,8 @@ async def run_response_supervisor(
                         handle,
                         send.clone(),
                     )
-                case Register(entry, log_, reply):
-                    earlier = entry.log  # a summary that generated before its response
-                    if earlier is None:
-                        state.jobs_started += entry.background
-                    elif state.entries.get(earlier.key) is entry:
-                        del state.entries[earlier.key]
-                    entry.log = log_
-                    state.entries[log_.key] = entry
-                    reply.send(None)
-                case Reserve(entry, size, reply):
-                    if state.job_bytes + size > settings.max_job_bytes:
-                        reply.fail(
-                            TooManyJobs(
-                                "the active background jobs would pass the response store's "
-                                f"byte budget ({settings.max_job_bytes} bytes)"
-                            )
-                        )
-                    else:
-                        entry.size = size
-                        state.job_bytes += size
-                        reply.send(None)
-                case Ended(entry):
-                    state.ended(entry, trio.current_time())
-                case CancelResponse(key, reason, reply):
-                    found = state.entries.get(key)
-                    if found is None or found.log is None or found.log.closed:
-                        reply.send(None)
-                    else:
-                        found.cancel(reason)
-                        reply.send(found.log)
-                case Find(key, reply):
-                    found = state.entries.get(key)
-                    reply.send(None if found is None else found.log)
-                case Forget(key, reply):
-                    found = state.entries.get(key)
-                    retained = found is not None and found.retain_until is not None
-                    if retained:
-                        del state.entries[key]
-                    reply.send(retained)
-                case OpenSocket(owner, reply):
-                    count = state.sockets.get(owner, 0)
-                    allowed = count < settings.max_sockets_per_tenant
-                    if allowed:
-                        state.sockets[owner] = count + 1
-                    reply.send(allowed)
-                case CloseSocket(owner):
-                    state.sockets[owner] -= 1
-                    if not state.sockets[owner]:
-                        del state.sockets[owner]
-                case ListRunning(owner, reply):
-                    reply.send(state.running(owner, trio.current_time()))
                 case _:
-                    assert_never(message)
+                    state.answer(message)
             handle._stats = state.statistics()
 
 
@@ -333,6 +296,64 @@ class _State:
         self.jobs_finished = 0
         self.job_bytes = 0
         self.sockets: dict[str, int] = {}  # tenant -> open WebSocket connections
+
+    def answer(self, message: _Answered) -> None:
+        """A message the registry answers by itself (no task is started)."""
+        settings = self.settings
+        match message:
+            case Register(entry, log_, reply):
+                earlier = entry.log  # a summary that generated before its response
+                if earlier is None:
+                    self.jobs_started += entry.background
+                elif self.entries.get(earlier.key) is entry:
+                    del self.entries[earlier.key]
+                entry.log = log_
+                self.entries[log_.key] = entry
+                reply.send(None)
+            case Reserve(entry, size, reply):
+                if self.job_bytes + size > settings.max_job_bytes:
+                    reply.fail(
+                        TooManyJobs(
+                            "the active background jobs would pass the response store's "
+                            f"byte budget ({settings.max_job_bytes} bytes)"
+                        )
+                    )
+                else:
+                    entry.size = size
+                    self.job_bytes += size
+                    reply.send(None)
+            case Ended(entry):
+                self.ended(entry, trio.current_time())
+            case CancelResponse(key, reason, reply):
+                found = self.entries.get(key)
+                if found is None or found.log is None or found.log.closed:
+                    reply.send(None)
+                else:
+                    found.cancel(reason)
+                    reply.send(found.log)
+            case Find(key, reply):
+                found = self.entries.get(key)
+                reply.send(None if found is None else found.log)
+            case Forget(key, reply):
+                found = self.entries.get(key)
+                retained = found is not None and found.retain_until is not None
+                if retained:
+                    del self.entries[key]
+                reply.send(retained)
+            case OpenSocket(owner, reply):
+                count = self.sockets.get(owner, 0)
+                allowed = count < settings.max_sockets_per_tenant
+                if allowed:
+                    self.sockets[owner] = count + 1
+                reply.send(allowed)
+            case CloseSocket(owner):
+                self.sockets[owner] -= 1
+                if not self.sockets[owner]:
+                    del self.sockets[owner]
+            case ListRunning(owner, reply):
+                reply.send(self.running(owner, trio.current_time()))
+            case _:
+                assert_never(message)
 
     def admit(self, request: CreateRequest, reply: Reply[EventLog]) -> TaskEntry | None:
         background = request.config.background

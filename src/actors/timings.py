@@ -1,4 +1,4 @@
-"""Generation timings of one response, reported to an observer (issue 16: ``/metrics``).
+"""Generation timings of one response, reported to an observer (``/metrics``).
 
 Invariants:
 - The observer is optional (``Actors.timings``); without one nothing is measured.

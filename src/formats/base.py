@@ -17,9 +17,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
+
+# Function name -> JSON Schema of its parameters.
+ToolSchemas = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ParseOptions:
+    """One generation's parsing settings."""
+
+    tools_enabled: bool  # tool calls are parsed (else every marker is text)
+    reasoning: bool  # the model writes ``<think>`` reasoning (mlx-lm's ``has_thinking``)
+    starts_in_reasoning: bool = False  # the prompt already opened the reasoning
+    # Function name -> JSON Schema of its parameters (types XML parameter values).
+    tool_schemas: ToolSchemas | None = None
 
 
 @dataclass(frozen=True, slots=True)

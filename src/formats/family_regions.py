@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from functools import partial
 
 from . import muse, pythonic
-from .base import NewIndex
+from .base import NewIndex, ToolSchemas
 from .gemma import FUNCTION_GEMMA, GEMMA4, GemmaRegion
 from .json_sections import DEEPSEEK_V3, KIMI_K2, SectionJsonRegion
-from .region import RegionFactory, ToolRegion, ToolSchemas
+from .region import RegionFactory, ToolRegion
 from .xml_kv import GLM, KIMI_K3, LONGCAT, MINICPM5, MINIMAX_M2, MUSE_SPARK, KvRegion
 
 

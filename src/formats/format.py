@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from .base import ParsedEvent
+from .base import ParsedEvent, ParseOptions
 from .grammars import ForcedTool
 
 __all__ = [
@@ -41,8 +41,6 @@ __all__ = [
     "register",
 ]
 
-ToolSchemas = Mapping[str, Mapping[str, Any]]
-
 
 @dataclass(frozen=True, slots=True)
 class Detection:
@@ -51,17 +49,6 @@ class Detection:
     template: str = ""  # the chat template's text
     vocab: Collection[str] = frozenset()  # every token's text, added tokens included
     tool_parser_type: str | None = None  # tokenizer_config.json's tool_parser_type
-
-
-@dataclass(frozen=True, slots=True)
-class ParseOptions:
-    """One generation's parsing settings."""
-
-    tools_enabled: bool  # tool calls are parsed (else every marker is text)
-    reasoning: bool  # the model writes ``<think>`` reasoning (mlx-lm's ``has_thinking``)
-    starts_in_reasoning: bool = False  # the prompt already opened the reasoning
-    # Function name -> JSON Schema of its parameters (types XML parameter values).
-    tool_schemas: ToolSchemas | None = None
 
 
 class Parser(Protocol):

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from .base import NewIndex, ParsedEvent, Step, is_partial, skip_ws
-from .region import Advance, ToolRegion, ToolSchemas
+from .base import NewIndex, ParsedEvent, Step, ToolSchemas, is_partial, skip_ws
+from .region import Advance, ToolRegion
 from .scan_util import take_until
 
 

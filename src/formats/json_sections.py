@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from .base import JsonValue, NewIndex, ParsedEvent, Step, StreamedArgs
-from .region import Advance, ToolRegion, ToolSchemas
+from .base import JsonValue, NewIndex, ParsedEvent, Step, StreamedArgs, ToolSchemas
+from .region import Advance, ToolRegion
 
 _HEADER_MAX = 300
 _FENCE = "```"

@@ -16,8 +16,8 @@ text, as any marker that starts no call.
 
 from __future__ import annotations
 
-from .base import NewIndex, ParsedEvent, Step, skip_ws
-from .region import ToolRegion, ToolSchemas
+from .base import NewIndex, ParsedEvent, Step, ToolSchemas, skip_ws
+from .region import ToolRegion
 from .scan_util import take_until
 from .xml_kv import MUSE_SPARK, KvRegion
 

@@ -14,8 +14,8 @@ import ast
 import json
 from typing import Any
 
-from .base import CallStream, NewIndex, ParsedEvent, Step
-from .region import ToolRegion, ToolSchemas
+from .base import CallStream, NewIndex, ParsedEvent, Step, ToolSchemas
+from .region import ToolRegion
 from .scan_util import take_until
 
 OPEN = "<|tool_call_start|>"

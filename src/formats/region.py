@@ -19,8 +19,8 @@ Invariants (on top of ``base``'s):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from .base import (
     JSON_WS,
@@ -29,13 +29,11 @@ from .base import (
     ParsedEvent,
     ScanStatus,
     Step,
+    ToolSchemas,
     is_partial,
     skip_ws,
 )
 from .scan_util import take_until
-
-ToolSchemas = Mapping[str, Mapping[str, Any]]
-"""Function name -> the JSON Schema of its parameters (only used to type XML values)."""
 
 Advance = int | Step
 """What one state's scan gives the driver: the position reached, or the ``Step`` to return."""

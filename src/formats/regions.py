@@ -39,9 +39,10 @@ from .base import (
     ScanStatus,
     Step,
     StreamedArgs,
+    ToolSchemas,
     is_partial,
 )
-from .region import Advance, ToolRegion, ToolSchemas
+from .region import Advance, ToolRegion
 from .scan_util import close_object, send_member, take_until, typed_param, xml_param_value
 
 __all__ = [

@@ -41,18 +41,19 @@ from typing import Literal
 
 from .base import (
     ParsedEvent,
+    ParseOptions,
     ReasoningChunk,
     Step,
     TextChunk,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
+    ToolSchemas,
     find_first,
     partial_suffix,
 )
 from .buffered import BufferedParser
-from .format import ParseOptions
-from .region import RegionFactory, ToolRegion, ToolSchemas
+from .region import RegionFactory, ToolRegion
 from .regions import (
     FUNCTION_OPEN,
     MISTRAL_TOOL_CALLS,

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from .base import NewIndex, ParsedEvent, Step
-from .region import Advance, ToolRegion, ToolSchemas
+from .base import NewIndex, ParsedEvent, Step, ToolSchemas
+from .region import Advance, ToolRegion
 from .scan_util import close_object, send_member, typed_param, unquote
 
 _HEADER_MAX = 300

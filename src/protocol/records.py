@@ -5,7 +5,7 @@ Invariants:
   ``to_json()`` / ``from_json()`` convert them to and from one plain JSON object (the form a
   backend may serialise; ``from_json(r.to_json())`` equals ``r`` up to lists for tuples inside).
 - A ``StoredFile``'s data is ``bytes`` (immutable), so it is never copied.
-- Keys are scoped to the tenant (``scoped``, decision 12).
+- Keys are scoped to the tenant (``scoped``), so tenants never see each other's objects.
 - They live here, below ``storage/`` (which keeps and serialises them) and beside the
   protocol code that renders them, so neither layer imports the other upward.
 """
@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events.replay import compact_events, expand_events
+from .events.replay import FAILED_UNSTARTED, compact_events, expand_events
 
 JsonObject = dict[str, Any]
 
 
 def scoped(owner: str, object_id: str) -> str:
-    """The storage key of an object of tenant ``owner`` (decision 12): another tenant's key for
+    """The storage key of an object of tenant ``owner``: another tenant's key for
     the same id never matches, so its objects are simply absent (404), never forbidden."""
     return f"{owner}/{object_id}" if owner else object_id
 
@@ -98,6 +98,24 @@ class StoredResponse:
             str(data.get("owner", "")),
             data.get("replay"),
         )
+
+
+def failed_unstarted(
+    final: Mapping[str, Any], input_items: tuple[JsonObject, ...], owner: str, message: str
+) -> StoredResponse:
+    """The stored answer of a response that failed before it could be stored as it ended (a
+    restart, a lost lease, a final object over the store's byte budget): ``failed`` with a
+    ``server_error`` saying why, no output, and a stream the event machine rebuilds as
+    ``created``, ``queued``, ``failed`` (its tape is one ``Fail``)."""
+    failed = {
+        **final,
+        "status": "failed",
+        "output": [],
+        "completed_at": None,
+        "incomplete_details": None,
+        "error": {"code": "server_error", "message": message},
+    }
+    return StoredResponse(failed, input_items, (), owner, dict(FAILED_UNSTARTED))
 
 
 @dataclass(frozen=True, slots=True)

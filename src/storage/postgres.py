@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
-from ..protocol.events.replay import FAILED_UNSTARTED
+from ..protocol.records import failed_unstarted
 from .files import FileLimits, StoredFile, charged_bytes
 from .interface import (
     ConversationEdit,
@@ -235,15 +235,7 @@ class _PgRecords(_PgTable, Generic[R]):
 def lease_failed(record: StoredResponse) -> StoredResponse:
     """The stored answer for a job whose replica stopped: ``failed``, saying so; its stream
     replays as ``created``, ``queued``, ``failed``."""
-    final = {
-        **record.response,
-        "status": "failed",
-        "output": [],
-        "completed_at": None,
-        "incomplete_details": None,
-        "error": {"code": "server_error", "message": LEASE_MESSAGE},
-    }
-    return StoredResponse(final, record.input_items, (), record.owner, dict(FAILED_UNSTARTED))
+    return failed_unstarted(record.response, record.input_items, record.owner, LEASE_MESSAGE)
 
 
 class PgResponseStorage(_PgRecords[StoredResponse]):

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..protocol.events.replay import FAILED_UNSTARTED
+from ..protocol.records import failed_unstarted
 from .budget import BudgetedMap
 from .files import FileLimits, MemoryFileStorage, StoredFile
 from .interface import (
@@ -246,15 +246,7 @@ def restart_failed(record: StoredResponse) -> StoredResponse:
     """The stored answer for a background job a restart interrupted: ``failed``, with a
     message that says so, and a stream of ``created``, ``queued`` and ``failed`` rebuilt by
     the event machine (its replay tape is one ``Fail``)."""
-    final = {
-        **record.response,
-        "status": "failed",
-        "output": [],
-        "completed_at": None,
-        "incomplete_details": None,
-        "error": {"code": "server_error", "message": RESTART_MESSAGE},
-    }
-    return StoredResponse(final, record.input_items, (), record.owner, dict(FAILED_UNSTARTED))
+    return failed_unstarted(record.response, record.input_items, record.owner, RESTART_MESSAGE)
 
 
 class SqliteResponseStorage(_SqliteRecords[StoredResponse]):

@@ -72,9 +72,9 @@ class ToolCallBegin:
 
     name: str
     call_id: str | None = None
-    namespace: str | None = None  # the item's ``namespace`` (a namespaced function, issue 13)
-    custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text (issue 13)
-    search: Literal["server", "client"] | None = None  # a ``tool_search_call`` (issue 13)
+    namespace: str | None = None  # the item's ``namespace`` (a namespaced function)
+    custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text
+    search: Literal["server", "client"] | None = None  # a ``tool_search_call``
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,18 +6,19 @@ each ``feed`` returns the JSON-ready events to publish, in order, numbered by ``
 Invariants (the rules come first, as in h11's ``_state.py``):
 - The legal moves are exactly the rows of ``TRANSITIONS`` (``machine_table.py``). An input
   without a row raises :class:`ProtocolError` *before* anything changes: state, text, ids and
-  the next sequence number stay as they were. Legality depends on the input's kind only, never on whether it is empty.
+  the next sequence number stay as they were. Legality depends on the input's kind only,
+  never on whether it is empty.
 - ``sequence_number`` runs 0, 1, 2, ... without gaps across all ``feed`` calls.
 - ``response.created`` is the first event; exactly one terminal event (``response.completed``,
   ``response.incomplete``, ``response.failed``, ``response.cancelled``) is the last, after which
-  every input is illegal (decision 8).
+  every input is illegal: a stream has one end, and a late input is a producer's bug.
 - At most one output item is open at a time: a ``reasoning`` item, a ``message`` or a
   ``function_call`` (the state says which). Opening another kind closes the open one first, so
   items appear in generation order, each at its own ``output_index``.
 - Every ``output_item.added`` / ``content_part.added`` that a terminal event reports as output is
   paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the item
   id (``msg_``, ``rs_``, ``fc_``) is minted once and is the same in every event and in the
-  snapshot (decision 4). A ``function_call``'s ``call_id`` likewise.
+  snapshot, so a client can match events to items. A ``function_call``'s ``call_id`` likewise.
 - The concatenated ``output_text.delta`` / ``reasoning_text.delta`` of a part equal its ``.done``
   text; the concatenated ``function_call_arguments.delta`` of a call equal its ``.done``
   arguments (but see ``ToolCallEnd`` below); the final object's ``output`` equals the items sent
@@ -54,7 +55,7 @@ Decisions where OpenAI leaves room:
   is not trustworthy, and a ``.done`` would present it as finished.
 - ``Cancel`` closes the open item as ``incomplete`` (``.done`` events included), then emits
   ``response.cancelled``: what was streamed so far stays readable in the stored object.
-- A ``tool_search_call`` (``ToolCallBegin(search=...)``, issue 13) streams no argument
+- A ``tool_search_call`` (``ToolCallBegin(search=...)``) streams no argument
   deltas (no SDK release types a ``response.tool_search_call.*`` event): it is added, then
   done with its arguments as an object; a server search's ``ToolCallEnd(loaded=...)`` adds
   the ``tool_search_output`` item right after it (added in progress with no tools, then done).
@@ -64,12 +65,13 @@ Decisions where OpenAI leaves room:
 - Background (``config.background``): ``Start`` emits ``response.created`` and
   ``response.queued`` with status ``queued`` (as OpenAI's background streams do), then
   ``response.in_progress``. Every non-terminal object of a background response has
-  ``output: []`` and all-zero usage, so a poll never exposes partial output (spec 000).
+  ``output: []`` and all-zero usage, so a poll never exposes partial output
+  (the Responses spec's background mode, docs/api.md).
   A foreground non-terminal object has ``usage: null`` and the output produced so far, the open
   item included with status ``in_progress``.
 - Reasoning items carry ``status`` (the SDK allows it): ``in_progress`` while open, then
   ``completed`` or ``incomplete`` like messages.
-- Automatic compaction (issue 6) finished before generation, so it rides on ``Start``: after
+- Automatic compaction finished before generation, so it rides on ``Start``: after
   ``response.in_progress`` come ``mlx.compaction.started``, ``mlx.compaction.completed``, then
   the ``compaction`` item, added and done at once at ``output_index`` 0 (it is whole already).
 """
@@ -240,6 +242,15 @@ class ResponseMachine:
         if target is None:
             raise ProtocolError(f"{kind.value} is illegal in state {self._state.value}")
         # From here on nothing raises: the move is committed while events are built.
+        events = self._events_for(inp)
+        assert self._open is None or ITEM_STATE[self._open.type] is target
+        self._state = target
+        if target in TERMINAL_EVENT:
+            events.append(self._event(TERMINAL_EVENT[target], response=self.snapshot()))
+        return events
+
+    def _events_for(self, inp: MachineInput) -> list[JsonObject]:
+        """The events of a legal input, its effects applied (the state is the caller's)."""
         events: list[JsonObject] = []
         match inp:
             case Start(compaction=compaction):
@@ -294,10 +305,6 @@ class ResponseMachine:
                 events += self._opening(in_progress=False)
                 events += self._close("incomplete")
                 self._usage = usage
-        assert self._open is None or ITEM_STATE[self._open.type] is target
-        self._state = target
-        if target in TERMINAL_EVENT:
-            events.append(self._event(TERMINAL_EVENT[target], response=self.snapshot()))
         return events
 
     # -- event builders (they mutate; called only after the move is known legal) --
