@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .. import formats
 from ..engine.port import CannotConstrain, Grammar
-from ..protocol.decoding import Decoding, decoding_for
+from ..protocol.decoding import decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.events.machine import Compacted
 from ..protocol.items.history import Turn, resolve
@@ -35,7 +35,7 @@ from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
 from ..protocol.tools.offered import FunctionTool
-from ..text.prompt_maker import ModelPrompt, PromptMaker, PromptTooLong, to_chat
+from ..text.prompt_maker import PromptTooLong, to_chat
 from .model import ModelHandle
 from .runtime import Actors, RunningResponses
 
@@ -159,18 +159,48 @@ async def _render(
     constrain: bool,
     parsed: tuple[InputItem, ...] | None = None,
 ) -> PreparedPrompt:
-    """``request`` over ``history``: its turn read once (unless ``parsed`` is that reading of
-    ``history`` already), then one call of the model's text side (the render, with
-    ``keep_render`` only what the previous render does not share tokenized; the grammar). The
-    instructions go first, merged into the system message, and the reasoning of earlier plain
-    replies is echoed back where a replay dropped it."""
+    """``request`` over ``history``: its turn read once (unless ``parsed`` is that reading),
+    the reasoning of earlier plain replies echoed back, then one call of the text side (the
+    render, incremental with ``keep_render``; the grammar)."""
     turn = resolve(request, history) if parsed is None else Turn((), parsed, None)
     if turn.tools is not None:
         request = dataclasses.replace(request, tools=turn.tools)
-    decoding = None
-    if constrain:
-        decoding = decoding_for(request.tool_choice, request.text_format, request.tools)
-    made = await _make_prompt(request, actors, turn.items, max_tokens, decoding)
+    choice = request.tool_choice
+    decoding = decoding_for(choice, request.text_format, request.tools) if constrain else None
+    # With tool_choice "none" the model is not told about the tools at all.
+    offered = request.tools if request.tool_choice.mode != "none" else ()
+    model = actors.model
+    replay = formats.get(model.info.tool_format).replay  # the template's wishes
+    items: Sequence[InputItem] = turn.items
+    try:
+        if actors.echo is not None:
+            items = await actors.echo.restore(request.owner, items)
+        made = await model.prompts.make_prompt(
+            to_chat(request.config.instructions, items, replay),
+            replay.template_tools([tool.for_template() for tool in offered]) or None,
+            # The Responses spec echoes reasoning.effort and never maps it onto template
+            # kwargs; a family's defaults apply and chat_template_kwargs sets its own.
+            replay.template_kwargs(None, request.template_kwargs),
+            max_tokens,
+            keep=request.keep_render,
+            known=request.previous_render,
+            decoding=decoding,
+        )
+    except PromptTooLong as exc:  # refused untokenized
+        raise context_exceeded(exc.at_least, model.info.context_window, at_least=True) from None
+    except CannotConstrain as exc:
+        assert decoding is not None
+        param = decoding.schema_param if exc.invalid_schema else decoding.param
+        why = "Invalid schema for" if exc.invalid_schema else "Unsupported"
+        raise invalid_request(
+            f"{why} '{param}'{'' if exc.invalid_schema else ' for this model'}: {exc}", param
+        ) from exc
+    except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
+        raise invalid_request(
+            f"The model's chat template could not render this input: {exc}",
+            "input",
+            code="invalid_prompt",
+        ) from exc
     return PreparedPrompt(
         history,
         turn.new_items,
@@ -181,54 +211,6 @@ async def _render(
         made.grammar,
         made.opens_reasoning,
     )
-
-
-async def _make_prompt(
-    request: CreateRequest,
-    actors: Actors,
-    items: Sequence[InputItem],
-    max_tokens: int | None,
-    decoding: Decoding | None,
-) -> ModelPrompt:
-    """``items`` rendered and ``decoding`` compiled by the model's text side; what it refuses
-    is a 400 (or the context-window error for a prompt provably too long)."""
-    model = actors.model
-    prompts: PromptMaker = model.prompts
-    replay = formats.get(model.info.tool_format).replay  # the template's wishes
-    # With tool_choice "none" the model is not told about the tools at all.
-    offered = request.tools if request.tool_choice.mode != "none" else ()
-    tools = replay.template_tools([tool.for_template() for tool in offered]) or None
-    # The Responses spec echoes reasoning.effort and never maps it onto template kwargs; a
-    # family's defaults apply and chat_template_kwargs sets its own (docs/models.md).
-    kwargs = replay.template_kwargs(None, request.template_kwargs)
-    try:
-        if actors.echo is not None:
-            items = await actors.echo.restore(request.owner, items)
-        chat = to_chat(request.config.instructions, items, replay)
-        return await prompts.make_prompt(
-            chat,
-            tools,
-            kwargs,
-            max_tokens,
-            keep=request.keep_render,
-            known=request.previous_render,
-            decoding=decoding,
-        )
-    except PromptTooLong as exc:  # refused untokenized
-        raise context_exceeded(exc.at_least, model.info.context_window, at_least=True) from None
-    except CannotConstrain as exc:
-        assert decoding is not None
-        if exc.invalid_schema:
-            param = decoding.schema_param
-            raise invalid_request(f"Invalid schema for '{param}': {exc}", param) from exc
-        param = decoding.param
-        raise invalid_request(f"Unsupported '{param}' for this model: {exc}", param) from exc
-    except Exception as exc:  # the template's own error (Jinja, a raise_exception call, ...)
-        raise invalid_request(
-            f"The model's chat template could not render this input: {exc}",
-            "input",
-            code="invalid_prompt",
-        ) from exc
 
 
 def check_model(request: CreateRequest, model: ModelHandle) -> None:
