@@ -49,7 +49,7 @@ import numpy as np
 import mlx_responses  # noqa: F401 - preloads OpenBLAS before MLX (issue 16)
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = ROOT / "src" / "model" / "bundled"
+BUNDLED = ROOT / "src" / "engine" / "bundled"
 MODELS_DIR = ROOT / "bench" / "models"
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGET_MS = 1.0

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import RESULTS_DIR, default_server_command, machine_facts, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "src" / "model" / "bundled"
+BUNDLED = ROOT / "src" / "engine" / "bundled"
 COUNT = "Count from 1 to 110."
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import mlx_responses  # noqa: F401 - preloads OpenBLAS before MLX (issue 16)
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SOURCE = ROOT / "src" / "model" / "bundled"
+DEFAULT_SOURCE = ROOT / "src" / "engine" / "bundled"
 MODELS_DIR = ROOT / "bench" / "models"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 SEED = 20240611

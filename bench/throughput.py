@@ -886,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target_row = rows.get(TARGET_CONCURRENCY)
     measured = target_row.ratio if target_row else None
-    bundled = Path(model_path).resolve() == (ROOT / "src" / "model" / "bundled").resolve()
+    bundled = Path(model_path).resolve() == (ROOT / "src" / "engine" / "bundled").resolve()
     target_ratio = TARGET_RATIO_TINY if bundled else TARGET_RATIO_BENCH
     results_file = RESULTS_DIR / f"throughput-{stamp}.json"
     report: dict[str, Any] = {

@@ -72,7 +72,7 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turn", type=int, default=20)
-    parser.add_argument("--model", default=str(ROOT / "src" / "model" / "bundled"))
+    parser.add_argument("--model", default=str(ROOT / "src" / "engine" / "bundled"))
     parser.add_argument("--instructions-tokens", type=int, default=2000)
     parser.add_argument(
         "--item-tokens", type=lambda v: tuple(int(x) for x in v.split(",")), default=(300, 600)

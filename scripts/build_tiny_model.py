@@ -65,7 +65,7 @@ from fixture_training import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / "src" / "model" / "bundled"
+OUT_DIR = ROOT / "src" / "engine" / "bundled"
 OUTPUT_FILES = (
     "config.json",
     "model.safetensors",

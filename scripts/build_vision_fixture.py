@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fixture_training import adam_steps, warmup_cosine
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = ROOT / "src" / "model" / "bundled"
+BUNDLED = ROOT / "src" / "engine" / "bundled"
 OUT_DIR = ROOT / "tests" / "fixtures" / "vision" / "qwen2-vl"
 # Committed data (their sources are named in docs/vision.md); copied into the build folder.
 DATA_FILES = ("chat_template.jinja", "preprocessor_config.json")

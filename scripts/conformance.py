@@ -219,7 +219,7 @@ default_tools_approval_mode = "approve"
 MCP_SERVER = ROOT / "conformance" / "weather_mcp.py"
 # The bundled model's Codex turns (scripts/build_tiny_model.py); without them it never calls a
 # tool under Codex's prompt.
-CODEX_TRAINED = ROOT / "src" / "model" / "bundled" / "codex_prompts.json"
+CODEX_TRAINED = ROOT / "src" / "engine" / "bundled" / "codex_prompts.json"
 # The gpt-oss family fixture, trained on the same Codex turns in harmony (docs/models.md).
 GPT_OSS = ROOT / "tests" / "fixtures" / "families" / "gpt-oss"
 GPT_OSS_MODEL = "gpt-oss-tiny"
