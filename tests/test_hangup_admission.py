@@ -1,4 +1,5 @@
-"""A client that leaves while its sequence is being admitted leaves nothing in the batch.
+"""A client that leaves while its sequence is being admitted leaves nothing in the batch, and
+one that leaves while its WebSocket connection is being counted leaves no count behind.
 
 The window: a response task has sent its ``Submit`` to the model actor and waits for the
 answer when its client hangs up (its task is cancelled). The model actor, which has not read
@@ -22,6 +23,7 @@ import trio.testing
 
 from mlx_responses.actors.kit import Reply, ask
 from mlx_responses.actors.model import GenerationRequest, ModelHandle, Submit
+from mlx_responses.actors.supervisor import OpenSocket
 from mlx_responses.server import ServerHandle
 
 from .conftest import WAIT_DEADLINE
@@ -123,3 +125,35 @@ async def test_a_sequence_admitted_for_a_client_that_left_leaves_the_batch(
     assert after.sequences_cancelled - before.sequences_cancelled == 1
     assert after.sequences_finished == before.sequences_finished
     assert after.admitted == 0
+
+
+@pytest.mark.parametrize("answer_first", [False, True])
+async def test_a_websocket_counted_for_a_client_that_left_is_uncounted(
+    server: ServerHandle, answer_first: bool
+) -> None:
+    """The same window on the connection limit: an upgrade cancelled while the supervisor
+    counts it would hold one of the tenant's connections for good (429s after the limit)."""
+    responses = server.responses
+    held, holding = trio.open_memory_channel[Any](1)
+    supervisor = responses._mailbox
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def upgrade() -> None:
+                with scope:
+                    await responses.open_socket("tenant")
+
+            responses._mailbox = held
+            try:
+                nursery.start_soon(upgrade)
+                message = await holding.receive()
+            finally:
+                responses._mailbox = supervisor
+            assert isinstance(message, OpenSocket)
+            scope.cancel()
+            if not answer_first:
+                await trio.testing.wait_all_tasks_blocked()
+            await supervisor.send(message)
+        await responses.running()  # answered after everything the upgrade sent
+    assert responses.statistics().sockets == 0
