@@ -27,7 +27,8 @@ seconds gives up and counts as **stalled** (a refusal, 503 while the batch is fu
 too: a full batch must answer at once, not keep a client waiting).
 
 Then, measured from the last hang-up: the time until ``/health`` shows an empty batch, no
-admission and no response task (and how many generation-thread publications that took), and
+admission and no response task (and how many generation-thread publications that took, and how
+many sequences finished meanwhile: with every client gone, those generated unread), and
 then ``--normal`` ordinary streaming requests, one at a time, whose status codes and waits for
 the first byte are recorded (a leaked admission shows as 503 ``server_overloaded`` once
 ``--max-sequences`` leak). Resident memory of the server before (after a warm-up) and after is
@@ -243,6 +244,11 @@ async def one_repeat(
         "leftover_at_last_hang_up": leftovers(at_last),
         "settle_after_last_hang_up_s": round(settle_s, 4),
         "publications_to_settle": now["batch"]["steps"] - at_last["batch"]["steps"],
+        # Every client had left: a sequence that finished rather than being cancelled since
+        # then generated unread (one admitted for a client that left while it was admitted).
+        "finished_unread_after_last_hang_up": (
+            now["batch"]["sequences_finished"] - at_last["batch"]["sequences_finished"]
+        ),
         "leaked_after_settle": {
             "sequences": now["batch"]["active"],
             "admissions": now["batch"]["admitted"],
