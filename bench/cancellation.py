@@ -40,8 +40,9 @@ from ``/proc``). Measured:
   CPU milliseconds per token, which outside load on a shared machine barely moves. Also overall:
   the survivors' output tokens over the phase's wall time.
 
-Targets (issue 5): p99 of cancel -> terminal within one decode step + 20 ms (checked per cancel
-against the decode step it waited for); survivors' steady tok/s within 10% of running alone.
+Targets (docs/benchmarks.md): p99 of cancel -> terminal within one decode step + 20 ms (checked
+per cancel against the decode step it waited for); survivors' steady tok/s within 10% of running
+alone.
 Figures are printed and written, with every sample, to
 ``bench/results/cancellation-<timestamp>.json``; the server is always stopped (SIGTERM, then
 SIGKILL), Ctrl-C included.

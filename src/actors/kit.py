@@ -7,11 +7,14 @@ Invariants:
   value or an exception (an ``outcome``), and ``ask`` unwraps it in the caller's task, so an
   actor's refusal raises where the request was made and the actor keeps running.
 - If the actor is gone (its mailbox closed), ``ask`` raises ``ActorGone``.
+- An asker cancelled after its request left may still be answered (the actor reads the request
+  later, or answered in the same step): with ``undo``, that late answer is taken and undone
+  rather than dropped (a sequence admitted for a client that left must leave the batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -22,6 +25,9 @@ T = TypeVar("T")
 M = TypeVar("M")
 
 MAILBOX_SIZE = 16
+# How long a cancelled asker waits for the late answer it must undo: actors answer as they
+# read a request, so this bounds only an actor that stopped with the request unread.
+UNDO_DEADLINE_SECONDS = 5
 
 
 class ActorGone(RuntimeError):
@@ -60,8 +66,14 @@ class Reply(Generic[T]):
             pass
 
 
-async def ask(mailbox: trio.MemorySendChannel[M], make: Callable[[Reply[T]], M]) -> T:
-    """Send ``make(reply)`` to an actor and wait for its answer."""
+async def ask(
+    mailbox: trio.MemorySendChannel[M],
+    make: Callable[[Reply[T]], M],
+    *,
+    undo: Callable[[T], Awaitable[None]] | None = None,
+) -> T:
+    """Send ``make(reply)`` to an actor and wait for its answer. With ``undo``, an asker
+    cancelled once the request left waits (shielded, bounded) for the answer and undoes it."""
     send, receive = trio.open_memory_channel[outcome.Outcome[T]](1)
     with send, receive:
         try:
@@ -72,4 +84,18 @@ async def ask(mailbox: trio.MemorySendChannel[M], make: Callable[[Reply[T]], M])
             result = await receive.receive()
         except trio.EndOfChannel as exc:  # pragma: no cover - the actor dropped the reply
             raise ActorGone("the actor stopped before answering") from exc
+        except trio.Cancelled:
+            if undo is not None:
+                await _undo_late(receive, undo)
+            raise
     return result.unwrap()
+
+
+async def _undo_late(
+    receive: trio.MemoryReceiveChannel[outcome.Outcome[T]], undo: Callable[[T], Awaitable[None]]
+) -> None:
+    """The answer to a request whose asker was cancelled, undone if it is a value."""
+    with trio.CancelScope(shield=True), trio.move_on_after(UNDO_DEADLINE_SECONDS):
+        late = await receive.receive()
+        if isinstance(late, outcome.Value):
+            await undo(late.value)

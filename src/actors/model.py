@@ -187,7 +187,11 @@ class ModelHandle:
             except ImageError as exc:
                 raise invalid_request(f"Invalid image: {exc}", "input") from None
         try:
-            return await ask(self._mailbox, lambda reply: Submit(request, reply))
+            # A task cancelled while the actor admits (its client left) cancels the sequence
+            # it was answered late: unread, it would generate to its end holding an admission.
+            return await ask(
+                self._mailbox, lambda reply: Submit(request, reply), undo=_cancel_sequence
+            )
         except RuntimeError as exc:
             if isinstance(exc, ModelOverloaded | ModelUnavailable):
                 raise
@@ -218,6 +222,10 @@ class ModelHandle:
         # Polled: the snapshot is published by the generation thread, not by a Trio task.
         while self.statistics().active or self._engine.admitted:  # noqa: ASYNC110
             await trio.sleep(0.001)
+
+
+async def _cancel_sequence(sequence: GenerationSequence) -> None:
+    await sequence.cancel()
 
 
 async def run_model_actor(

@@ -231,7 +231,12 @@ class ResponseSupervisorHandle:
 
     async def open_socket(self, owner: str) -> bool:
         """Count a WebSocket connection of ``owner``; False when it is at its limit."""
-        return await ask(self._mailbox, lambda reply: OpenSocket(owner, reply))
+
+        async def uncount(counted: bool) -> None:  # the upgrade was cancelled meanwhile
+            if counted:
+                await self.close_socket(owner)
+
+        return await ask(self._mailbox, lambda reply: OpenSocket(owner, reply), undo=uncount)
 
     async def running(self, owner: str = "") -> tuple[RunningResponse, ...]:
         """``owner``'s running responses (foreground and background), oldest first."""
