@@ -57,9 +57,10 @@ def test_every_input_in_every_phase_is_the_tables_move_or_refused(
         assert announced(after) or not announced(phase)
         # A move into finishing feeds exactly one terminal input, last; nothing else does.
         terminal = [feed for feed in move.feeds if feed in TERMINAL_FEEDS]
-        assert len(terminal) == (after is Phase.FINISHING)
+        ending = after in (Phase.FINISHING, Phase.FAILING)
+        assert len(terminal) == ending
         assert not terminal or move.feeds[-1] is terminal[0]
-        assert move.records <= (after is Phase.FINISHING)
+        assert move.records <= ending
     else:
         with pytest.raises(LifecycleError):
             advance(phase, happened)
@@ -136,10 +137,11 @@ def test_any_walk_the_table_allows_is_one_the_event_machine_accepts(
                 advance(run.phase, happened)
             continue
         run.step(happened)  # the machine raises ProtocolError on an input it does not allow
-        if run.phase not in (Phase.FINISHING, Phase.ENDED, Phase.PREPARING):
+        if run.phase not in (Phase.FINISHING, Phase.FAILING, Phase.ENDED, Phase.PREPARING):
             # What /status shows is what the machine says while it runs.
             assert run.status == run.machine.status
-        assert run.machine.terminal is (run.phase in (Phase.FINISHING, Phase.ENDED)) or (
+        ending = (Phase.FINISHING, Phase.FAILING, Phase.ENDED)
+        assert run.machine.terminal is (run.phase in ending) or (
             run.phase is Phase.ENDED and not run.events  # refused: nothing was published
         )
     terminal = [e for e in run.events if e["type"] in TERMINAL_EVENT_TYPES]
@@ -185,6 +187,8 @@ def test_the_usual_lives() -> None:
     assert _walk(i.PREPARED, i.STARTED, i.FINISHED, i.STORED) is Phase.ENDED
     # The store failed: it ends failed all the same.
     assert _walk(i.PREPARED, i.ADMITTED, i.FAILED, i.STORE_FAILED, i.STORED) is Phase.ENDED
+    with pytest.raises(LifecycleError):  # a store fails a response once
+        _walk(i.PREPARED, i.ADMITTED, i.FAILED, i.STORE_FAILED, i.STORE_FAILED)
     with pytest.raises(LifecycleError):
         _walk(i.PREPARED, i.ADMITTED, i.STARTED, i.REFUSED)  # it exists: not refusable
     with pytest.raises(LifecycleError):
@@ -194,7 +198,7 @@ def test_the_usual_lives() -> None:
 @given(st.sampled_from(Route), st.sampled_from(Phase))
 def test_every_action_moves_from_a_running_phase(route: Route, phase: Phase) -> None:
     action = next_action(route, phase)
-    if phase in (Phase.PREPARING, Phase.FINISHING, Phase.ENDED):
+    if phase in (Phase.PREPARING, Phase.FINISHING, Phase.FAILING, Phase.ENDED):
         assert action is None
     if action is None:
         return

@@ -178,7 +178,7 @@ class ResponseRun:
     @property
     def terminal(self) -> bool:
         """Whether its terminal input was fed (it is finishing or ended)."""
-        return self.phase in (Phase.FINISHING, Phase.ENDED)
+        return self.phase in (Phase.FINISHING, Phase.FAILING, Phase.ENDED)
 
     @property
     def admission(self) -> Admission | None:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import TypeAdapter
 
-from .schemas import CompactBody, CreateResponseBody
+from .compact_schema import CompactBody
+from .schemas import CreateResponseBody
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio

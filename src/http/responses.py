@@ -26,9 +26,10 @@ from ..protocol.listing import list_envelope, page, parse_list_query
 from ..protocol.objects import TERMINAL_STATUSES, JsonObject
 from ..protocol.request import CreateRequest
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
+from .compact_schema import parse_compact_request
 from .lifetime import presence
 from .pipeline import final_object, follow, open_response, read_create_body
-from .schemas import parse_compact_request, parse_create_request
+from .schemas import parse_create_request
 from .server_defaults import default_temperature
 
 # How long the cancel endpoint (and a GET racing a finishing response) waits for the end.

@@ -5,7 +5,7 @@ Invariants:
   unknown top-level key is a 400 naming it, as OpenAI answers.
 - Scalars are strict: no string-to-number or number-to-bool coercion.
 - A field whose value we cannot honour yet is a 400 saying so, never silently dropped.
-- The result is the internal frozen ``CreateRequest`` (or ``CompactRequest``); nothing downstream
+- The result is the internal frozen ``CreateRequest`` (``compact_schema.py``: the ``CompactRequest``); nothing downstream
   sees Pydantic.
 - ``context_management`` is ``[]`` / absent, or exactly ``[{"type": "compaction",
   "compact_threshold": N}]`` with N in 1..100000000; anything else is a 400 naming the path.
@@ -20,10 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from pydantic import ValidationError as PydanticValidationError
 
 from ..protocol.errors import ApiError, invalid_request
-from ..protocol.items.compaction import DEFAULT_SUMMARY_TOKENS, MAX_SUMMARY_TOKENS
 from ..protocol.items.sealed import Sealer, open_sealed
 from ..protocol.objects import ResponseConfig
-from ..protocol.request import CompactRequest, CreateRequest, InputItem, json_type, parse_input
+from ..protocol.request import CreateRequest, InputItem, json_type, parse_input
 from ..protocol.text_format import TextFormat, parse_text_format
 from ..protocol.tools.offered import (
     FunctionTool,
@@ -227,7 +226,7 @@ def _parse_reasoning(reasoning: object) -> tuple[str | None, str | None]:
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
-def _validate_body(schema: type[_Body], data: object) -> tuple[_Body, str]:
+def validate_body(schema: type[_Body], data: object) -> tuple[_Body, str]:
     """A JSON object validated by ``schema``, and its ``model`` (required); else a 400."""
     if not isinstance(data, dict):
         raise invalid_request(
@@ -254,7 +253,7 @@ def parse_create_request(
 ) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
     ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
-    body, model = _validate_body(CreateResponseBody, data)
+    body, model = validate_body(CreateResponseBody, data)
     if body.input is None:
         raise invalid_request("Missing required parameter: 'input'.", "input")
     _check_not_yet(body)
@@ -443,72 +442,6 @@ def _compact_threshold(value: object) -> int | None:
             f"{path}.compact_threshold",
         )
     return threshold
-
-
-class CompactBody(BaseModel):
-    """``POST /v1/responses/compact``: the SDK's ``ResponseCompactParams`` plus our extensions."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: StrictStr | None = None
-    input: Any = None
-    instructions: StrictStr | None = None
-    previous_response_id: StrictStr | None = None
-    prompt_cache_key: StrictStr | None = None
-    prompt_cache_options: PromptCacheOptions | None = None
-    prompt_cache_retention: PromptCacheRetention | None = None
-    service_tier: StrictStr | None = None
-    image: Any = None
-    # Extensions (docs/compaction.md).
-    keep_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_SUMMARY_TOKENS)] | None = None
-    chat_template_kwargs: dict[StrictStr, Any] | None = None
-    # Refused when given (compaction is unary; a conversation is sent as input), accepted as
-    # keys so the refusal names them.
-    stream: StrictBool | None = None
-    conversation: Any = None
-
-
-def parse_compact_request(data: object, *, owner: str = "") -> CompactRequest:
-    """A decoded JSON body -> ``CompactRequest``, or an ``ApiError`` naming the bad field."""
-    body, model = _validate_body(CompactBody, data)
-    if body.stream:
-        raise invalid_request(
-            "Invalid value for 'stream': compaction is unary, 'stream' must not be true.", "stream"
-        )
-    if body.conversation is not None:
-        raise invalid_request(
-            "Unsupported parameter: 'conversation' cannot be compacted; send the history as "
-            "'input' or name its last response with 'previous_response_id'.",
-            "conversation",
-        )
-    if body.input is None and body.previous_response_id is None:
-        raise invalid_request(
-            "Missing required parameter: 'input' (or 'previous_response_id').", "input"
-        )
-    if body.service_tier not in (None, "auto", "default"):
-        raise invalid_request(
-            f"Invalid value for 'service_tier': {body.service_tier!r}; this server has only "
-            "the 'default' tier.",
-            "service_tier",
-        )
-    config = ResponseConfig(
-        model=model,
-        instructions=body.instructions,
-        store=False,
-        previous_response_id=body.previous_response_id,
-        prompt_cache_key=body.prompt_cache_key,
-    )
-    create = CreateRequest(
-        config=config,
-        input=() if body.input is None else parse_input(body.input),
-        stream=False,
-        template_kwargs=body.chat_template_kwargs or {},
-        owner=owner,
-    )
-    return CompactRequest(
-        create, body.keep_tokens, body.max_output_tokens or DEFAULT_SUMMARY_TOKENS
-    )
 
 
 def _conversation_id(value: object) -> str | None:

@@ -17,7 +17,8 @@ The machines and how they are coupled (each row of ``TRANSITIONS`` says all of i
   turn appended to its conversation) before the terminal event is published; a client that
   hung up leaves nothing. ``STORE_FAILED`` (the write failed, or the store did not answer in
   time) feeds ``FAIL`` to the machine as it was before the terminal input: that event is the
-  one published, and the one followers see.
+  one published, and the one followers see; the response is then ``FAILING``, where only
+  ``STORED`` is open, so a store fails a response once.
 - The sequence in the batch: a terminal move's ``release`` says the sequence leaves the batch
   at once (a cancel frees it within one step), rather than having finished by itself.
 
@@ -63,6 +64,7 @@ class Phase(Enum):
     TOOL_RUNNING = "running a server tool"  # a server-run tool's call is out, its result due
     CONTINUING = "admitting the continuation"  # the tool's result is out, the next sequence due
     FINISHING = "finishing"  # the terminal input is fed; the records are being written
+    FAILING = "finishing failed"  # the records could not be written: it ends failed instead
     ENDED = "ended"  # the terminal event is published and the log closed, or it was refused
 
 
@@ -131,7 +133,7 @@ class Move:
 
     @property
     def terminal(self) -> bool:
-        return self.phase is Phase.FINISHING and bool(self.feeds)
+        return self.phase in (Phase.FINISHING, Phase.FAILING) and bool(self.feeds)
 
 
 class LifecycleError(RuntimeError):
@@ -181,8 +183,10 @@ TRANSITIONS: Final[Mapping[tuple[Phase, Input], Move]] = {
     (_P.CONTINUING, _I.CONTINUATION_ADMITTED): Move(_P.DECODING),
     **_ends(_P.CONTINUING, _ENDS_STARTED),
     # The machine as it was before the terminal input is fed a failure instead.
-    (_P.FINISHING, _I.STORE_FAILED): Move(_P.FINISHING, (_F.FAIL,), records=True),
+    # Once: the failure is the terminal event, and what follows it is only published.
+    (_P.FINISHING, _I.STORE_FAILED): Move(_P.FAILING, (_F.FAIL,), records=True),
     (_P.FINISHING, _I.STORED): Move(_P.ENDED),
+    (_P.FAILING, _I.STORED): Move(_P.ENDED),
 }
 
 NEXT_ACTION: Final[Mapping[tuple[Route, Phase], Action]] = {

@@ -1,5 +1,5 @@
 """The shared store of several replicas, in one PostgreSQL database (``--store
-postgresql://...``, issue 15): responses, background job rows and their live events, replica
+postgresql://...``): responses, background job rows and their live events, replica
 leases, conversations and files, under the very same flags as the memory and SQLite backends.
 
 Invariants:
