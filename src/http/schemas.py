@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -24,13 +25,21 @@ from ..protocol.items.sealed import Sealer, open_sealed
 from ..protocol.objects import ResponseConfig
 from ..protocol.request import CreateRequest, InputItem, json_type, parse_input
 from ..protocol.text_format import TextFormat, parse_text_format
+from ..protocol.tools.hosted import (
+    WEB_SEARCH_TYPES,
+    HostedChoice,
+    HostedSwitches,
+    McpSpec,
+    parse_hosted_choice,
+    resolve_choice,
+)
 from ..protocol.tools.offered import (
     FunctionTool,
     ToolChoice,
     echo_tools,
     offered_tools,
+    parse_request_tools,
     parse_tool_choice,
-    parse_tools,
 )
 from ..protocol.tools.search import discoverable
 
@@ -250,6 +259,7 @@ def parse_create_request(
     sealer: Sealer | None = None,
     default_temperature: float | None = None,
     background_key: bool = False,
+    hosted: HostedSwitches | None = None,
 ) -> CreateRequest:
     """A decoded JSON body -> ``CreateRequest``, or an ``ApiError`` naming the bad field.
     ``sealer`` opens sealed reasoning in ``input`` and seals the output's when asked."""
@@ -266,10 +276,13 @@ def parse_create_request(
             "conversation",
         )
     messages = open_sealed(parse_input(raw_input), sealer)
-    parsed_tools = parse_tools(body.tools, drop_unsupported=drop_unsupported_tools)
+    switches = dataclasses.replace(
+        hosted or HostedSwitches(), drop_unsupported=drop_unsupported_tools
+    )
+    parsed_tools, servers = parse_request_tools(body.tools, switches)
     text_format, verbosity = parse_text_format(body.text)
     reasoning = _parse_reasoning(body.reasoning)
-    tools = _request_tools(parsed_tools, body.tool_choice, messages)
+    tools = _request_tools(parsed_tools, servers, body.tool_choice, messages)
     config = _response_config(
         body,
         model,
@@ -289,6 +302,8 @@ def parse_create_request(
         tools=tools.offered,
         tool_choice=tools.choice,
         declared_tools=tools.declared,
+        mcp_servers=servers,
+        mcp_choice=tools.mcp_choice,
         template_kwargs=body.chat_template_kwargs or {},
         logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in include else None,
         seed=body.seed,
@@ -303,25 +318,50 @@ def parse_create_request(
 @dataclass(frozen=True, slots=True)
 class _RequestTools:
     """A request's tools: as the Response echoes them, all declared ones (when some are
-    deferred), those the model is shown, and the tool choice."""
+    deferred), those the model is shown, and the tool choice (one naming an MCP server's
+    tool waits for its listing: ``mcp_choice``)."""
 
     echoed: tuple[dict[str, Any], ...]
     declared: tuple[FunctionTool, ...]
     offered: tuple[FunctionTool, ...]
     choice: ToolChoice
+    mcp_choice: HostedChoice | None = None
 
 
 def _request_tools(
-    tools: tuple[FunctionTool, ...], raw_choice: object, messages: tuple[InputItem, ...]
+    tools: tuple[FunctionTool, ...],
+    servers: tuple[McpSpec, ...],
+    raw_choice: object,
+    messages: tuple[InputItem, ...],
 ) -> _RequestTools:
-    echoed = tuple(echo_tools(tools))
+    echoed = _in_order(echo_tools(tools), servers)
     declared = tools if any(tool.deferred for tool in tools) else ()
     # Deferred tools wait for a tool_search_output in the input (or in the history:
     # protocol/history.py ``resolve``), so the model is not shown them before it searched.
     visible = discoverable(tools, messages)
-    choice = parse_tool_choice(raw_choice, visible)
+    if isinstance(raw_choice, dict) and (
+        raw_choice.get("type") in WEB_SEARCH_TYPES or raw_choice.get("type") == "mcp"
+    ):
+        hosted = parse_hosted_choice(raw_choice, visible, servers)
+        if hosted.kind == "mcp":  # resolved once the server's tools are listed
+            placeholder = ToolChoice("required", echo=hosted.echo)
+            return _RequestTools(echoed, declared, visible, placeholder, hosted)
+        choice = resolve_choice(hosted, visible)
+    else:
+        choice = parse_tool_choice(raw_choice, visible)
     # With allowed_tools the model is shown only that subset.
     return _RequestTools(echoed, declared, offered_tools(visible, choice), choice)
+
+
+def _in_order(
+    echoed: list[dict[str, Any]], servers: tuple[McpSpec, ...]
+) -> tuple[dict[str, Any], ...]:
+    """The echoed tools with each ``mcp`` tool back at its place in the request's ``tools``
+    (the others keep their order)."""
+    out = list(echoed)
+    for server in servers:
+        out.insert(min(server.index, len(out)), dict(server.echo))
+    return tuple(out)
 
 
 def _response_config(

@@ -20,6 +20,7 @@ from .items.read import InputItem, InputMessage, json_type, parse_item
 from .objects import JsonObject, ResponseConfig
 from .prompt_memo import RenderedPrompt
 from .text_format import TEXT, TextFormat
+from .tools.hosted import HostedChoice, McpSpec
 from .tools.offered import FunctionTool, ToolChoice
 
 __all__ = [
@@ -83,6 +84,11 @@ class CreateRequest:
     # deferred; a ``tool_search_output`` in the history (``previous_response_id``,
     # ``conversation``) loads from them as one in ``input`` does. (): nothing deferred.
     declared_tools: tuple[FunctionTool, ...] = ()
+    # Remote MCP servers (``mcp`` tools): their tools are listed, or found listed in the
+    # history, before the prompt is rendered (``actors/hosted_prep.py``) and join ``tools``.
+    mcp_servers: tuple[McpSpec, ...] = ()
+    # A ``tool_choice`` naming an MCP server's tool: resolved once its tools are listed.
+    mcp_choice: HostedChoice | None = None
 
     def output_budget(self, prompt_tokens: int, window: int) -> int:
         """The most tokens it may generate after a prompt of ``prompt_tokens``: generation is

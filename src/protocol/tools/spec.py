@@ -25,6 +25,17 @@ def qualified_name(namespace: str | None, name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Hosted:
+    """A tool the server runs (``hosted.py``): a web search, or a tool of a remote MCP
+    server (``server_label``; ``approval``: a call waits for the client's approval)."""
+
+    kind: Literal["web_search", "mcp"]
+    server_label: str = ""
+    approval: bool = False
+    echo: Mapping[str, Any] | None = None  # a web_search tool as sent (the Response echoes it)
+
+
+@dataclass(frozen=True, slots=True)
 class FunctionTool:
     name: str  # the name the model sees and calls: qualified when in a namespace
     description: str | None
@@ -41,6 +52,8 @@ class FunctionTool:
     search: Literal["server", "client"] | None = None
     search_echo: Mapping[str, Any] | None = None
     catalog: tuple[FunctionTool, ...] = ()
+    # A tool the server runs (a web search, an MCP server's tool); None: the client runs it.
+    hosted: Hosted | None = None
 
     def undeferred(self) -> FunctionTool:
         return dataclasses.replace(self, deferred=False)
@@ -68,6 +81,8 @@ class FunctionTool:
         """As a Response object echoes it (inside its namespace tool when it has one)."""
         if self.search_echo is not None:
             return _thaw_json(self.search_echo)  # type: ignore[no-any-return]
+        if self.hosted is not None and self.hosted.echo is not None:
+            return _thaw_json(self.hosted.echo)  # type: ignore[no-any-return]
         if self.custom_format is not None:
             echoed: dict[str, Any] = {"type": "custom", "name": self.call_name}
             if self.description is not None:
