@@ -41,6 +41,8 @@ WEB_SEARCH_PARAMETERS: Final[Mapping[str, Any]] = {
         "url": {"type": "string", "description": "A page to open instead of searching."},
         "pattern": {"type": "string", "description": "With url: the text to find in that page."},
     },
+    # A forced call (``tool_choice: {"type": "web_search"}``) always has something to search.
+    "required": ["query"],
 }
 _WEB_SEARCH_KEYS: Final = frozenset(
     {
