@@ -60,8 +60,7 @@ _LIST_KEYS: Final = frozenset({"type", "id", "server_label", "tools", "error"})
 _TOOL_KEYS: Final = frozenset({"name", "input_schema", "annotations", "description"})
 _CALL_KEYS: Final = frozenset(
     {"type", "id", "server_label", "name", "arguments", "status", "output", "error"}
-    | {"approval_request_id"}
-)
+).union({"approval_request_id"})
 _REQUEST_KEYS: Final = frozenset({"type", "id", "server_label", "name", "arguments"})
 _RESPONSE_KEYS: Final = frozenset({"type", "id", "approval_request_id", "approve", "reason"})
 # The SDK's McpToolCallError shapes: type -> (its keys, the required ones).
