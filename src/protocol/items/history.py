@@ -2,8 +2,8 @@
 
 Invariants:
 - ``input_items`` gives every input item an id (``msg_``, ``fc_``, ``rs_``...) once (a hosted
-  tool's item keeps its own); the same ids appear in ``GET /v1/responses/{id}/input_items`` and in the history a chained response
-  replays.
+  tool's item keeps its own); the same ids appear in ``GET /v1/responses/{id}/input_items``
+  and in the history a chained response replays.
 - ``resolve`` reads a request's turn once: its input with ids; the history and input as the
   items that render (the history's items in any of the shapes we store or return: input,
   output and conversation items, skipping types we do not read, so replaying a previous
