@@ -4,8 +4,9 @@
 
 Invariants:
 - Every request is bounded: ``timeout_s`` for the whole exchange (Trio's deadline, which also
-  cancels the outbound request), and a cap on the bytes read (``MAX_ANSWER_BYTES`` for a search,
-  ``max_page_bytes`` for a page, which is cut there). A Trio cancel closes the connection at once.
+  cancels the outbound request), and a cap on the bytes kept (``MAX_ANSWER_BYTES`` for a search,
+  ``max_page_bytes`` for a page, which is cut there; a page still coming at the deadline is
+  what was kept by then). A Trio cancel closes the connection at once.
 - Trouble is a ``SearchFailed`` with a short reason: a status other than 200, no answer in
   time, a connection refused, invalid JSON, JSON that is not SearXNG's shape.
 - ``parse_searxng`` is pure: SearXNG's answer -> the results that have an http(s) URL, in the
@@ -139,28 +140,49 @@ class SearxngBackend:
     ) -> tuple[int, str, bytes]:
         """Status, content type and at most ``limit`` bytes of the body of ``GET url``;
         ``who`` names the other end in a failure's reason."""
+        body = _Body(limit)
         with trio.move_on_after(self.timeout_s):
             try:
-                return await self._read(url, params, limit)
+                await self._read(url, params, body)
+                return body.status, body.content_type, b"".join(body.chunks)
             except httpx2.TimeoutException:
                 pass  # httpx's own timeout fired first: the same failure as Trio's deadline
             except httpx2.HTTPError as exc:
                 raise SearchFailed(_transport_reason(who, exc)) from None
+        if body.full:  # a page longer than the limit, still coming: what was kept is the page
+            return body.status, body.content_type, b"".join(body.chunks)
         raise SearchFailed(f"{who} did not answer in {self.timeout_s:g} s")
 
-    async def _read(
-        self, url: str, params: dict[str, str] | None, limit: int
-    ) -> tuple[int, str, bytes]:
-        chunks: list[bytes] = []
-        size = 0
+    async def _read(self, url: str, params: dict[str, str] | None, body: _Body) -> None:
         async with self._client.stream("GET", url, params=params) as response:
-            if response.status_code == 200:
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk[: limit - size])
-                    size += len(chunks[-1])
-                    if size >= limit:
-                        break
-            return response.status_code, response.headers.get("content-type", ""), b"".join(chunks)
+            body.status = response.status_code
+            body.content_type = response.headers.get("content-type", "")
+            if response.status_code != 200:
+                return
+            # Past the limit the rest is read and dropped (within the deadline) rather than
+            # left: leaving the stream early leaves httpx's inner generators to the collector.
+            async for chunk in response.aiter_bytes():
+                body.keep(chunk)
+
+
+class _Body:
+    """The part of an answer kept, filled as it arrives (``_get`` reads it after a deadline)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.status = 0
+        self.content_type = ""
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    @property
+    def full(self) -> bool:
+        return self.status == 200 and self.size >= self.limit
+
+    def keep(self, chunk: bytes) -> None:
+        if self.size < self.limit:
+            self.chunks.append(chunk[: self.limit - self.size])
+            self.size += len(self.chunks[-1])
 
 
 def _transport_reason(who: str, exc: httpx2.HTTPError) -> str:
