@@ -1,0 +1,1 @@
+"""Tools the server runs itself: web search backends, MCP servers, and the egress rules."""
