@@ -141,7 +141,7 @@ async def test_check_refuses_before_connecting(url: str, reason: str) -> None:
 async def test_a_host_off_the_allow_list_is_refused_by_name() -> None:
     policy = EgressPolicy(("mcp.example.com", "*.tools.example.org"), allow_private=True)
     with trio.fail_after(DEADLINE):
-        with pytest.raises(EgressRefused, match="'example.com' is not on the allow-list"):
+        with pytest.raises(EgressRefused, match=r"'example\.com' is not on the allow-list"):
             await check("https://example.com/mcp", policy)
         with pytest.raises(EgressRefused, match="not on the allow-list"):
             await check("https://tools.example.org/mcp", policy)
@@ -165,7 +165,7 @@ async def test_a_literal_address_is_pinned_as_written_with_the_default_port() ->
 async def test_a_name_that_does_not_resolve_is_refused() -> None:
     # Without a resolver that answers, the bounded wait refuses it instead.
     with trio.fail_after(DEADLINE + RESOLVE_DEADLINE_S):
-        with pytest.raises(EgressRefused, match="does not resolve|took over"):
+        with pytest.raises(EgressRefused, match=r"does not resolve|took over"):
             await check("http://no-such-host.invalid/mcp", OPEN)
 
 
@@ -199,7 +199,9 @@ async def open_listener(answer: bool) -> AsyncIterator[Listener]:
         for line in data.decode().split("\r\n"):
             if line.lower().startswith("host:"):
                 listener.host_headers.append(line.split(":", 1)[1].strip())
-        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+        )
         await stream.aclose()
 
     async with trio.open_nursery() as nursery:
@@ -238,7 +240,8 @@ async def test_mcp_refused_by_egress_opens_no_connection(policy: EgressPolicy) -
             outcome = await call_tool(server, "get_weather", {"city": "Paris"}, policy, 5)
     assert raised.value.error["code"] == 403
     assert outcome.output is None
-    assert outcome.error is not None and outcome.error["type"] == "http_error"
+    assert outcome.error is not None
+    assert outcome.error["type"] == "http_error"
     assert listener.connections == 0
 
 
@@ -255,7 +258,8 @@ async def test_a_server_that_accepts_and_never_answers_times_out() -> None:
         "code": 504,
         "message": str(raised.value),
     }
-    assert outcome.error is not None and outcome.error["code"] == 504
+    assert outcome.error is not None
+    assert outcome.error["code"] == 504
     assert listener.connections >= 2
 
 

@@ -44,6 +44,9 @@ from mcp_types import CallToolResult, TextContent, Tool
 from .egress import EgressPolicy, EgressRefused, PinnedTarget, check, pinned_client
 
 CLOSE_GRACE_S = 2.0
+# "auto": the stateless 2026 protocol where the server speaks it (a discover probe first), else
+# the handshake-era session (initialize ... DELETE). Tests set "legacy" to exercise the latter.
+CONNECT_MODE = "auto"
 MAX_TOOL_PAGES = 100
 _T = TypeVar("_T")
 
@@ -201,6 +204,7 @@ async def _in_session(
                 async with Client(
                     _open_transport(server, target, timeout_s, seen),
                     read_timeout_seconds=timeout_s,
+                    mode=CONNECT_MODE,
                     cache=None,
                 ) as client:
                     session.entered = True
