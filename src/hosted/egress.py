@@ -21,8 +21,10 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -176,7 +178,7 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
     def __init__(self, target: PinnedTarget) -> None:
         self._target = target
-        self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+        self._inner = httpx2.AsyncHTTPTransport(verify=_tls_context(), trust_env=False)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
@@ -201,6 +203,12 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes ~20 ms; a client per MCP session would pay it every call.
+    return httpx2.create_ssl_context(trust_env=False)
 
 
 ResponseHook = Callable[[httpx2.Response], object]
