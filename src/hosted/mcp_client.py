@@ -183,7 +183,8 @@ async def _in_session(
     timeout_s: float,
     op: Callable[[Client], Awaitable[_T]],
 ) -> _T:
-    with trio.move_on_after(timeout_s) as resolving:
+    deadline = trio.current_time() + timeout_s  # the check's DNS wait included
+    with trio.move_on_at(deadline) as resolving:
         try:
             target = await check(server.url, policy)
         except EgressRefused as refused:
@@ -191,7 +192,6 @@ async def _in_session(
     if resolving.cancelled_caught:
         raise _unavailable(f"no answer from {server.url} within {timeout_s:g} s", 504)
     seen = _Seen()
-    deadline = trio.current_time() + timeout_s
     session = _Session(
         trio.CancelScope(shield=True, deadline=deadline), trio.CancelScope(deadline=deadline)
     )
