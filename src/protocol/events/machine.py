@@ -290,15 +290,15 @@ class ResponseMachine:
                 events += self._delta(text)
             case ToolCallBegin(hosted=HostedCall() as hosted, name=name):
                 events += self._close("completed")
-                events += self._open_item(hosted_items.item_type(hosted), name)
+                item_type = hosted_items.item_type(hosted)
+                events += self._open_item(item_type, name, server_label=hosted.server_label)
                 assert self._open is not None
-                self._open.server_label = hosted.server_label
                 events += self._drafts(hosted_items.opened(self._open))
             case ToolCallBegin(
                 name=name, call_id=call_id, namespace=namespace, custom=custom, search=search
             ):
                 events += self._close("completed")
-                item_type: ItemType = "custom_tool_call" if custom else "function_call"
+                item_type = "custom_tool_call" if custom else "function_call"
                 if search is not None:
                     item_type = "tool_search_call"
                 events += self._open_item(item_type, name, call_id, namespace)
@@ -397,15 +397,16 @@ class ResponseMachine:
         name: str = "",
         call_id: str | None = None,
         namespace: str | None = None,
+        *,
+        server_label: str = "",
     ) -> list[JsonObject]:
         assert self._open is None
         item_id = self._id_factory(ID_PREFIX[type_])
         if type_ in CALLS and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
-        opened = OpenItem(
-            type_, item_id, index, call_id=call_id or "", name=name, namespace=namespace
-        )
+        opened = OpenItem(type_, item_id, index, call_id=call_id or "", name=name)
+        opened.namespace, opened.server_label = namespace, server_label
         self._open = opened
         added = opened.item("in_progress")
         if type_ in PARTLESS:
