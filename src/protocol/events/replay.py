@@ -36,7 +36,7 @@ token                   machine input
 
 ``lit`` maps an ``output_index`` (as a string) to the item's literal streamed text (``text``,
 ``lp``: logprobs, ``id``, ``type``, ``name``, ``call_id``, ``server_label``) when the final
-object does not hold it. ``src`` maps a search's ``output_index`` to the ``(url, title)``
+object does not hold it. ``si``: the request asked for the searches' sources. ``src`` maps a search's ``output_index`` to the ``(url, title)``
 sources its result gave, as far as the stream shows them: the stored URLs (when the response
 included them) and the titles of the citations; a marker's number places its source, and
 unknown places are ``("", "")`` (which cite nothing).
@@ -140,6 +140,7 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
     opened: dict[int, JsonObject] = {}  # output_index -> the item as added
     closed: dict[int, JsonObject] = {}  # output_index -> the item as done
     whole: set[int] = set()  # items shown whole (WholeItem)
+    ended: dict[int, str] = {}  # hosted call -> its arguments when they were done
     cited: dict[int, list[tuple[int, JsonObject]]] = {}  # search index -> (message, citation)
     search = -1  # the latest good search's output_index
     for event in events:
@@ -174,6 +175,7 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
         elif index in whole:
             continue
         elif kind in ("response.web_search_call.searching", "response.mcp_call_arguments.done"):
+            ended[index] = str(event.get("arguments", ""))
             ops.append("E")
         elif kind in _HOSTED_DONE:
             ops.append("H")
@@ -183,11 +185,18 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
             ops.append(_TERMINAL_OPS[kind])
     tape: JsonObject = {"v": FORMAT, "ops": ",".join(ops)}
     lit = _literals(final["output"], opened, closed, streamed, logprobs, whole)
+    for index, arguments in ended.items():  # a hosted call abandoned while it ran
+        lit.get(str(index), {}).setdefault("args", arguments)
     if lit:
         tape["lit"] = lit
-    src = known_sources(final["output"], cited)
+    src = known_sources(closed, cited)
     if src:
         tape["src"] = src
+    if any(
+        item["type"] == "web_search_call" and "sources" in item["action"]
+        for item in closed.values()
+    ):
+        tape["si"] = True  # the request included the sources
     return tape
 
 
@@ -201,10 +210,12 @@ def _literals(
 ) -> JsonObject:
     lit: JsonObject = {}
     for index, item in opened.items():
+        held = output[index] if index < len(output) else None
+        if index in whole and (held is None or held["id"] != item["id"]) and index in closed:
+            lit[str(index)] = {"id": item["id"], "done": closed[index]}  # background, running
         if item["type"] == "compaction" or index in whole:
             continue
         text = "".join(streamed.get(index, ()))
-        held = output[index] if index < len(output) else None
         if held is not None and held["id"] == item["id"] and _source(held).startswith(text):
             continue
         literal = lit[str(index)] = {
@@ -224,6 +235,8 @@ def _literals(
         }
         if index in closed and item["type"] in _ARGUMENT_ITEMS:
             literal["args"] = closed[index]["arguments"]
+        if index in closed and item["type"] in ("web_search_call", "mcp_call"):
+            literal["done"] = closed[index]
     return lit
 
 
@@ -287,6 +300,12 @@ class _Items:
     def held(self, index: int) -> JsonObject:
         return self._output[index]
 
+    def done(self, index: int) -> JsonObject:
+        """The item as it was done: held, or literal where the final object does not hold it
+        (a background response's object before its end)."""
+        lit = self.literal(index)
+        return lit["done"] if lit is not None and "done" in lit else self.held(index)
+
     def sources(self, index: int) -> Sequence[Sequence[str]]:
         return self._src.get(str(index), ())
 
@@ -330,10 +349,7 @@ def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
         model=str(final["model"]),
         background=final.get("background") is True,
         background_key="background" in final,
-        sources_included=any(
-            item["type"] == "web_search_call" and "sources" in item["action"]
-            for item in final["output"]
-        ),
+        sources_included=tape.get("si") is True,
     )
     machine = ResponseMachine(str(final["id"]), config, int(final["created_at"]), id_factory=mint)
     events: list[JsonObject] = []
@@ -434,13 +450,16 @@ def _inputs(
             yield ToolCallArgs(text)
         case "E":
             lit = items.literal(state["open"])
-            held = items.held(state["open"]) if lit is None or "args" not in lit else lit
-            if held.get("type") == "web_search_call":
-                yield ToolCallEnd(search_arguments(held["action"]))
+            item = items.done(state["open"]) if lit is None or "done" in lit else None
+            if item is not None and item["type"] == "web_search_call":
+                yield ToolCallEnd(search_arguments(item["action"]))
+            elif lit is not None:
+                # an abandoned search shows no action: any arguments give its events
+                yield ToolCallEnd(str(lit.get("args", "")))
             else:
-                yield ToolCallEnd(str(held["args" if held is lit else "arguments"]))
+                yield ToolCallEnd(str(items.held(state["open"])["arguments"]))
         case "H":
-            held = items.held(state["open"])
+            held = items.done(state["open"])
             ok = held["status"] == "completed"
             if held["type"] == "web_search_call":
                 found = items.sources(state["open"])
@@ -450,7 +469,7 @@ def _inputs(
         case "W":
             index = state["next"]
             state["next"] += 1  # the item keeps its own id: nothing is minted for it
-            yield WholeItem(items.held(index))
+            yield WholeItem(items.done(index))
         case "F" | "L":
             usage = _usage(final)
             if usage is None:

@@ -26,29 +26,32 @@ def is_whole(item: Mapping[str, Any]) -> bool:
 
 
 def known_sources(
-    output: list[JsonObject], cited: Mapping[int, list[tuple[int, JsonObject]]]
+    done: Mapping[int, JsonObject], cited: Mapping[int, list[tuple[int, JsonObject]]]
 ) -> JsonObject:
-    """Each good search's sources as far as the stream shows them (``replay.py``'s ``src``)."""
+    """Each good search's sources as far as the stream shows them (``replay.py``'s ``src``);
+    ``done``: the items as the stream's ``output_item.done`` showed them, by output_index."""
     src: JsonObject = {}
-    searches = {index for index, item in enumerate(output) if item["type"] == "web_search_call"}
+    searches = {index for index, item in done.items() if item["type"] == "web_search_call"}
     for index in searches | set(cited) - {-1}:
         citations = cited.get(index, [])
         titles = {str(c["url"]): str(c["title"]) for _, c in reversed(citations)}
-        stored = output[index]["action"].get("sources")
+        stored = done[index]["action"].get("sources")
         if stored is not None:
             found = [[str(s["url"]), titles.get(str(s["url"]), "")] for s in stored]
         else:
-            found = _placed(output, citations)
+            found = _placed(done, citations)
         if found:
             src[str(index)] = found
     return src
 
 
-def _placed(output: list[JsonObject], citations: list[tuple[int, JsonObject]]) -> list[list[str]]:
+def _placed(
+    done: Mapping[int, JsonObject], citations: list[tuple[int, JsonObject]]
+) -> list[list[str]]:
     places: dict[int, list[str]] = {}
     loose: list[list[str]] = []
     for message, citation in citations:
-        text = str(output[message]["content"][0]["text"])
+        text = str(done[message]["content"][0]["text"])
         span = text[int(citation["start_index"]) : int(citation["end_index"])]
         pair = [str(citation["url"]), str(citation["title"])]
         marker = _MARKER.fullmatch(span)
