@@ -1201,3 +1201,152 @@ def test_snapshot_in_flight_shows_the_open_reasoning_and_call() -> None:
     assert snap["output"][1]["arguments"] == '{"a'
     assert machine.has_tool_calls
     assert_strict_response(snap)
+
+
+# --- Hosted calls: the exact streams -----------------------------------------------------------
+
+
+def _types(events: list[Any]) -> list[str]:
+    return [e["type"].removeprefix("response.") for e in events]
+
+
+def test_a_web_search_streams_its_three_events_and_cites_its_sources() -> None:
+    config = ResponseConfig(model="m", sources_included=True)
+    machine = ResponseMachine("resp_1", config, CREATED_AT, id_factory=_counting_ids())
+    feed = machine.feed
+    events = feed(Start()) + feed(ToolCallBegin("web_search", hosted=HostedCall("web_search")))
+    assert events[-2]["item"] == {
+        "id": "ws_0",
+        "type": "web_search_call",
+        "status": "in_progress",
+        "action": {"type": "search"},
+    }
+    events += feed(ToolCallArgs('{"query": "paris"}')) + feed(ToolCallEnd('{"query": "paris"}'))
+    assert machine.state is State.HOSTED_RUNNING
+    events += feed(HostedResult(True, (("https://en.wikipedia.org/wiki/Paris", "Paris"),)))
+    events += feed(TextDelta("The capital [1].")) + feed(_stop())
+    assert _types(events) == [
+        "created",
+        "in_progress",
+        "output_item.added",
+        "web_search_call.in_progress",
+        "web_search_call.searching",
+        "web_search_call.completed",
+        "output_item.done",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.annotation.added",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "completed",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    assert final["output"][0]["action"] == {
+        "type": "search",
+        "query": "paris",
+        "sources": [{"type": "url", "url": "https://en.wikipedia.org/wiki/Paris"}],
+    }
+    citation = {
+        "type": "url_citation",
+        "url": "https://en.wikipedia.org/wiki/Paris",
+        "title": "Paris",
+        "start_index": 12,
+        "end_index": 15,
+    }
+    assert final["output"][1]["content"][0]["annotations"] == [citation]
+    assert events[10]["annotation"] == citation
+    assert events[10]["annotation_index"] == 0
+
+
+def test_sources_included_does_not_change_the_response_object() -> None:
+    plain = ResponseMachine("resp_1", ResponseConfig(model="m"), CREATED_AT).snapshot()
+    asked = ResponseConfig(model="m", sources_included=True)
+    assert ResponseMachine("resp_1", asked, CREATED_AT).snapshot() == plain
+
+
+def test_a_failed_search_keeps_no_sources_and_cites_nothing() -> None:
+    config = ResponseConfig(model="m", sources_included=True)
+    _, events = _run(
+        config,
+        Start(),
+        ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+        ToolCallEnd('{"query": "q"}'),
+        HostedResult(False, error="the search backend answered 500"),
+        TextDelta("see [1]"),
+        _stop(),
+    )
+    final = _stream_invariants([(e["type"], e) for e in events])
+    search, message = final["output"]
+    assert (search["status"], search["action"]) == ("failed", {"type": "search", "query": "q"})
+    assert message["content"][0]["annotations"] == []
+
+
+def test_an_mcp_call_streams_its_arguments_and_its_outcome() -> None:
+    _, events = _run(
+        ResponseConfig(model="m"),
+        Start(),
+        ToolCallBegin("get_weather", hosted=HostedCall("mcp", "weather")),
+        ToolCallArgs('{"city": '),
+        ToolCallEnd('{"city": "Paris"}'),
+        HostedResult(True, output="sunny, 18C"),
+        _stop(),
+    )
+    assert _types(events)[2:] == [
+        "output_item.added",
+        "mcp_call.in_progress",
+        "mcp_call_arguments.delta",
+        "mcp_call_arguments.delta",
+        "mcp_call_arguments.done",
+        "mcp_call.completed",
+        "output_item.done",
+        "completed",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    assert final["output"] == [
+        {
+            "id": "mcp_fixed",
+            "type": "mcp_call",
+            "server_label": "weather",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+            "approval_request_id": None,
+            "output": "sunny, 18C",
+            "error": None,
+            "status": "completed",
+        }
+    ]
+
+
+def test_an_approval_request_is_whole_at_its_end_and_cancel_stops_a_running_call() -> None:
+    _, events = _run(
+        ResponseConfig(model="m"),
+        Start(),
+        ToolCallBegin("add", hosted=HostedCall("mcp", "calc", approval=True)),
+        ToolCallArgs('{"a": 1}'),
+        ToolCallEnd('{"a": 1}'),
+        ToolCallBegin("slow", hosted=HostedCall("mcp", "calc")),
+        ToolCallEnd("{}"),
+        Cancel(None),
+    )
+    assert _types(events)[2:] == [
+        "output_item.added",
+        "output_item.done",
+        "output_item.added",
+        "mcp_call.in_progress",
+        "mcp_call_arguments.delta",  # the unsent rest: deltas join to .done
+        "mcp_call_arguments.done",
+        "output_item.done",
+        "cancelled",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    approval, call = final["output"]
+    assert approval == {
+        "id": "mcpr_fixed",
+        "type": "mcp_approval_request",
+        "server_label": "calc",
+        "name": "add",
+        "arguments": '{"a": 1}',
+    }
+    assert (call["status"], call["output"], call["error"]) == ("incomplete", None, None)
