@@ -4,7 +4,7 @@ One :class:`ResponseMachine` per response. The producer (the response actor) fee
 each ``feed`` returns the JSON-ready events to publish, in order, numbered by ``sequence_number``.
 
 Invariants (the rules come first, as in h11's ``_state.py``):
-- The legal moves are exactly the rows of ``TRANSITIONS`` (``machine_table.py``). An input
+- The legal moves are exactly the rows of ``TRANSITIONS`` (``table.py``). An input
   without a row raises :class:`ProtocolError` *before* anything changes: state, text, ids and
   the next sequence number stay as they were. Legality depends on the input's kind only,
   never on whether it is empty.
@@ -12,13 +12,14 @@ Invariants (the rules come first, as in h11's ``_state.py``):
 - ``response.created`` is the first event; exactly one terminal event (``response.completed``,
   ``response.incomplete``, ``response.failed``, ``response.cancelled``) is the last, after which
   every input is illegal: a stream has one end, and a late input is a producer's bug.
-- At most one output item is open at a time: a ``reasoning`` item, a ``message`` or a
-  ``function_call`` (the state says which). Opening another kind closes the open one first, so
-  items appear in generation order, each at its own ``output_index``.
+- At most one output item is open at a time: a ``reasoning`` item, a ``message``, a call the
+  client answers, or a call the server runs (``IN_HOSTED_CALL`` while its arguments stream,
+  ``HOSTED_RUNNING`` until its ``HostedResult``). Opening another closes the open one first
+  (``WholeItem`` too), so items appear in generation order, each at its own ``output_index``.
 - Every ``output_item.added`` / ``content_part.added`` that a terminal event reports as output is
-  paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the item
-  id (``msg_``, ``rs_``, ``fc_``) is minted once and is the same in every event and in the
-  snapshot, so a client can match events to items. A ``function_call``'s ``call_id`` likewise.
+  paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the
+  item id (``msg_``, ``rs_``, ``fc_``, ``ws_``, ``mcp_``, ``mcpr_``; a whole item's its own) is
+  minted once, the same in every event and the snapshot; a ``function_call``'s ``call_id`` too.
 - The concatenated ``output_text.delta`` / ``reasoning_text.delta`` of a part equal its ``.done``
   text; the concatenated ``function_call_arguments.delta`` of a call equal its ``.done``
   arguments (but see ``ToolCallEnd`` below); the final object's ``output`` equals the items sent
@@ -50,15 +51,22 @@ Decisions where OpenAI leaves room:
   one, and an undeclared key fails strict validation.
 - ``completed_at`` is set only on ``completed`` (the SDK: "only present when the status is
   completed").
-- ``Fail`` emits no ``.done`` for an open item of any kind: the partial item is abandoned and the
-  failed object's ``output`` holds only items already closed. A failed response's partial item
-  is not trustworthy, and a ``.done`` would present it as finished.
+- ``Fail`` emits no ``.done`` for an open item of any kind: the partial item is abandoned (not
+  trustworthy; a ``.done`` would present it as finished); ``output`` holds the closed ones.
 - ``Cancel`` closes the open item as ``incomplete`` (``.done`` events included), then emits
   ``response.cancelled``: what was streamed so far stays readable in the stored object.
 - A ``tool_search_call`` (``ToolCallBegin(search=...)``) streams no argument
   deltas (no SDK release types a ``response.tool_search_call.*`` event): it is added, then
   done with its arguments as an object; a server search's ``ToolCallEnd(loaded=...)`` adds
   the ``tool_search_output`` item right after it (added in progress with no tools, then done).
+- Hosted calls (event order in ``hosted_items.py``): a ``web_search_call`` streams no argument
+  deltas and gets its action from ``ToolCallEnd``; an ``mcp_call`` streams them; an
+  ``mcp_approval_request`` is closed whole by ``ToolCallEnd``, like a function call. A failed
+  result ends the item ``failed``; ``Cancel``/``Finish(length|steered)`` while one runs close it
+  ``incomplete``. A search's ``sources`` show only under ``config.sources_included``.
+- Citations: a message closing after a good ``search`` (the latest one's sources) gets its
+  ``url_citation`` s (``tools/citations.py``): one ``output_text.annotation.added`` each, before
+  ``output_text.done``, and the same list in its part's ``annotations``.
 - ``Fail`` and ``Cancel`` are legal before ``Start`` (a queued background job can be cancelled or
   fail to start); the stream is still well formed: ``response.created`` (status ``queued``),
   then the terminal.
@@ -69,8 +77,7 @@ Decisions where OpenAI leaves room:
   (the Responses spec's background mode, docs/api.md).
   A foreground non-terminal object has ``usage: null`` and the output produced so far, the open
   item included with status ``in_progress``.
-- Reasoning items carry ``status`` (the SDK allows it): ``in_progress`` while open, then
-  ``completed`` or ``incomplete`` like messages.
+- Reasoning items carry ``status`` (the SDK allows it), as messages do.
 - Automatic compaction finished before generation, so it rides on ``Start``: after
   ``response.in_progress`` come ``mlx.compaction.started``, ``mlx.compaction.completed``, then
   the ``compaction`` item, added and done at once at ``output_index`` 0 (it is whole already).

@@ -4,7 +4,11 @@ transition table, with each state's response status and terminal event.
 Invariants:
 - The legal moves are exactly the rows of ``TRANSITIONS``; ``classify`` rejects a malformed
   input (closed Literals the type checker cannot hold) with ``ProtocolError``.
-- Legality depends on the input's kind only, never on whether it is empty.
+- Legality depends on the input's kind only, never on whether it is empty. A hosted
+  ``ToolCallBegin`` (not an approval) is a kind of its own, entering ``IN_HOSTED_CALL``; its
+  ``ToolCallEnd`` leads to ``HOSTED_RUNNING``, where only ``HostedResult``, ``Fail``,
+  ``Cancel`` and ``Finish(length|steered)`` are legal. An approval request is a call the
+  client answers (``IN_TOOL_CALL``). ``WholeItem`` is legal where a call may begin.
 """
 
 from __future__ import annotations
