@@ -1,8 +1,13 @@
-"""What the model reads as a hosted tool's result (pure; used by the run and by replay).
+"""What the model reads back from a tool the server ran: the texts that follow its call.
+
+Used by the run (right after a call) and by replay (a stored ``web_search_call`` /
+``mcp_call`` rendered for a later turn), so a model sees the same shape either way.
 
 Invariants:
-- The texts are fixed shapes: a search's numbered sources, an opened page, a failure, an MCP
-  tool's output or error, and a stored ``web_search_call`` replayed without its results.
+- Search results are numbered from 1 in the order given, the numbering that ``[n]`` citations
+  refer to (``citations.url_citations``).
+- Pure; every function returns text, never raises on odd input (a missing field reads as
+  empty).
 """
 
 from __future__ import annotations
@@ -11,54 +16,71 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+__all__ = [
+    "failed_text",
+    "mcp_result_text",
+    "open_page_text",
+    "replayed_search_text",
+    "search_result_text",
+]
+
 
 def search_result_text(results: Sequence[tuple[str, str, str]]) -> str:
-    """``(title, url, snippet)`` results as numbered sources."""
+    """``(title, url, snippet)`` results as ``[1] <title>\\n<url>\\n<snippet>``, blank-line
+    separated; ``No results.`` when there are none."""
     if not results:
         return "No results."
     return "\n\n".join(
-        f"[{n}] {title}\n{url}\n{snippet}" for n, (title, url, snippet) in enumerate(results, 1)
+        f"[{number}] {title}\n{url}\n{snippet}"
+        for number, (title, url, snippet) in enumerate(results, 1)
     )
 
 
 def open_page_text(title: str, url: str, text: str) -> str:
+    """An opened page (or the excerpts a ``find_in_page`` found) under its title and URL."""
     return f"{title}\n{url}\n\n{text}"
 
 
 def failed_text(reason: str) -> str:
+    """A search that failed; ``reason`` is short and human (the backend's trouble)."""
     return f"The search failed: {reason}"
 
 
 def mcp_result_text(output: str | None, error: Mapping[str, Any] | str | None) -> str:
-    """The output, or "Error: <message>" from the error (its ``message``, else the text of its
-    ``content``, else its JSON)."""
+    """An MCP tool's output, or ``Error: <message>`` when it failed."""
     if error is None:
         return output or ""
+    return f"Error: {_error_message(error)}"
+
+
+def _error_message(error: Mapping[str, Any] | str) -> str:
     if isinstance(error, str):
-        return f"Error: {error}"
+        return error
     message = error.get("message")
-    if isinstance(message, str):
-        return f"Error: {message}"
+    if isinstance(message, str) and message:
+        return message
     content = error.get("content")
-    if isinstance(content, str):
-        return f"Error: {content}"
-    if isinstance(content, list):
+    if isinstance(content, list | tuple):
         texts = [
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            str(part["text"]) for part in content if isinstance(part, Mapping) and "text" in part
         ]
         if texts:
-            return "Error: " + "\n".join(texts)
-    return "Error: " + json.dumps(error, ensure_ascii=False)
+            return "\n".join(texts)
+    return json.dumps(dict(error), default=str, sort_keys=True)
 
 
 def replayed_search_text(item: Mapping[str, Any]) -> str:
-    """A stored ``web_search_call`` (its JSON) as the model reads it again: its sources' URLs
-    when present, else whether it failed."""
+    """A stored ``web_search_call`` for the model: its sources' URLs numbered as the results
+    were, when stored; else whether it failed."""
     action = item.get("action")
     sources = action.get("sources") if isinstance(action, Mapping) else None
-    urls = [s["url"] for s in sources or () if isinstance(s, Mapping) and "url" in s]
+    urls = [
+        str(source["url"])
+        for source in sources or ()
+        if isinstance(source, Mapping) and isinstance(source.get("url"), str)
+    ]
     if urls:
-        return "\n\n".join(f"[{n}] {url}" for n, url in enumerate(urls, 1))
+        return "\n\n".join(f"[{number}] {url}" for number, url in enumerate(urls, 1))
     if item.get("status") == "failed":
         return "The search failed."
     return "Searched."
