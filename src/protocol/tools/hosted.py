@@ -139,7 +139,7 @@ def parse_web_search(
 ) -> FunctionTool | None:
     """A ``web_search`` tool as its model-facing function; None when it is dropped."""
     if not switches.web_search:
-        _not_enabled(path, "web search", "--web-search local|searxng|ddgs", switches)
+        _not_enabled(path, "web_search tools", "--web-search local|searxng", switches)
         return None
     _no_unknown(tool, _WEB_SEARCH_KEYS, path)
     filters = tool.get("filters")
@@ -219,7 +219,7 @@ def parse_mcp(
                 f"{path}.{key}",
             )
     if not switches.mcp:
-        _not_enabled(path, "MCP servers", "--mcp-allow-hosts", switches)
+        _not_enabled(path, "mcp tools (remote MCP servers)", "--mcp-allow-hosts", switches)
         return None
     _no_unknown(tool, _MCP_KEYS, path)
     label = tool.get("server_label")
