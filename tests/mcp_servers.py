@@ -8,6 +8,7 @@ Streamable HTTP answers at ``/mcp``; SSE at ``/sse`` (messages at ``/messages/``
 - ``get_weather(city)`` -> ``"sunny, 18C"`` (annotations: ``readOnlyHint`` true);
 - ``add(a, b)`` -> the sum;
 - ``slow(seconds)`` sleeps; whether it finished or was cancelled is recorded;
+- ``hang()`` waits until the call is cancelled (recorded as ``"hang"``);
 - ``fail()`` raises, so the call's result is an error;
 - ``calls_seen()`` -> JSON ``{"started": [...], "finished": [...], "cancelled": [...],
   "deletes": n}``: what the server saw, so a test can prove an outbound request was cancelled
@@ -132,6 +133,17 @@ def build_server() -> Any:
             raise
         SEEN["finished"].append(seconds)
         return f"slept {seconds}"
+
+    @server.tool()
+    async def hang() -> str:
+        """Never answers on its own: it waits until the call is cancelled."""
+        SEEN["started"].append("hang")
+        try:
+            await anyio.sleep(3600)
+        except anyio.get_cancelled_exc_class():
+            SEEN["cancelled"].append("hang")
+            raise
+        return "woke"
 
     @server.tool()
     def fail() -> str:
