@@ -145,6 +145,8 @@ async def _approved_calls(
                 "in this request's input or history.",
                 path,
             )
+        if answer.get("approve") is not True or request_id in done or not run_approved:
+            continue  # a refusal runs nothing (its server need not be offered)
         spec = servers.get(str(asked_for.get("server_label")))
         if spec is None:
             raise invalid_request(
@@ -152,6 +154,5 @@ async def _approved_calls(
                 f"{asked_for.get('server_label')!r}, which is not among this request's tools.",
                 path,
             )
-        if answer.get("approve") is True and request_id not in done and run_approved:
-            calls.append(await approved_call(spec, asked_for, hosted))
+        calls.append(await approved_call(spec, asked_for, hosted))
     return tuple(calls)
