@@ -22,6 +22,7 @@ from mlx_responses.hosted.mcp_client import McpServer, McpSettings, call_tool
 from mlx_responses.hosted.web_search import WebSearchSettings
 from mlx_responses.server import ServerHandle, serve
 
+from .conformance import assert_stream_invariants, parse_sse
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
 from .mcp_servers import start_mcp_server
 
@@ -410,9 +411,11 @@ async def test_a_failing_search_backend_fails_the_call_not_the_response(
     server, _ = await _searxng_server(nursery, mode, 1.0)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
         with trio.fail_after(DEADLINE):
-            reply = await http.post("/v1/responses", json={"model": MODEL, **FORCED_SEARCH})
+            body = {"model": MODEL, "stream": True, **FORCED_SEARCH}
+            reply = await http.post("/v1/responses", json=body)
     assert reply.status_code == 200, reply.text
-    response = reply.json()
+    # Every event validates strictly and pairs up, the failed call's included.
+    response = assert_stream_invariants(parse_sse(reply.content))
     assert response["status"] == "completed"
     call = response["output"][0]
     assert (call["type"], call["status"]) == ("web_search_call", "failed")
@@ -429,3 +432,30 @@ async def test_a_hang_up_during_a_search_cancels_its_outbound_request(
         await fake.closed.wait()
         await wait_until(lambda: server.responses.statistics().running == 0)
     assert server.model.statistics().active == 0
+
+
+@pytest.mark.parametrize("approval", ["never", "always"])
+async def test_mcp_streams_validate_strictly(hosted: ServerHandle, approval: str) -> None:
+    async with start_mcp_server("streamable-http") as mcp:
+        tool = {
+            "type": "mcp",
+            "server_label": "weather",
+            "server_url": mcp.url,
+            "require_approval": approval,
+        }
+        body = {
+            "model": MODEL,
+            "input": "What is the weather in Paris?",
+            "tools": [tool],
+            "tool_choice": {"type": "mcp", "server_label": "weather", "name": "get_weather"},
+            "max_output_tokens": 80,
+            "stream": True,
+        }
+        async with httpx.AsyncClient(base_url=hosted.base_url, timeout=30) as http:
+            with trio.fail_after(DEADLINE):
+                reply = await http.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    final = assert_stream_invariants(parse_sse(reply.content))
+    kinds = [item["type"] for item in final["output"]]
+    wanted = "mcp_call" if approval == "never" else "mcp_approval_request"
+    assert kinds[:2] == ["mcp_list_tools", wanted], kinds

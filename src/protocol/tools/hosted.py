@@ -415,7 +415,10 @@ def parse_hosted_choice(
                 "the tools.",
                 "tool_choice",
             )
-        return HostedChoice("web_search", echo=dict(raw))
+        # The Response echoes it as the SDK's ToolChoiceTypes spells a forced search
+        # (``web_search_preview``: it has no ``web_search`` member), so it validates.
+        echoed = kind if kind.startswith("web_search_preview") else "web_search_preview"
+        return HostedChoice("web_search", echo={"type": echoed})
     _no_unknown(raw, frozenset({"type", "server_label", "name"}), "tool_choice")
     label, name = raw.get("server_label"), raw.get("name")
     if label not in {s.label for s in servers}:
