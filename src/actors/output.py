@@ -161,6 +161,7 @@ class OutputShaper:
         # The call of a tool the server runs that ended this sequence's output: what follows
         # it is not shown (the server runs it, then a continuation goes on).
         self.hosted_call: HostedCallMade | None = None
+        self._approval_asked = False  # an mcp_approval_request ended this sequence's output
         self._reasoning: list[str] = []
         self._numbers: set[int] = set()  # parser indices of calls accepted as calls
 
@@ -170,6 +171,12 @@ class OutputShaper:
 
     def feed(self, text: str, logprobs: Sequence[dict[str, Any]] = ()) -> list[m.MachineInput]:
         return self._shape(self._parser.feed(text) if text else [], logprobs)
+
+    @property
+    def ended_on_call(self) -> bool:
+        """Whether a hosted call (the server runs it) or an MCP approval request (the client
+        answers it) ended this sequence's output."""
+        return self.hosted_call is not None or self._approval_asked
 
     def finish(self) -> list[m.MachineInput]:
         return self._shape(self._parser.finish(), ())
@@ -194,8 +201,8 @@ class OutputShaper:
         inputs: list[m.MachineInput] = []
         pending = list(logprobs)
         for event in events:
-            if self.hosted_call is not None:
-                break  # after a call the server runs, nothing of this sequence is shown
+            if self.ended_on_call:
+                break  # after a hosted call or an approval request, nothing more is shown
             match event:
                 case TextChunk(text=text) if text:
                     inputs.append(m.TextDelta(text, logprobs=pending))
@@ -238,6 +245,8 @@ class OutputShaper:
                         hosted = self._hosted_open.hosted
                         if hosted is not None and not hosted.approval:  # the server runs it
                             self.hosted_call = HostedCallMade(self._hosted_open, arguments)
+                        else:
+                            self._approval_asked = True
                         self._hosted_open = None
                         inputs.append(m.ToolCallEnd(arguments))
                     elif searched is not None and searched.search == "server":

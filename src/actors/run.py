@@ -172,6 +172,7 @@ class ResponseRun:
         # of each hosted call's result (by item id) for the continuations' renders.
         self._hosted_call: HostedCallMade | None = None
         self._model_texts: dict[str, str] = {}
+        self._stopping = False  # the sequence was asked to stop after a hosted call
         # Events fed but not yet published (the closing events of a finished sequence's items,
         # published with the terminal event).
         self._held: list[JsonObject] = []
@@ -356,15 +357,21 @@ class ResponseRun:
         self._timings.saw(output.new_tokens, output.finish is not None)
         self._publish(events)
         if output.finish is None:
+            if admission.shaper.ended_on_call and not self._stopping:
+                # Nothing after a hosted call or an approval request is shown: the sequence
+                # ends at the next step (its work kept for the continuation's prefix).
+                self._stopping = True
+                await admission.sequence.stop()
             return
-        self._sequence_done = True
+        self._sequence_done, self._stopping = True, False
         match output.finish:
             case "stop" | "length":
                 # The items' closing events go out with the terminal event, in one write.
                 for step in admission.shaper.finish():
                     self._held += self._machine.feed(step)
                 self._stop_sequence = output.stop_sequence
-                if output.finish == "stop" and self._server_tool_called():
+                hosted = admission.shaper.hosted_call is not None
+                if (output.finish == "stop" or hosted) and self._server_tool_called():
                     return
                 await self.end(Input.FINISHED, Ending(finish=output.finish))
             case "cancelled":

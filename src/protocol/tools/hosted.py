@@ -37,7 +37,8 @@ WEB_SEARCH_DESCRIPTION: Final = "Search the web. Returns numbered sources; cite 
 WEB_SEARCH_PARAMETERS: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "description": "What to search the web for."},
+        # Bounded, so a forced call ends whatever the model writes (the grammar's promise).
+        "query": {"type": "string", "description": "What to search the web for.", "maxLength": 200},
         "url": {"type": "string", "description": "A page to open instead of searching."},
         "pattern": {"type": "string", "description": "With url: the text to find in that page."},
     },
