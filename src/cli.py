@@ -33,6 +33,7 @@ from .engine.follower import run_follower
 from .engine.loader import resolve_model_path
 from .engine.source import ModelSourceError, locate_model
 from .engine.topology import Sharding
+from .hosted import mcp_client, web_search
 from .http.server_defaults import parse_temperature
 from .server import ServerSettings, serve
 from .storage.choice import default_data_dir, parse_store
@@ -110,6 +111,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         help="load the model, run one documented prompt through the server, print the "
         "timings and exit (0 when it answered)",
     )
+    web_search.add_flags(serve_parser, env)  # docs/tools.md
+    mcp_client.add_flags(serve_parser, env)
     return parser
 
 
@@ -158,7 +161,20 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         reasoning_secret_file=args.reasoning_secret_file,
         replica_lease_seconds=args.replica_lease_secs,
         fetch_image_urls=args.image_urls == "fetch",
+        web_search=_web_search_settings(args),
+        mcp=mcp_client.settings_from(args),
     )
+
+
+def _web_search_settings(args: argparse.Namespace) -> web_search.WebSearchSettings:
+    """``--web-search`` and its settings, checked now: a backend that cannot be built stops
+    start-up with its flag's name."""
+    chosen = web_search.settings_from(args)
+    if chosen.kind == "local" and chosen.index_dir is None:
+        raise SystemExit("--web-search local needs --web-search-index DIR")
+    if chosen.kind == "searxng" and not chosen.searxng_url:
+        raise SystemExit("--web-search searxng needs --searxng-url URL")
+    return chosen
 
 
 def _model_location(args: argparse.Namespace) -> tuple[str, str]:

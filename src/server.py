@@ -28,6 +28,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from quart_trio import QuartTrio
 
+from .actors.hosted_tools import open_hosted_tools
 from .actors.model import ModelHandle, run_model_actor
 from .actors.replica_link import new_replica_id, start_replica_link
 from .actors.runtime import Actors
@@ -76,7 +77,8 @@ async def serve(
     """Start the actors in order, each ready before the next; serve until stopped; shut down."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
     stop = trio.Event()
-    async with trio.open_nursery() as nursery:
+    hosted_tools = open_hosted_tools(settings.web_search, settings.mcp)
+    async with hosted_tools as hosted, trio.open_nursery() as nursery:
         replica_id = new_replica_id()
         store = await _start_store(nursery, settings, replica_id)
         model = await nursery.start(run_model_actor, settings.model)
@@ -97,6 +99,7 @@ async def serve(
             store.echo,
             timings=metrics,
             replica=replica,
+            hosted=hosted,
         )
         responses = await _start_supervisor(nursery, settings, actors)
         if replica is not None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .actors.model import ModelSettings
 from .actors.reasoning_echo import DEFAULT_MAX_BYTES as DEFAULT_ECHO_BYTES
 from .api_keys import OPEN, ApiKeys
+from .hosted.mcp_client import McpSettings
+from .hosted.web_search import WebSearchSettings
+from .protocol.tools.hosted import HostedSwitches
 from .storage.choice import MEMORY, StoreChoice, default_data_dir
 from .storage.files import DEFAULT_FILE_LIMITS, FileLimits
 from .storage.interface import ResponseStorage, StoreLimits
@@ -52,6 +55,19 @@ class ServerSettings:
     replica_lease_seconds: float = 10.0
     # --image-urls fetch (off by default: docs/vision.md says why).
     fetch_image_urls: bool = False
+    # Tools the server runs (docs/tools.md): the web search backend, the MCP hosts it may reach.
+    web_search: WebSearchSettings = field(default_factory=WebSearchSettings)
+    mcp: McpSettings = field(default_factory=McpSettings)
+
+    @property
+    def hosted_switches(self) -> HostedSwitches:
+        """Which hosted tools a request may use (the rest are a 400 naming the flag, or
+        dropped under ``--unsupported-tools drop``)."""
+        return HostedSwitches(
+            web_search=self.web_search.kind != "off",
+            mcp=self.mcp.policy is not None,
+            drop_unsupported=self.drop_unsupported_tools,
+        )
 
     def reasoning_secret_path(self) -> Path:
         """The file of the secret that seals reasoning (created on first use)."""

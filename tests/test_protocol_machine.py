@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import pydantic
@@ -25,6 +26,8 @@ from mlx_responses.protocol.events.machine import (
     Cancel,
     Fail,
     Finish,
+    HostedCall,
+    HostedResult,
     MachineInput,
     ProtocolError,
     ReasoningDelta,
@@ -35,9 +38,17 @@ from mlx_responses.protocol.events.machine import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+    WholeItem,
 )
 from mlx_responses.protocol.ids import new_id
-from mlx_responses.protocol.objects import ResponseConfig, ResponseErrorCode, Usage
+from mlx_responses.protocol.objects import (
+    ResponseConfig,
+    ResponseErrorCode,
+    Usage,
+    mcp_call_item,
+    mcp_list_tools_item,
+)
+from mlx_responses.protocol.tools.citations import url_citations
 from tests.conformance import (
     TERMINAL_EVENT_TYPES,
     assert_stream_invariants,
@@ -88,8 +99,11 @@ BAD_LOGPROBS: list[dict[str, Any]] = [
     {**_GOOD_ENTRY, "bytes": [256]},
     {**_GOOD_ENTRY, "top_logprobs": [{"token": "a", "logprob": -1.0}]},
 ]
+# Text that cites the sources of hosted_results below, by marker and by URL.
+citing_texts = st.sampled_from(["see [1]", " [2]", " https://a.org/x.", "[3] and https://b.org"])
 text_deltas = st.one_of(
     st.builds(TextDelta, texts),
+    st.builds(TextDelta, citing_texts),
     st.builds(TextDelta, nonempty_texts, st.lists(logprob_entries, min_size=1, max_size=2)),
 )
 reasoning_deltas = st.builds(ReasoningDelta, texts)
@@ -97,6 +111,58 @@ call_names = st.sampled_from(["get_weather", "f", "a.b"])
 call_ids = st.none() | st.sampled_from(["call_given", "toolu_01"])
 call_begins = st.builds(ToolCallBegin, call_names, call_ids)
 call_args = st.builds(ToolCallArgs, st.text(max_size=6))
+hosted_calls = st.sampled_from(
+    [HostedCall("web_search"), HostedCall("mcp", "deepwiki"), HostedCall("mcp", "s", approval=True)]
+)
+hosted_begins = st.builds(
+    lambda name, hosted: ToolCallBegin(name, hosted=hosted), call_names, hosted_calls
+)
+search_arguments = st.sampled_from(
+    ['{"query": "paris"}', '{"url": "https://a.org/x"}', '{"url": "u", "pattern": "p"}', "", "["]
+)
+_MCP_ERRORS: list[dict[str, Any] | str] = [
+    "refused by the host allow-list",
+    {"type": "http_error", "code": 500, "message": "boom"},
+    {"type": "mcp_protocol_error", "code": -32602, "message": "bad params"},
+    {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": "no city"}]},
+]
+hosted_results = st.builds(
+    HostedResult,
+    st.booleans(),
+    st.sampled_from([(), (("https://a.org/x", "A"),), (("https://a.org/x", "A"), ("", "?"))])
+    | st.just((("https://a.org/x", "A"), ("https://b.org", "B"), ("https://c.org", "C"))),
+    st.none() | texts,
+    st.none() | st.sampled_from(_MCP_ERRORS),
+)
+_TOOLS = [{"name": "add", "input_schema": {"type": "object"}, "description": None}]
+whole_items = st.sampled_from(
+    [
+        WholeItem(mcp_list_tools_item("mcpl_1", server_label="s", tools=_TOOLS)),
+        WholeItem(mcp_list_tools_item("mcpl_2", server_label="s", tools=[], error="refused")),
+        WholeItem(
+            mcp_call_item(
+                "mcp_w1",
+                server_label="s",
+                name="add",
+                arguments='{"a": 1}',
+                status="completed",
+                output="2",
+                approval_request_id="mcpr_1",
+            )
+        ),
+        WholeItem(
+            mcp_call_item(
+                "mcp_w2",
+                server_label="s",
+                name="add",
+                arguments="{}",
+                status="failed",
+                error={"type": "http_error", "code": 401, "message": "unauthorized"},
+                approval_request_id="mcpr_2",
+            )
+        ),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +185,18 @@ malformed: st.SearchStrategy[MachineInput] = st.one_of(
     st.builds(TextDelta, nonempty_texts, st.sampled_from(BAD_LOGPROBS).map(lambda e: [e])),
     st.builds(ToolCallBegin, st.just(""), call_ids),
     st.builds(ToolCallBegin, call_names, st.just("")),
+    st.sampled_from(
+        [
+            ToolCallBegin("", hosted=HostedCall("web_search")),
+            ToolCallBegin("f", "call_given", hosted=HostedCall("web_search")),
+            ToolCallBegin("f", custom=True, hosted=HostedCall("mcp", "s")),
+            ToolCallBegin("f", hosted=HostedCall("mcp")),  # no server label
+            ToolCallBegin("f", hosted=HostedCall("web_search", "s")),
+            ToolCallBegin("f", hosted=HostedCall("web_search", approval=True)),
+            WholeItem({"type": "message", "id": "msg_x"}),
+            WholeItem({"type": "mcp_list_tools"}),
+        ]
+    ),
 )
 inputs: st.SearchStrategy[Step] = st.one_of(
     st.just(Start()),
@@ -128,6 +206,10 @@ inputs: st.SearchStrategy[Step] = st.one_of(
     call_begins,
     call_args,
     call_ends,
+    hosted_begins,
+    search_arguments.map(ToolCallEnd),
+    hosted_results,
+    whole_items,
     terminals,
     malformed,
 )
@@ -142,6 +224,7 @@ configs = st.builds(
     metadata=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
     background=st.booleans(),
     previous_response_id=st.none() | st.just(new_id("resp")),
+    sources_included=st.booleans(),
 )
 # Mostly-legal sequences reach deep states; fully random ones probe every refusal.
 segments: st.SearchStrategy[list[Step]] = st.one_of(
@@ -153,11 +236,21 @@ segments: st.SearchStrategy[list[Step]] = st.one_of(
         st.lists(call_args, max_size=4),
         call_ends,
     ),
+    st.builds(
+        lambda begin, args, end, result: [begin, *args, end, result],
+        hosted_begins,
+        st.lists(call_args, max_size=3),
+        call_ends | search_arguments.map(ToolCallEnd),
+        hosted_results,
+    ),
+    whole_items.map(lambda item: [item]),
 )
 well_formed = st.builds(
     lambda parts, open_call, end, tail: [Start(), *itertools.chain(*parts), *open_call, end, *tail],
     st.lists(segments, max_size=5),
-    st.just([]) | st.builds(lambda b, a: [b, *a], call_begins, st.lists(call_args, max_size=3)),
+    st.just([])
+    | st.builds(lambda b, a: [b, *a], call_begins | hosted_begins, st.lists(call_args, max_size=3))
+    | st.builds(lambda b, e: [b, e], hosted_begins, search_arguments.map(ToolCallEnd)),
     terminals,
     st.lists(inputs, max_size=3),
 )
@@ -179,7 +272,34 @@ def _valid_logprob(entry: dict[str, Any]) -> bool:
     return not unknown_keys(model) and all(0 <= b < 256 for raw in byte_lists for b in raw)
 
 
-ItemType = Literal["message", "reasoning", "function_call"]
+ItemType = Literal[
+    "message",
+    "reasoning",
+    "function_call",
+    "web_search_call",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_list_tools",
+]
+_CALL_TYPES = ("function_call", "web_search_call", "mcp_call", "mcp_approval_request")
+"""Open items that take ToolCallArgs / ToolCallEnd and nothing else between them."""
+_HOSTED_TYPE = {"web_search": "web_search_call", "mcp": "mcp_call"}
+
+
+def _expected_action(arguments: str) -> dict[str, Any]:
+    """A web search's action from its arguments, restated."""
+    try:
+        given = json.loads(arguments)
+    except ValueError:
+        given = {}
+    if not isinstance(given, dict):
+        given = {}
+    given = {k: v for k, v in given.items() if isinstance(v, str) and v}
+    if {"url", "pattern"} <= set(given):
+        return {"type": "find_in_page", "url": given["url"], "pattern": given["pattern"]}
+    if "url" in given:
+        return {"type": "open_page", "url": given["url"]}
+    return {"type": "search", **({"query": given["query"]} if "query" in given else {})}
 
 
 @dataclass
@@ -187,11 +307,34 @@ class _Item:
     """An output item as the oracle expects it."""
 
     type: ItemType
-    text: str = ""  # message text, reasoning text, or call arguments
+    text: str = ""  # message text, reasoning text, or call arguments (a whole item: its JSON)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     name: str = ""
     call_id: str | None = None
     status: str = "in_progress"
+    server_label: str = ""
+    result: Any = None  # a hosted call's action (web search) or (output, error) (MCP)
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    ended: bool = False  # a hosted call's ToolCallEnd came
+    whole: bool = False  # given whole (WholeItem); ``text`` is its JSON
+
+
+def _expected(item: _Item) -> _Item:
+    """What the machine shows of an oracle item (a search shows its action, not arguments)."""
+    if item.whole:
+        return item
+    match item.type:
+        case "web_search_call":
+            action = item.result
+            if action is None:
+                action = _expected_action(item.text) if item.ended else {"type": "search"}
+            return _Item("web_search_call", status=item.status, result=action)
+        case "mcp_call":
+            result = (None, None) if item.result is None else item.result
+            return replace(item, result=result, ended=False)
+        case "mcp_approval_request":
+            return replace(item, status="")  # it has no status
+    return item
 
 
 @dataclass
@@ -202,26 +345,41 @@ class _Oracle:
     ended: bool = False
     items: list[_Item] = field(default_factory=list)  # the last may be open
     open: ItemType | None = None
+    running: bool = False  # the open hosted call's arguments are done; the server runs it
     streamed: list[str] = field(default_factory=list)  # all message text
     disowned: bool = False  # a ToolCallEnd disowned the streamed arguments
+    mcp_disowned: bool = False  # ... of an mcp_call
     terminal: MachineInput | None = None
+    sources_included: bool = False
+    sources: tuple[tuple[str, str], ...] = ()  # the latest good search's
 
     def legal(self, inp: MachineInput) -> bool:
         if self.ended:
             return False
+        between = self.started and self.open not in _CALL_TYPES
         match inp:
             case Start():
                 return not self.started
             case TextDelta(text=text, logprobs=logprobs):
                 well_formed = (bool(text) or not logprobs) and all(map(_valid_logprob, logprobs))
-                return well_formed and self.started and self.open != "function_call"
+                return well_formed and between
             case ReasoningDelta() | Finish(reason="stop"):
-                return self.started and self.open != "function_call"
-            case ToolCallBegin(name=name, call_id=call_id):
-                well_formed = name != "" and call_id != ""
-                return well_formed and self.started and self.open != "function_call"
+                return between
+            case ToolCallBegin(hosted=None, name=name, call_id=call_id):
+                return name != "" and call_id != "" and between
+            case ToolCallBegin(hosted=hosted, name=name) as begin:
+                assert hosted is not None
+                plain = begin.call_id is None and not begin.custom and bool(name)
+                labelled = bool(hosted.server_label) == (hosted.kind == "mcp")
+                asks = hosted.approval and hosted.kind != "mcp"
+                return plain and labelled and not asks and between
             case ToolCallArgs() | ToolCallEnd():
-                return self.open == "function_call"
+                return self.open in _CALL_TYPES and not self.running
+            case HostedResult():
+                return self.running
+            case WholeItem(item=item):
+                whole = item.get("type") in ("mcp_list_tools", "mcp_call") and bool(item.get("id"))
+                return whole and between
             case Finish(reason="length"):
                 return self.started
             case Fail() | Cancel():
@@ -230,8 +388,12 @@ class _Oracle:
 
     def _close(self, status: str) -> None:
         if self.open is not None:
-            self.items[-1].status = status
+            item = self.items[-1]
+            item.status = status
+            if item.type == "message" and self.sources:
+                item.annotations = url_citations(item.text, self.sources)
             self.open = None
+            self.running = False
 
     def _switch(self, type_: ItemType) -> _Item:
         if self.open != type_:
@@ -251,16 +413,35 @@ class _Oracle:
                 self.streamed.append(text)
             case ReasoningDelta(text=text) if text:
                 self._switch("reasoning").text += text
-            case ToolCallBegin(name=name, call_id=call_id):
+            case ToolCallBegin(name=name, call_id=call_id, hosted=hosted):
                 self._close("completed")
-                self.items.append(_Item("function_call", name=name, call_id=call_id))
-                self.open = "function_call"
+                type_: ItemType = "function_call"
+                if hosted is not None:
+                    approval = "mcp_approval_request"
+                    type_ = approval if hosted.approval else _HOSTED_TYPE[hosted.kind]  # type: ignore[assignment]
+                label = hosted.server_label if hosted is not None else ""
+                self.items.append(_Item(type_, name=name, call_id=call_id, server_label=label))
+                self.open = type_
             case ToolCallArgs(delta=delta):
                 self.items[-1].text += delta
             case ToolCallEnd(arguments=arguments):
-                self.disowned |= not arguments.startswith(self.items[-1].text)
+                disowned = not arguments.startswith(self.items[-1].text)
+                if self.open == "function_call":  # the only deltas the shared check joins
+                    self.disowned |= disowned
+                elif self.open == "mcp_call":
+                    self.mcp_disowned |= disowned
                 self.items[-1].text = arguments
+                if self.open in ("web_search_call", "mcp_call"):
+                    self.running = self.items[-1].ended = True
+                else:
+                    self._close("completed")
+            case HostedResult() as outcome:
+                self._result(outcome)
+            case WholeItem(item=item):
                 self._close("completed")
+                status = item.get("status", "completed")
+                whole = _Item(item["type"], json.dumps(item), status=status, whole=True)
+                self.items.append(whole)
             case Finish(reason=reason):
                 self._close("completed" if reason == "stop" else "incomplete")
             case Fail():
@@ -273,9 +454,30 @@ class _Oracle:
             self.ended = True
             self.terminal = inp
 
+    def _result(self, outcome: HostedResult) -> None:
+        item = self.items[-1]
+        if item.type == "web_search_call":
+            action = _expected_action(item.text)
+            if outcome.ok and action["type"] == "search":
+                self.sources = outcome.sources
+                if self.sources_included:
+                    action["sources"] = [{"type": "url", "url": u} for u, _ in outcome.sources]
+            item.result = action
+        elif outcome.ok:
+            item.result = (outcome.output, None)
+        else:
+            error = outcome.error or "the tool call failed"
+            if isinstance(error, str):
+                error = {
+                    "type": "mcp_tool_execution_error",
+                    "content": [{"type": "text", "text": error}],
+                }
+            item.result = (outcome.output, error)
+        self._close("completed" if outcome.ok else "failed")
+
     def resolve(self, step: Step) -> MachineInput:
         if isinstance(step, EndExtending):
-            streamed = self.items[-1].text if self.open == "function_call" else ""
+            streamed = self.items[-1].text if self.open in _CALL_TYPES else ""
             return ToolCallEnd(streamed + step.rest)
         return step
 
@@ -285,7 +487,13 @@ def _observed(item: dict[str, Any]) -> _Item:
     match item["type"]:
         case "message":
             (part,) = item["content"]
-            return _Item("message", part["text"], part["logprobs"], status=item["status"])
+            return _Item(
+                "message",
+                part["text"],
+                part["logprobs"],
+                status=item["status"],
+                annotations=part["annotations"],
+            )
         case "reasoning":
             assert item["summary"] == []
             (part,) = item["content"]
@@ -301,7 +509,42 @@ def _observed(item: dict[str, Any]) -> _Item:
                 call_id=call_id if given else None,  # None: minted by the machine
                 status=item["status"],
             )
+        case "web_search_call":
+            assert item["id"].startswith("ws_")
+            return _observed_search(item)
+        case "mcp_call" if item["id"].startswith("mcp_w"):  # a WholeItem's own id
+            return _Item("mcp_call", json.dumps(item), status=item["status"], whole=True)
+        case "mcp_call":
+            assert item["id"].startswith("mcp_")
+            assert item["approval_request_id"] is None
+            return _Item(
+                "mcp_call",
+                item["arguments"],
+                name=item["name"],
+                status=item["status"],
+                server_label=item["server_label"],
+                result=(item["output"], item["error"]),
+            )
+        case "mcp_approval_request":
+            assert item["id"].startswith("mcpr_")
+            return _Item(
+                "mcp_approval_request",
+                item["arguments"],
+                name=item["name"],
+                status="",
+                server_label=item["server_label"],
+            )
+        case "mcp_list_tools":
+            return _Item("mcp_list_tools", json.dumps(item), status="completed", whole=True)
     raise AssertionError(item)
+
+
+def _observed_search(item: dict[str, Any]) -> _Item:
+    return _Item("web_search_call", status=item["status"], result=item["action"])
+
+
+def _expected_items(oracle: _Oracle) -> list[_Item]:
+    return [_expected(item) for item in oracle.items]
 
 
 def _fingerprint(machine: ResponseMachine) -> tuple[Any, ...]:
@@ -321,7 +564,7 @@ def _fingerprint(machine: ResponseMachine) -> tuple[Any, ...]:
 @given(config=configs, sequence=sequences)
 def test_random_sequences_follow_the_grammar(config: ResponseConfig, sequence: list[Step]) -> None:
     machine = ResponseMachine("resp_" + "0" * 48, config, CREATED_AT)
-    oracle = _Oracle()
+    oracle = _Oracle(sources_included=config.sources_included)
     events: list[dict[str, Any]] = []
     for step in sequence:
         inp = oracle.resolve(step)
@@ -347,7 +590,7 @@ def test_random_sequences_follow_the_grammar(config: ResponseConfig, sequence: l
     assert machine.output_text == "".join(oracle.streamed)
     assert machine.terminal == oracle.ended
     closed = [item for item in oracle.items if item.status != "in_progress"]
-    assert [_observed(item) for item in machine.output_items] == closed
+    assert [_observed(item) for item in machine.output_items] == list(map(_expected, closed))
     assert machine.has_tool_calls == any(item.type == "function_call" for item in oracle.items)
     snapshot = machine.snapshot()
     note_event(f"ended {machine.state.value}")
@@ -362,7 +605,7 @@ def test_random_sequences_follow_the_grammar(config: ResponseConfig, sequence: l
             assert snapshot["output"] == []
             assert snapshot["usage"]["total_tokens"] == 0
         else:  # the open item shows, in progress
-            assert [_observed(item) for item in snapshot["output"]] == oracle.items
+            assert [_observed(item) for item in snapshot["output"]] == _expected_items(oracle)
         return
 
     stream = [(e["type"], e) for e in events]
@@ -370,26 +613,124 @@ def test_random_sequences_follow_the_grammar(config: ResponseConfig, sequence: l
         # Documented: `.done` carries the authoritative arguments, so the deltas do not join.
         note_event("arguments disowned")
         with pytest.raises(AssertionError, match="arguments"):
-            assert_stream_invariants(stream)
+            _stream_invariants(stream)
         final = snapshot
     else:
-        final = assert_stream_invariants(stream)
+        final = _stream_invariants(stream)
     assert final == snapshot
-    assert [_observed(item) for item in final["output"]] == oracle.items
+    _check_hosted_events(events, joined=not oracle.mcp_disowned)
+    _check_annotations(events, final)
+    assert [_observed(item) for item in final["output"]] == _expected_items(oracle)
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert deltas == machine.output_text
     _check_terminal(final, oracle)
 
 
+_FAILED_ITEMS = ("web_search_call", "mcp_call")
+
+
+def _stream_invariants(stream: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``assert_stream_invariants``, with a hosted call's ``failed`` status (the SDK allows it
+    on web_search_call and mcp_call) read as ``completed``, which the shared check expects of
+    every done item; returns the final object as sent."""
+    shown = copy.deepcopy(stream)
+    for _, event in shown:
+        items = [event["item"]] if "item" in event else []
+        items += event["response"]["output"] if "response" in event else []
+        for item in items:
+            if item["type"] in _FAILED_ITEMS and item["status"] == "failed":
+                item["status"] = "completed"
+    assert_stream_invariants(shown)
+    return dict(stream[-1][1]["response"])
+
+
+_HOSTED_GRAMMAR = {
+    "web_search_call": r"A I(S(C)?)? D",
+    "mcp_call": r"A I(Δ)*(Ω(C|F)?)? D",
+}
+_HOSTED_LETTERS = {
+    "response.output_item.added": "A",
+    "response.output_item.done": " D",
+    "response.web_search_call.in_progress": " I",
+    "response.web_search_call.searching": "S",
+    "response.web_search_call.completed": "C",
+    "response.mcp_call.in_progress": " I",
+    "response.mcp_call_arguments.delta": "Δ",
+    "response.mcp_call_arguments.done": "Ω",
+    "response.mcp_call.completed": "C",
+    "response.mcp_call.failed": "F",
+    "response.mcp_list_tools.in_progress": " I",
+    "response.mcp_list_tools.completed": "C",
+    "response.mcp_list_tools.failed": "F",
+}
+
+
+def _check_hosted_events(events: list[dict[str, Any]], *, joined: bool) -> None:
+    """Each hosted item's events, in order, follow its grammar (hosted_items.py), and how it
+    ended agrees with its done status; an mcp_call's arguments.done and item carry the same
+    arguments, which its deltas join to (``joined``: none was disowned)."""
+    by_index: dict[int, list[dict[str, Any]]] = {}
+    for event in events:
+        if "output_index" in event:
+            by_index.setdefault(event["output_index"], []).append(event)
+    for own in by_index.values():
+        item = own[-1].get("item")
+        if item is None or own[-1]["type"] != "response.output_item.done":
+            continue
+        word = "".join(_HOSTED_LETTERS.get(e["type"], "?") for e in own)
+        whole = item["id"].startswith(("mcp_w", "mcpl_"))
+        if item["type"] == "mcp_list_tools":
+            assert word == ("A IF D" if "error" in item else "A IC D"), word
+        elif item["type"] == "mcp_call" and whole:
+            assert word == ("A IΩF D" if item["status"] == "failed" else "A IΩC D"), word
+        elif item["type"] in _HOSTED_GRAMMAR:
+            assert re.fullmatch(_HOSTED_GRAMMAR[item["type"]], word), (item["type"], word)
+            ended = {"C": item["status"] == "completed", "F": item["status"] == "failed"}
+            if item["type"] == "web_search_call":  # one event for both: the status says
+                ended = {"C": item["status"] in ("completed", "failed"), "F": False}
+            for letter, expected in ended.items():
+                assert (letter in word) == expected, (item, word)
+            if "Ω" in word:
+                (done,) = [e for e in own if e["type"] == "response.mcp_call_arguments.done"]
+                deltas = [e["delta"] for e in own if e["type"].endswith("arguments.delta")]
+                assert done["arguments"] == item["arguments"]
+                assert not joined or "".join(deltas) == done["arguments"]
+        elif item["type"] == "mcp_approval_request":
+            assert word == "A D", word
+
+
+def _check_annotations(events: list[dict[str, Any]], final: dict[str, Any]) -> None:
+    """Each message's annotation.added events come before its output_text.done, numbered from
+    0, and are its part's annotations; each cites its text to its marker or URL."""
+    added: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if event["type"] == "response.output_text.annotation.added":
+            added.setdefault(event["item_id"], []).append(event)
+        elif event["type"] == "response.output_text.done":
+            for mine in added.get(event["item_id"], []):
+                assert mine["sequence_number"] < event["sequence_number"]
+    for item in final["output"]:
+        if item["type"] != "message":
+            continue
+        (part,) = item["content"]
+        mine = added.pop(item["id"], [])
+        assert [e["annotation_index"] for e in mine] == list(range(len(mine)))
+        assert [e["annotation"] for e in mine] == part["annotations"]
+        for note in part["annotations"]:
+            span = part["text"][note["start_index"] : note["end_index"]]
+            assert span == note["url"] or re.fullmatch(r"\[[0-9]+\]", span), (span, note)
+    assert not added, f"annotations on no final message: {added}"
+
+
 def _check_terminal(final: dict[str, Any], oracle: _Oracle) -> None:
-    statuses = {item["status"] for item in final["output"]}
+    statuses = {item.get("status", "completed") for item in final["output"]}
     match oracle.terminal:
         case Finish(reason="stop", usage=usage, completed_at=completed_at):
             assert final["status"] == "completed"
             assert final["completed_at"] == completed_at
             assert final["incomplete_details"] is None
             assert final["usage"] == usage.to_json()
-            assert statuses <= {"completed"}
+            assert statuses <= {"completed", "failed"}
         case Finish(reason="length", usage=usage):
             assert final["status"] == "incomplete"
             assert final["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -398,7 +739,7 @@ def _check_terminal(final: dict[str, Any], oracle: _Oracle) -> None:
         case Fail(code=code, message=message, usage=usage):
             assert final["status"] == "failed"
             assert final["error"] == {"code": code, "message": message}
-            assert statuses <= {"completed"}  # only items closed before the failure
+            assert statuses <= {"completed", "failed"}  # only items closed before the failure
             assert final["usage"] == (None if usage is None else usage.to_json())
         case Cancel(usage=usage):
             assert final["status"] == "cancelled"
@@ -406,9 +747,10 @@ def _check_terminal(final: dict[str, Any], oracle: _Oracle) -> None:
         case _:
             raise AssertionError(oracle.terminal)
     # Only the item open at the end can be incomplete; no empty item is ever invented.
-    assert all(item["status"] == "completed" for item in final["output"][:-1])
+    done = ("completed", "failed")
+    assert all(item.get("status", "completed") in done for item in final["output"][:-1])
     for item in final["output"]:
-        if item["type"] != "function_call":
+        if item["type"] in ("message", "reasoning"):
             assert item["content"][0]["text"] != ""
 
 
@@ -420,6 +762,12 @@ _PATHS: dict[State, list[MachineInput]] = {
     State.IN_MESSAGE: [Start(), TextDelta("a")],
     State.IN_REASONING: [Start(), ReasoningDelta("r")],
     State.IN_TOOL_CALL: [Start(), ToolCallBegin("f"), ToolCallArgs("{")],
+    State.IN_HOSTED_CALL: [Start(), ToolCallBegin("add", hosted=HostedCall("mcp", "s"))],
+    State.HOSTED_RUNNING: [
+        Start(),
+        ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+        ToolCallEnd('{"query": "q"}'),
+    ],
     State.COMPLETED: [Start(), Finish("stop", Usage(1, 0), 2)],
     State.INCOMPLETE: [Start(), TextDelta("a"), Finish("length", Usage(1, 1), 2)],
     State.FAILED: [Fail("server_error", "boom", None)],
@@ -441,6 +789,13 @@ _INPUTS: dict[str, MachineInput] = {
     "length": Finish("length", Usage(1, 1), 3),
     "fail": Fail("invalid_prompt", "no", Usage(1, 0)),
     "cancel": Cancel(None),
+    "steered": Finish("steered", Usage(1, 1), 3),
+    "search": ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+    "mcp call": ToolCallBegin("add", hosted=HostedCall("mcp", "s")),
+    "approval": ToolCallBegin("add", hosted=HostedCall("mcp", "s", approval=True)),
+    "result": HostedResult(True, (("https://a.org", "A"),)),
+    "failed result": HostedResult(False, error={"type": "http_error", "code": 500, "message": "x"}),
+    "whole list": WholeItem(mcp_list_tools_item("mcpl_1", server_label="s", tools=_TOOLS)),
     # Malformed in every state:
     "logprobs without text": TextDelta("", [_GOOD_ENTRY]),
     **{f"bad logprob {i}": TextDelta("x", [bad]) for i, bad in enumerate(BAD_LOGPROBS)},
@@ -448,6 +803,10 @@ _INPUTS: dict[str, MachineInput] = {
     "empty call id": ToolCallBegin("f", ""),
     "unknown finish": Finish("eos", Usage(1, 1), 0),  # type: ignore[arg-type]
     "unknown error code": Fail("server_overloaded", "full", None),  # type: ignore[arg-type]
+    "labelled search": ToolCallBegin("web_search", hosted=HostedCall("web_search", "s")),
+    "unlabelled mcp": ToolCallBegin("add", hosted=HostedCall("mcp")),
+    "hosted with call id": ToolCallBegin("add", "call_given", hosted=HostedCall("mcp", "s")),
+    "whole message": WholeItem({"type": "message", "id": "msg_1"}),
 }
 _BETWEEN_CALLS = {
     "delta",
@@ -459,15 +818,22 @@ _BETWEEN_CALLS = {
     "call with id",
     "stop",
     "length",
+    "steered",
     "fail",
     "cancel",
+    "search",
+    "mcp call",
+    "approval",
+    "whole list",
 }
 _LEGAL: dict[State, set[str]] = {
     State.QUEUED: {"start", "fail", "cancel"},
     State.IN_PROGRESS: _BETWEEN_CALLS,
     State.IN_MESSAGE: _BETWEEN_CALLS,
     State.IN_REASONING: _BETWEEN_CALLS,
-    State.IN_TOOL_CALL: {"args", "empty args", "end", "length", "fail", "cancel"},
+    State.IN_TOOL_CALL: {"args", "empty args", "end", "length", "steered", "fail", "cancel"},
+    State.IN_HOSTED_CALL: {"args", "empty args", "end", "length", "steered", "fail", "cancel"},
+    State.HOSTED_RUNNING: {"result", "failed result", "length", "steered", "fail", "cancel"},
     State.COMPLETED: set(),
     State.INCOMPLETE: set(),
     State.FAILED: set(),
@@ -835,3 +1201,152 @@ def test_snapshot_in_flight_shows_the_open_reasoning_and_call() -> None:
     assert snap["output"][1]["arguments"] == '{"a'
     assert machine.has_tool_calls
     assert_strict_response(snap)
+
+
+# --- Hosted calls: the exact streams -----------------------------------------------------------
+
+
+def _types(events: list[Any]) -> list[str]:
+    return [e["type"].removeprefix("response.") for e in events]
+
+
+def test_a_web_search_streams_its_three_events_and_cites_its_sources() -> None:
+    config = ResponseConfig(model="m", sources_included=True)
+    machine = ResponseMachine("resp_1", config, CREATED_AT, id_factory=_counting_ids())
+    feed = machine.feed
+    events = feed(Start()) + feed(ToolCallBegin("web_search", hosted=HostedCall("web_search")))
+    assert events[-2]["item"] == {
+        "id": "ws_0",
+        "type": "web_search_call",
+        "status": "in_progress",
+        "action": {"type": "search"},
+    }
+    events += feed(ToolCallArgs('{"query": "paris"}')) + feed(ToolCallEnd('{"query": "paris"}'))
+    assert machine.state is State.HOSTED_RUNNING
+    events += feed(HostedResult(True, (("https://en.wikipedia.org/wiki/Paris", "Paris"),)))
+    events += feed(TextDelta("The capital [1].")) + feed(_stop())
+    assert _types(events) == [
+        "created",
+        "in_progress",
+        "output_item.added",
+        "web_search_call.in_progress",
+        "web_search_call.searching",
+        "web_search_call.completed",
+        "output_item.done",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.annotation.added",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "completed",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    assert final["output"][0]["action"] == {
+        "type": "search",
+        "query": "paris",
+        "sources": [{"type": "url", "url": "https://en.wikipedia.org/wiki/Paris"}],
+    }
+    citation = {
+        "type": "url_citation",
+        "url": "https://en.wikipedia.org/wiki/Paris",
+        "title": "Paris",
+        "start_index": 12,
+        "end_index": 15,
+    }
+    assert final["output"][1]["content"][0]["annotations"] == [citation]
+    assert events[10]["annotation"] == citation
+    assert events[10]["annotation_index"] == 0
+
+
+def test_sources_included_does_not_change_the_response_object() -> None:
+    plain = ResponseMachine("resp_1", ResponseConfig(model="m"), CREATED_AT).snapshot()
+    asked = ResponseConfig(model="m", sources_included=True)
+    assert ResponseMachine("resp_1", asked, CREATED_AT).snapshot() == plain
+
+
+def test_a_failed_search_keeps_no_sources_and_cites_nothing() -> None:
+    config = ResponseConfig(model="m", sources_included=True)
+    _, events = _run(
+        config,
+        Start(),
+        ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+        ToolCallEnd('{"query": "q"}'),
+        HostedResult(False, error="the search backend answered 500"),
+        TextDelta("see [1]"),
+        _stop(),
+    )
+    final = _stream_invariants([(e["type"], e) for e in events])
+    search, message = final["output"]
+    assert (search["status"], search["action"]) == ("failed", {"type": "search", "query": "q"})
+    assert message["content"][0]["annotations"] == []
+
+
+def test_an_mcp_call_streams_its_arguments_and_its_outcome() -> None:
+    _, events = _run(
+        ResponseConfig(model="m"),
+        Start(),
+        ToolCallBegin("get_weather", hosted=HostedCall("mcp", "weather")),
+        ToolCallArgs('{"city": '),
+        ToolCallEnd('{"city": "Paris"}'),
+        HostedResult(True, output="sunny, 18C"),
+        _stop(),
+    )
+    assert _types(events)[2:] == [
+        "output_item.added",
+        "mcp_call.in_progress",
+        "mcp_call_arguments.delta",
+        "mcp_call_arguments.delta",
+        "mcp_call_arguments.done",
+        "mcp_call.completed",
+        "output_item.done",
+        "completed",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    assert final["output"] == [
+        {
+            "id": "mcp_fixed",
+            "type": "mcp_call",
+            "server_label": "weather",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+            "approval_request_id": None,
+            "output": "sunny, 18C",
+            "error": None,
+            "status": "completed",
+        }
+    ]
+
+
+def test_an_approval_request_is_whole_at_its_end_and_cancel_stops_a_running_call() -> None:
+    _, events = _run(
+        ResponseConfig(model="m"),
+        Start(),
+        ToolCallBegin("add", hosted=HostedCall("mcp", "calc", approval=True)),
+        ToolCallArgs('{"a": 1}'),
+        ToolCallEnd('{"a": 1}'),
+        ToolCallBegin("slow", hosted=HostedCall("mcp", "calc")),
+        ToolCallEnd("{}"),
+        Cancel(None),
+    )
+    assert _types(events)[2:] == [
+        "output_item.added",
+        "output_item.done",
+        "output_item.added",
+        "mcp_call.in_progress",
+        "mcp_call_arguments.delta",  # the unsent rest: deltas join to .done
+        "mcp_call_arguments.done",
+        "output_item.done",
+        "cancelled",
+    ]
+    final = _stream_invariants([(e["type"], e) for e in events])
+    approval, call = final["output"]
+    assert approval == {
+        "id": "mcpr_fixed",
+        "type": "mcp_approval_request",
+        "server_label": "calc",
+        "name": "add",
+        "arguments": '{"a": 1}',
+    }
+    assert (call["status"], call["output"], call["error"]) == ("incomplete", None, None)

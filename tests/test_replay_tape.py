@@ -1,17 +1,24 @@
 """The compact replay tape (protocol.replay): any stream the event machine makes, under any
-chunking, is rebuilt event for event from its final object and the tape."""
+chunking, hosted items and citations included, is rebuilt event for event from its final
+object and the tape."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_responses.protocol.events.machine import (
+    Cancel,
     Compacted,
+    Fail,
     Finish,
+    HostedCall,
+    HostedResult,
+    MachineInput,
     ProtocolError,
     ResponseMachine,
     Start,
@@ -19,9 +26,10 @@ from mlx_responses.protocol.events.machine import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+    WholeItem,
 )
 from mlx_responses.protocol.events.replay import compact_events, expand_events
-from mlx_responses.protocol.objects import ResponseConfig, Usage
+from mlx_responses.protocol.objects import ResponseConfig, Usage, mcp_list_tools_item
 from mlx_responses.storage.interface import StoredResponse
 from mlx_responses.storage.memory import encode_json
 from tests.test_protocol_machine import EndExtending, Step, configs, sequences
@@ -112,3 +120,54 @@ def test_a_stored_record_is_a_fraction_of_its_events() -> None:
     assert StoredResponse.from_json(json.loads(encode_json(record.to_json()))).events == tuple(
         events
     )
+
+
+def _hosted_stream() -> list[MachineInput]:
+    return [
+        Start(),
+        WholeItem(mcp_list_tools_item("mcpl_1", server_label="s", tools=[])),
+        ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+        ToolCallArgs('{"query": "pa'),
+        ToolCallEnd('{"query": "paris"}'),
+        HostedResult(
+            True, (("https://a.org/x", "A"), ("https://b.org", "B"), ("https://c.org", "C"))
+        ),
+        ToolCallBegin("add", hosted=HostedCall("mcp", "s")),
+        ToolCallArgs('{"a": 1'),
+        ToolCallEnd('{"a": 1, "b": 2}'),
+        HostedResult(False, error="refused"),
+        ToolCallBegin("add", hosted=HostedCall("mcp", "s", approval=True)),
+        ToolCallEnd("{}"),
+        TextDelta("Paris [3], see https://a.org/x."),
+        ToolCallBegin("web_search", hosted=HostedCall("web_search")),
+        ToolCallEnd('{"url": "https://a.org/x"}'),
+    ]
+
+
+@pytest.mark.parametrize("sources_included", [False, True])
+@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize("end", ["result", "cancel", "fail", "running"])
+def test_hosted_items_compact_and_rebuild(
+    sources_included: bool, background: bool, end: str
+) -> None:
+    """Every hosted kind, citations included, compacts to a tape (none is kept literally),
+    in the end and, in background, while the response still runs."""
+    config = ResponseConfig(model="m", background=background, sources_included=sources_included)
+    endings: dict[str, list[MachineInput]] = {
+        "result": [HostedResult(True)],
+        "cancel": [Cancel(Usage(1, 1))],
+        "fail": [Fail("server_error", "boom", None)],
+        "running": [],
+    }
+    steps = _hosted_stream() + endings[end]
+    if end == "result":
+        steps += [TextDelta("done [1]"), Finish("stop", Usage(2, 2), 3)]
+    machine = ResponseMachine("resp_h", config, 1)
+    events = [event for step in steps for event in machine.feed(step)]
+    final = json.loads(json.dumps(machine.snapshot()))
+    events = json.loads(json.dumps(events))
+    assert any(e["type"] == "response.output_text.annotation.added" for e in events)
+    tape = compact_events(final, events)
+    assert tape is not None
+    assert {"W", "Bw", "Bm", "Ba", "H"} <= set(tape["ops"].split(","))
+    assert expand_events(final, tape) == events

@@ -86,6 +86,34 @@ SEARCH_CALL = {"type": "tool_search_call", "call_id": "call_3", "arguments": {"q
 SEARCH_OUTPUT = {"type": "tool_search_output", "call_id": "call_3", "tools": [TOOL]}
 REASONING = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Thinking."}]}
 COMPACTION = {"type": "compaction", "encrypted_content": encode_compaction(Compaction("x", ()))}
+WEB_SEARCH_CALL = {
+    "type": "web_search_call",
+    "id": "ws_1",
+    "status": "completed",
+    "action": {"type": "search", "query": "hello"},
+}
+MCP_LIST_TOOLS = {
+    "type": "mcp_list_tools",
+    "id": "mcpl_1",
+    "server_label": "s",
+    "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+}
+MCP_CALL = {
+    "type": "mcp_call",
+    "id": "mcp_1",
+    "server_label": "s",
+    "name": "t",
+    "arguments": "{}",
+    "output": "done",
+}
+MCP_APPROVAL_REQUEST = {
+    "type": "mcp_approval_request",
+    "id": "mcpr_1",
+    "server_label": "s",
+    "name": "t",
+    "arguments": "{}",
+}
+MCP_REFUSAL = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": False}
 # Item type -> the input that carries it and "honoured", or the 400's `param`.
 ITEM_TYPES: dict[str, tuple[list[dict[str, Any]], Honoured | str]] = {
     "message": ([USER], "honoured"),
@@ -97,16 +125,23 @@ ITEM_TYPES: dict[str, tuple[list[dict[str, Any]], Honoured | str]] = {
     "tool_search_output": ([USER, SEARCH_CALL, SEARCH_OUTPUT], "honoured"),
     "reasoning": ([USER, REASONING, {**USER, "role": "assistant", "content": "hi"}], "honoured"),
     "compaction": ([COMPACTION, USER], "honoured"),
+    # The hosted tools' items replay (a search or an MCP call as the call and its result; a
+    # listing and the approvals render nothing), whether or not this request offers the tool.
+    "web_search_call": ([USER, WEB_SEARCH_CALL, USER], "honoured"),
+    "mcp_list_tools": ([USER, MCP_LIST_TOOLS, USER], "honoured"),
+    "mcp_call": ([USER, MCP_CALL, USER], "honoured"),
+    "mcp_approval_request": ([USER, MCP_APPROVAL_REQUEST, USER], "honoured"),
+    # A refusal: nothing to run, the model answers without the call.
+    "mcp_approval_response": ([USER, MCP_APPROVAL_REQUEST, MCP_REFUSAL], "honoured"),
     # Honoured as the final item (tests/test_compaction_trigger.py); elsewhere a 400.
     "compaction_trigger": ([USER, {"type": "compaction_trigger"}, USER], "input[1]"),
 }
-# Hosted tools' calls and outputs, programs, item references: this server runs none of them.
+# Other hosted tools' calls and outputs, programs, item references: this server runs none of them.
 REFUSED_ITEM_TYPES = frozenset(
     {
         "file_search_call",
         "computer_call",
         "computer_call_output",
-        "web_search_call",
         "additional_tools",
         "configuration_update",
         "image_generation_call",
@@ -117,10 +152,6 @@ REFUSED_ITEM_TYPES = frozenset(
         "shell_call_output",
         "apply_patch_call",
         "apply_patch_call_output",
-        "mcp_list_tools",
-        "mcp_approval_request",
-        "mcp_approval_response",
-        "mcp_call",
         "item_reference",
         "program",
         "program_output",

@@ -55,14 +55,30 @@ class CallTarget:
     # looks through.
     search: Literal["server", "client"] | None = None
     catalog: tuple[FunctionTool, ...] = ()
+    tool: FunctionTool | None = None  # a tool the server runs (``tool.hosted``)
+
+
+@dataclass(frozen=True, slots=True)
+class HostedCallMade:
+    """A call of a tool the server runs, as the model made it: the tool and its arguments."""
+
+    tool: FunctionTool
+    arguments: str
 
 
 def call_targets(tools: tuple[FunctionTool, ...]) -> dict[str, CallTarget]:
     """Offered name -> call target, for every namespaced or custom tool."""
     return {
-        t.name: CallTarget(t.call_name, t.namespace, t.is_custom, t.search, t.catalog)
+        t.name: CallTarget(
+            t.call_name,
+            t.namespace,
+            t.is_custom,
+            t.search,
+            t.catalog,
+            t if t.hosted is not None else None,
+        )
         for t in tools
-        if t.namespace is not None or t.is_custom or t.search is not None
+        if t.namespace is not None or t.is_custom or t.search is not None or t.hosted is not None
     }
 
 
@@ -141,6 +157,10 @@ class OutputShaper:
         self._targets = targets or {}
         self._custom_open = False
         self._search_open: CallTarget | None = None  # the open call is a tool search
+        self._hosted_open: FunctionTool | None = None  # the open call is the server's to run
+        # The call of a tool the server runs that ended this sequence's output: what follows
+        # it is not shown (the server runs it, then a continuation goes on).
+        self.hosted_call: HostedCallMade | None = None
         self._reasoning: list[str] = []
         self._numbers: set[int] = set()  # parser indices of calls accepted as calls
 
@@ -174,6 +194,8 @@ class OutputShaper:
         inputs: list[m.MachineInput] = []
         pending = list(logprobs)
         for event in events:
+            if self.hosted_call is not None:
+                break  # after a call the server runs, nothing of this sequence is shown
             match event:
                 case TextChunk(text=text) if text:
                     inputs.append(m.TextDelta(text, logprobs=pending))
@@ -185,7 +207,10 @@ class OutputShaper:
                     target = self._targets.get(name)
                     self._custom_open = target is not None and target.custom
                     self._search_open = target if target and target.search else None
-                    if target is not None and target.search is not None:
+                    self._hosted_open = target.tool if target is not None else None
+                    if self._hosted_open is not None and self._hosted_open.hosted is not None:
+                        inputs.append(self._hosted_begin(self._hosted_open))
+                    elif target is not None and target.search is not None:
                         inputs.append(m.ToolCallBegin(target.name, search=target.search))
                     elif target is not None:
                         inputs.append(
@@ -209,9 +234,22 @@ class OutputShaper:
                         self._custom_open = False
                     searched = self._search_open
                     self._search_open = None
-                    if searched is not None and searched.search == "server":
+                    if self._hosted_open is not None:
+                        hosted = self._hosted_open.hosted
+                        if hosted is not None and not hosted.approval:  # the server runs it
+                            self.hosted_call = HostedCallMade(self._hosted_open, arguments)
+                        self._hosted_open = None
+                        inputs.append(m.ToolCallEnd(arguments))
+                    elif searched is not None and searched.search == "server":
                         loaded = tuple(search(searched.catalog, arguments))
                         inputs.append(m.ToolCallEnd(arguments, loaded=loaded))
                     else:
                         inputs.append(m.ToolCallEnd(arguments))
         return inputs
+
+    @staticmethod
+    def _hosted_begin(tool: FunctionTool) -> m.ToolCallBegin:
+        hosted = tool.hosted
+        assert hosted is not None
+        call = m.HostedCall(hosted.kind, server_label=hosted.server_label, approval=hosted.approval)
+        return m.ToolCallBegin(tool.call_name, hosted=call)

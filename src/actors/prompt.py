@@ -29,13 +29,14 @@ from ..engine.port import CannotConstrain, Grammar
 from ..protocol.decoding import decoding_for
 from ..protocol.errors import ApiError, context_exceeded, invalid_request, not_found
 from ..protocol.events.machine import Compacted
-from ..protocol.items.history import Turn, resolve
+from ..protocol.items.history import Turn, items_from_json, resolve
 from ..protocol.items.read import InputItem
 from ..protocol.objects import JsonObject
 from ..protocol.prompt_memo import RenderedPrompt
 from ..protocol.request import CreateRequest
-from ..protocol.tools.offered import FunctionTool
+from ..protocol.tools.offered import FunctionTool, ToolChoice
 from ..text.prompt_maker import PromptTooLong, to_chat
+from .hosted_prep import prepare_hosted
 from .model import ModelHandle
 from .runtime import Actors, RunningResponses
 
@@ -60,6 +61,11 @@ class PreparedPrompt:
     # What decoding must follow (compiled when asked: an invalid schema is a 400); None: free.
     grammar: Grammar | None = None
     opens_reasoning: bool = False  # the prompt already opened a reasoning block
+    # Whole items shown first in the output (``hosted_prep.py``: MCP listings, approved
+    # calls); rendered after the input.
+    hosted_items: tuple[JsonObject, ...] = ()
+    # The tool choice once an MCP server's tools are listed (None: the request's own).
+    tool_choice: ToolChoice | None = None
 
     @property
     def all_items(self) -> tuple[JsonObject, ...]:
@@ -98,6 +104,8 @@ async def prepare_response(
     )
     if prepared.tools is not None:
         request = dataclasses.replace(request, tools=prepared.tools)
+    if prepared.tool_choice is not None:
+        request = dataclasses.replace(request, tool_choice=prepared.tool_choice, mcp_choice=None)
     tokens, threshold = len(prepared.prompt), request.compact_threshold
     reached = threshold is not None and (tokens >= threshold or tokens >= window)
     # A warm-up (``generate: false``) never compacts: it is admitted as it is, or refused.
@@ -126,13 +134,25 @@ async def prepare_prompt(
     max_tokens: int | None = None,
     *,
     constrain: bool = False,
+    run_approved: bool = True,
 ) -> PreparedPrompt:
-    """Resolve history and render; raises ``ApiError`` and changes nothing. With
-    ``max_tokens`` (``prompt_limit``), a prompt provably longer is refused untokenized; with
-    ``constrain``, the request's grammar is compiled too."""
+    """Resolve history, prepare the MCP servers (``hosted_prep.py``; ``run_approved``: run
+    the calls the input approves) and render; raises ``ApiError`` and changes nothing but
+    an approved call's effect. With ``max_tokens`` (``prompt_limit``), a prompt provably
+    longer is refused untokenized; with ``constrain``, the request's grammar is compiled."""
     check_model(request, actors.model)
     history = await load_history(request, actors, running)
-    return await _render(request, actors, history, max_tokens, constrain)
+    hosted = await prepare_hosted(request, history, actors.hosted, run_approved=run_approved)
+    prepared = await _render(
+        hosted.request, actors, history, max_tokens, constrain, None, hosted.items
+    )
+    if hosted.request is request:
+        return prepared
+    return dataclasses.replace(
+        prepared,
+        tools=prepared.tools or hosted.request.tools,
+        tool_choice=hosted.request.tool_choice,
+    )
 
 
 async def render_items(
@@ -158,6 +178,7 @@ async def _render(
     max_tokens: int | None,
     constrain: bool,
     parsed: tuple[InputItem, ...] | None = None,
+    hosted_items: tuple[JsonObject, ...] = (),
 ) -> PreparedPrompt:
     """``request`` over ``history``: its turn read once (unless ``parsed`` is that reading),
     the reasoning of earlier plain replies echoed back, then one call of the text side (the
@@ -171,7 +192,7 @@ async def _render(
     offered = request.tools if request.tool_choice.mode != "none" else ()
     model = actors.model
     replay = formats.get(model.info.tool_format).replay  # the template's wishes
-    items: Sequence[InputItem] = turn.items
+    items: Sequence[InputItem] = turn.items + tuple(items_from_json(hosted_items))
     try:
         if actors.echo is not None:
             items = await actors.echo.restore(request.owner, items)
@@ -210,6 +231,7 @@ async def _render(
         made.rendered,
         made.grammar,
         made.opens_reasoning,
+        hosted_items,
     )
 
 

@@ -48,8 +48,10 @@ from ..protocol.events.machine import (
     MachineInput,
     ResponseMachine,
     Start,
+    WholeItem,
 )
 from ..protocol.ids import new_id
+from ..protocol.items.hosted_read import with_model_texts
 from ..protocol.lifecycle import (
     Action,
     Feed,
@@ -65,12 +67,14 @@ from ..protocol.lifecycle import (
 from ..protocol.objects import JsonObject, ResponseErrorCode, Usage
 from ..protocol.request import CreateRequest
 from ..protocol.tools.offered import FunctionTool, ToolChoice
-from ..protocol.tools.search import after_server_search
 from .admission import Admission, admit_continuation
 from .event_log import EventLog
+from .hosted_tools import run_call
+from .output import HostedCallMade
 from .prompt import PreparedPrompt
 from .run_records import write_failed, write_records
 from .runtime import Actors
+from .server_tools import following
 from .timings import RunTimings
 
 log = logging.getLogger(__name__)
@@ -164,6 +168,10 @@ class ResponseRun:
         self._prior_reasoning = ""
         # What a server tool's continuation generates with: the tools and the tool choice.
         self._continuation: tuple[tuple[FunctionTool, ...], ToolChoice] | None = None
+        # A hosted call the model made that the server is to run, and what the model read
+        # of each hosted call's result (by item id) for the continuations' renders.
+        self._hosted_call: HostedCallMade | None = None
+        self._model_texts: dict[str, str] = {}
         # Events fed but not yet published (the closing events of a finished sequence's items,
         # published with the terminal event).
         self._held: list[JsonObject] = []
@@ -225,7 +233,10 @@ class ResponseRun:
         move = self.step(Input.STARTED)
         if compaction is None and self._admission is not None:
             compaction = self._admission.compaction
-        self._publish(self._feed(move, Ending(), compaction))
+        events = self._feed(move, Ending(), compaction)
+        for item in self.prepared.hosted_items:  # MCP listings, approved calls: whole already
+            events += self._machine.feed(WholeItem(item))
+        self._publish(events)
 
     def usage(self) -> Usage:
         """Token counts so far (final once the terminal event was sent)."""
@@ -274,8 +285,16 @@ class ResponseRun:
         await self.end(Input.FINISHED, Ending(usage=usage))
 
     async def _run_server_tool(self) -> None:
-        """A tool search runs inside the output parser: its ``tool_search_output`` went out
-        with its call, so its result is out already."""
+        """Run the server tool the model called and publish its result. A tool search ran
+        inside the output parser (its ``tool_search_output`` went out with its call); a
+        hosted call runs here, in this task: a cancel or a hang-up cancels it, and its
+        outbound request with it."""
+        call, self._hosted_call = self._hosted_call, None
+        if call is not None:
+            hosted = self._actors.hosted
+            ran = await run_call(call.tool, call.arguments, self.request, hosted)
+            self._publish(self._machine.feed(ran.result))
+            self._model_texts[self._machine.output_items[-1]["id"]] = ran.text
         self.step(Input.TOOL_OUTPUT)
 
     async def _admit_continuation(self) -> None:
@@ -309,7 +328,7 @@ class ResponseRun:
                 return None
             config = dataclasses.replace(config, max_output_tokens=left)
         follow = dataclasses.replace(request, config=config, tools=tools, tool_choice=choice)
-        output = tuple(self._machine.output_items)
+        output = with_model_texts(self._machine.output_items, self._model_texts)
         try:
             return await admit_continuation(follow, self.prepared, output, self._actors)
         except ApiError:
@@ -360,11 +379,13 @@ class ResponseRun:
     def _server_tool_called(self) -> bool:
         """Whether the sequence stopped on a call of a tool the server runs (its call's
         closing events go out now; the continuation follows)."""
-        request = self.request
-        found = after_server_search(request.tools, request.tool_choice, self._machine.output_items)
+        admission = self._admission
+        assert admission is not None
+        hosted = admission.shaper.hosted_call
+        found = following(self.request, self._machine.output_items, hosted is not None)
         if found is None:
             return False
-        self._continuation = found
+        self._continuation, self._hosted_call = found, hosted
         self.step(Input.TOOL_CALLED)
         self._publish([])
         return True

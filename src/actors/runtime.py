@@ -18,6 +18,7 @@ from .response_store import ResponseStoreHandle
 from .timings import TimingsObserver
 
 if TYPE_CHECKING:
+    from .hosted_tools import HostedTools
     from .replica_link import ReplicaLink
 
 
@@ -42,3 +43,5 @@ class Actors:
     timings: TimingsObserver | None = None
     # The link to the other replicas of a shared PostgreSQL store (None otherwise).
     replica: ReplicaLink | None = None
+    # The tools the server runs (a web search backend, MCP egress); None: none enabled.
+    hosted: HostedTools | None = None

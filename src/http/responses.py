@@ -71,6 +71,7 @@ def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
     return parse_create_request(
         data,
         drop_unsupported_tools=runtime().settings.drop_unsupported_tools,
+        hosted=runtime().settings.hosted_switches,
         owner=tenant(),
         sealer=sealer(),
         default_temperature=None if counting else default_temperature(),
@@ -136,7 +137,10 @@ async def count_input_tokens() -> Response:
     if isinstance(data, dict) and "model" not in data:
         data = {**data, "model": runtime().model.info.alias}
     prepared = await prepare_prompt(
-        _parse_create(data, counting=True), runtime().actors, runtime().responses
+        _parse_create(data, counting=True),
+        runtime().actors,
+        runtime().responses,
+        run_approved=False,  # counting runs no MCP call
     )
     return json_response({"object": "response.input_tokens", "input_tokens": len(prepared.prompt)})
 

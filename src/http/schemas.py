@@ -147,6 +147,7 @@ INCLUDABLE = frozenset(
 )
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 SEALED_INCLUDE = "reasoning.encrypted_content"
+SOURCES_INCLUDE = "web_search_call.action.sources"
 
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
@@ -295,6 +296,8 @@ def parse_create_request(
         background_key=background_key,
     )
     include = body.include or ()
+    if SOURCES_INCLUDE in include:
+        config = dataclasses.replace(config, sources_included=True)
     return CreateRequest(
         config=config,
         input=messages,

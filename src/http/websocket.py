@@ -298,6 +298,7 @@ class _Connection:
         create = parse_create_request(
             {**order.body, "stream": True},
             drop_unsupported_tools=rt.settings.drop_unsupported_tools,
+            hosted=rt.settings.hosted_switches,
             owner=self._owner,
             sealer=self._sealer,
             default_temperature=self._temperature,

@@ -40,12 +40,16 @@ __all__ = [
     "event_logprob",
     "function_call_item",
     "is_part_logprob",
+    "mcp_approval_request_item",
+    "mcp_call_item",
+    "mcp_list_tools_item",
     "message_item",
     "output_text_part",
     "part_logprob",
     "reasoning_item",
     "reasoning_text_part",
     "response_object",
+    "web_search_call_item",
 ]
 
 JsonObject = dict[str, Any]
@@ -53,6 +57,8 @@ JsonObject = dict[str, Any]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+HostedStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+"""A server-run call's status (``web_search_call``, ``mcp_call``): it may also fail."""
 
 TERMINAL_STATUSES: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -198,6 +204,8 @@ class ResponseConfig:
     safety_identifier: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # include "web_search_call.action.sources": done searches list their sources. Not echoed.
+    sources_included: bool = False
 
     def __post_init__(self) -> None:
         # Frozen dataclass: the documented way to normalise fields is object.__setattr__.
@@ -306,6 +314,72 @@ def tool_search_output_item(
         "execution": execution,
         "status": "completed",
         "tools": [dict(tool) for tool in tools],
+    }
+
+
+def web_search_call_item(item_id: str, *, status: HostedStatus, action: JsonObject) -> JsonObject:
+    """A ``web_search_call`` output item; ``action`` is ``search`` (``query``, and ``sources``
+    of ``{"type": "url", "url"}`` when asked for), ``open_page`` (``url``) or ``find_in_page``
+    (``url``, ``pattern``)."""
+    return {"id": item_id, "type": "web_search_call", "status": status, "action": _thaw(action)}
+
+
+def mcp_call_item(
+    item_id: str,
+    *,
+    server_label: str,
+    name: str,
+    arguments: str,
+    status: HostedStatus,
+    output: str | None = None,
+    error: Mapping[str, Any] | None = None,
+    approval_request_id: str | None = None,
+) -> JsonObject:
+    """An ``mcp_call`` output item; ``error`` in the SDK's ``McpToolCallError`` shape
+    (``mcp_protocol_error`` / ``mcp_tool_execution_error`` / ``http_error``)."""
+    return {
+        "id": item_id,
+        "type": "mcp_call",
+        "server_label": server_label,
+        "name": name,
+        "arguments": arguments,
+        "approval_request_id": approval_request_id,
+        "output": output,
+        "error": _thaw(error),
+        "status": status,
+    }
+
+
+def mcp_list_tools_item(
+    item_id: str,
+    *,
+    server_label: str,
+    tools: Sequence[Mapping[str, Any]],
+    error: str | None = None,
+) -> JsonObject:
+    """An ``mcp_list_tools`` output item; each tool ``{name, input_schema, description?,
+    annotations?}``; ``error`` (a string) only when listing failed."""
+    item: JsonObject = {
+        "id": item_id,
+        "type": "mcp_list_tools",
+        "server_label": server_label,
+        "tools": [_thaw(tool) for tool in tools],
+    }
+    if error is not None:
+        item["error"] = error
+    return item
+
+
+def mcp_approval_request_item(
+    item_id: str, *, server_label: str, name: str, arguments: str
+) -> JsonObject:
+    """An ``mcp_approval_request`` output item (the SDK's type has no ``status``)."""
+    return {
+        "id": item_id,
+        "type": "mcp_approval_request",
+        "server_label": server_label,
+        "name": name,
+        "arguments": arguments,
     }
 
 

@@ -17,6 +17,9 @@ Invariants:
 - A message's or a tool output's ``content`` is its ``images.Content``: a string, or its text
   runs and ``ImageRef`` parts in order, which only a vision model's renderer takes
   (``model/vision.py`` writes each image as the template writes one).
+- A hosted tool's item renders as ``protocol.items.hosted_turns.model_turns`` says: a
+  ``web_search_call`` or an ``mcp_call`` as its function call and its output (call_id: the
+  item's id), the MCP listing and approval items as nothing.
 - A ``compaction`` item stands in for every earlier item but system/developer messages: its
   summary joins the system message at its place, then its retained items render as turns
   (``protocol.compaction.replay_view``).
@@ -30,6 +33,7 @@ from typing import Any
 
 from ..formats import Replay
 from ..protocol.items.compaction import replay_view
+from ..protocol.items.hosted_turns import model_turns
 from ..protocol.items.images import Content, join_content
 from ..protocol.items.read import (
     FunctionCall,
@@ -114,5 +118,6 @@ def to_chat(
 ) -> list[ChatMessage]:
     chat = _Chat(instructions, replay)
     for item in replay_view(items):
-        chat.add(item)
+        for turn in model_turns(item):
+            chat.add(turn)
     return chat.finished()

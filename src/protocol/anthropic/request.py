@@ -96,6 +96,13 @@ class MessagesRequest:
 def _tool(raw: object, path: str) -> FunctionTool:
     tool = obj(raw, path)
     kind = tool.get("type")
+    if isinstance(kind, str) and kind.startswith("web_search_"):
+        raise bad(
+            f"{path}.type",
+            f"{kind!r} is not supported: on /v1/messages this server runs only client tools; "
+            "its web search is a Responses API tool (POST /v1/responses with a 'web_search' "
+            "tool on a server started with --web-search; docs/tools.md).",
+        )
     if kind not in (None, "custom"):
         raise bad(
             f"{path}.type",

@@ -2,7 +2,7 @@
 sent by the response actor; and the machine's refusal of an illegal one.
 
 Invariants:
-- Inputs are plain frozen values; legality is the machine's table (``machine_table.py``), not
+- Inputs are plain frozen values; legality is the machine's table (``table.py``), not
   theirs. ``TextDelta`` keeps its own tuple of logprobs.
 """
 
@@ -67,14 +67,27 @@ class ReasoningDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class HostedCall:
+    """A call of a tool the server runs: ``web_search`` (a ``web_search_call``) or ``mcp`` (an
+    ``mcp_call`` of ``server_label``'s tool); ``approval``: an ``mcp_approval_request`` instead,
+    which the client must answer before the tool runs."""
+
+    kind: Literal["web_search", "mcp"]
+    server_label: str = ""
+    approval: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallBegin:
-    """The parser saw a function call's name; ``call_id`` is minted (``call_…``) when not given."""
+    """The parser saw a function call's name; ``call_id`` is minted (``call_…``) when not given
+    (never for a ``hosted`` call: its items have no ``call_id``)."""
 
     name: str
     call_id: str | None = None
     namespace: str | None = None  # the item's ``namespace`` (a namespaced function)
     custom: bool = False  # a ``custom_tool_call`` whose input streams as plain text
     search: Literal["server", "client"] | None = None  # a ``tool_search_call``
+    hosted: HostedCall | None = None  # a call of a tool the server runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +104,29 @@ class ToolCallEnd:
 
     arguments: str
     loaded: tuple[Mapping[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostedResult:
+    """The server ran the open hosted call (``ToolCallEnd`` came first): it closes the item.
+
+    ``sources``: a search's results as ``(url, title)``, numbered from 1 for citations;
+    ``output`` / ``error``: an MCP tool's text or its failure (an ``McpToolCallError``-shaped
+    mapping, or a short reason); a failed search's ``error`` is not shown in the item.
+    """
+
+    ok: bool
+    sources: tuple[tuple[str, str], ...] = ()
+    output: str | None = None
+    error: Mapping[str, Any] | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WholeItem:
+    """An item that is whole before it is shown: an ``mcp_list_tools``, or an ``mcp_call`` the
+    server ran on an approval (built by ``objects.py``; its ``id`` is the item's own)."""
+
+    item: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +162,8 @@ MachineInput = (
     | ToolCallBegin
     | ToolCallArgs
     | ToolCallEnd
+    | HostedResult
+    | WholeItem
     | Finish
     | Fail
     | Cancel

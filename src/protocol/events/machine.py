@@ -4,7 +4,7 @@ One :class:`ResponseMachine` per response. The producer (the response actor) fee
 each ``feed`` returns the JSON-ready events to publish, in order, numbered by ``sequence_number``.
 
 Invariants (the rules come first, as in h11's ``_state.py``):
-- The legal moves are exactly the rows of ``TRANSITIONS`` (``machine_table.py``). An input
+- The legal moves are exactly the rows of ``TRANSITIONS`` (``table.py``). An input
   without a row raises :class:`ProtocolError` *before* anything changes: state, text, ids and
   the next sequence number stay as they were. Legality depends on the input's kind only,
   never on whether it is empty.
@@ -12,13 +12,14 @@ Invariants (the rules come first, as in h11's ``_state.py``):
 - ``response.created`` is the first event; exactly one terminal event (``response.completed``,
   ``response.incomplete``, ``response.failed``, ``response.cancelled``) is the last, after which
   every input is illegal: a stream has one end, and a late input is a producer's bug.
-- At most one output item is open at a time: a ``reasoning`` item, a ``message`` or a
-  ``function_call`` (the state says which). Opening another kind closes the open one first, so
-  items appear in generation order, each at its own ``output_index``.
+- At most one output item is open at a time: a ``reasoning`` item, a ``message``, a call the
+  client answers, or a call the server runs (``IN_HOSTED_CALL`` while its arguments stream,
+  ``HOSTED_RUNNING`` until its ``HostedResult``). Opening another closes the open one first
+  (``WholeItem`` too), so items appear in generation order, each at its own ``output_index``.
 - Every ``output_item.added`` / ``content_part.added`` that a terminal event reports as output is
-  paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the item
-  id (``msg_``, ``rs_``, ``fc_``) is minted once and is the same in every event and in the
-  snapshot, so a client can match events to items. A ``function_call``'s ``call_id`` likewise.
+  paired with its ``.done`` at the same ``output_index``, ``content_index`` and item id; the
+  item id (``msg_``, ``rs_``, ``fc_``, ``ws_``, ``mcp_``, ``mcpr_``; a whole item's its own) is
+  minted once, the same in every event and the snapshot; a ``function_call``'s ``call_id`` too.
 - The concatenated ``output_text.delta`` / ``reasoning_text.delta`` of a part equal its ``.done``
   text; the concatenated ``function_call_arguments.delta`` of a call equal its ``.done``
   arguments (but see ``ToolCallEnd`` below); the final object's ``output`` equals the items sent
@@ -50,15 +51,22 @@ Decisions where OpenAI leaves room:
   one, and an undeclared key fails strict validation.
 - ``completed_at`` is set only on ``completed`` (the SDK: "only present when the status is
   completed").
-- ``Fail`` emits no ``.done`` for an open item of any kind: the partial item is abandoned and the
-  failed object's ``output`` holds only items already closed. A failed response's partial item
-  is not trustworthy, and a ``.done`` would present it as finished.
+- ``Fail`` emits no ``.done`` for an open item of any kind: the partial item is abandoned (not
+  trustworthy; a ``.done`` would present it as finished); ``output`` holds the closed ones.
 - ``Cancel`` closes the open item as ``incomplete`` (``.done`` events included), then emits
   ``response.cancelled``: what was streamed so far stays readable in the stored object.
 - A ``tool_search_call`` (``ToolCallBegin(search=...)``) streams no argument
   deltas (no SDK release types a ``response.tool_search_call.*`` event): it is added, then
   done with its arguments as an object; a server search's ``ToolCallEnd(loaded=...)`` adds
   the ``tool_search_output`` item right after it (added in progress with no tools, then done).
+- Hosted calls (event order in ``hosted_items.py``): a ``web_search_call`` streams no argument
+  deltas and gets its action from ``ToolCallEnd``; an ``mcp_call`` streams them; an
+  ``mcp_approval_request`` is closed whole by ``ToolCallEnd``, like a function call. A failed
+  result ends the item ``failed``; ``Cancel``/``Finish(length|steered)`` while one runs close it
+  ``incomplete``. A search's ``sources`` show only under ``config.sources_included``.
+- Citations: a message closing after a good ``search`` (the latest one's sources) gets its
+  ``url_citation`` s (``tools/citations.py``): one ``output_text.annotation.added`` each, before
+  ``output_text.done``, and the same list in its part's ``annotations``.
 - ``Fail`` and ``Cancel`` are legal before ``Start`` (a queued background job can be cancelled or
   fail to start); the stream is still well formed: ``response.created`` (status ``queued``),
   then the terminal.
@@ -69,8 +77,7 @@ Decisions where OpenAI leaves room:
   (the Responses spec's background mode, docs/api.md).
   A foreground non-terminal object has ``usage: null`` and the output produced so far, the open
   item included with status ``in_progress``.
-- Reasoning items carry ``status`` (the SDK allows it): ``in_progress`` while open, then
-  ``completed`` or ``incomplete`` like messages.
+- Reasoning items carry ``status`` (the SDK allows it), as messages do.
 - Automatic compaction finished before generation, so it rides on ``Start``: after
   ``response.in_progress`` come ``mlx.compaction.started``, ``mlx.compaction.completed``, then
   the ``compaction`` item, added and done at once at ``output_index`` 0 (it is whole already).
@@ -79,13 +86,13 @@ Decisions where OpenAI leaves room:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from ..ids import new_id
 from ..objects import (
-    ItemStatus,
+    HostedStatus,
     JsonObject,
     ResponseConfig,
     ResponseStatus,
@@ -94,14 +101,17 @@ from ..objects import (
     json_copy,
     part_logprob,
     response_object,
-    tool_search_output_item,
 )
+from ..tools.citations import url_citations
+from . import hosted_items
 from .inputs import (
     TERMINAL_EVENT_TYPES,
     Cancel,
     Compacted,
     Fail,
     Finish,
+    HostedCall,
+    HostedResult,
     MachineInput,
     ProtocolError,
     ReasoningDelta,
@@ -110,8 +120,19 @@ from .inputs import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+    WholeItem,
 )
-from .open_item import CALLS, DELTA_EVENT, ID_PREFIX, ITEM_STATE, ItemType, OpenItem
+from .open_item import (
+    CALLS,
+    DELTA_EVENT,
+    HOSTED,
+    ID_PREFIX,
+    ITEM_STATES,
+    PARTLESS,
+    Draft,
+    ItemType,
+    OpenItem,
+)
 from .table import STATUS, TERMINAL_EVENT, TRANSITIONS, ZERO_USAGE, State, classify
 
 __all__ = [
@@ -120,6 +141,8 @@ __all__ = [
     "Compacted",
     "Fail",
     "Finish",
+    "HostedCall",
+    "HostedResult",
     "MachineInput",
     "ProtocolError",
     "ReasoningDelta",
@@ -130,6 +153,7 @@ __all__ = [
     "ToolCallArgs",
     "ToolCallBegin",
     "ToolCallEnd",
+    "WholeItem",
 ]
 
 
@@ -166,6 +190,7 @@ class ResponseMachine:
         self._error: JsonObject | None = None
         self._incomplete_details: JsonObject | None = None
         self._completed_at: int | None = None
+        self._sources: tuple[tuple[str, str], ...] = ()  # the latest good search's, for citations
 
     # -- queries --
 
@@ -206,9 +231,8 @@ class ResponseMachine:
     def has_tool_calls(self) -> bool:
         """Whether the output holds a ``function_call`` item, closed or still open (a call
         abandoned by ``Fail`` is not in the output and does not count)."""
-        return self._state is State.IN_TOOL_CALL or any(
-            item["type"] in CALLS for item in self._done_items
-        )
+        opened = self._open is not None and self._open.type in CALLS
+        return opened or any(item["type"] in CALLS for item in self._done_items)
 
     @property
     def output_items(self) -> list[JsonObject]:
@@ -223,7 +247,12 @@ class ResponseMachine:
         opened = self._open
         if opened is not None:
             twin._open = replace(
-                opened, chunks=list(opened.chunks), logprobs=json_copy(opened.logprobs)
+                opened,
+                chunks=list(opened.chunks),
+                logprobs=json_copy(opened.logprobs),
+                action=json_copy(opened.action),
+                error=json_copy(opened.error),
+                annotations=json_copy(opened.annotations),
             )
         twin._error = json_copy(self._error)
         twin._incomplete_details = json_copy(self._incomplete_details)
@@ -243,7 +272,7 @@ class ResponseMachine:
             raise ProtocolError(f"{kind.value} is illegal in state {self._state.value}")
         # From here on nothing raises: the move is committed while events are built.
         events = self._events_for(inp)
-        assert self._open is None or ITEM_STATE[self._open.type] is target
+        assert self._open is None or target in ITEM_STATES[self._open.type]
         self._state = target
         if target in TERMINAL_EVENT:
             events.append(self._event(TERMINAL_EVENT[target], response=self.snapshot()))
@@ -256,7 +285,8 @@ class ResponseMachine:
             case Start(compaction=compaction):
                 events += self._opening(in_progress=True)
                 if compaction is not None:
-                    events += self._compacted(compaction)
+                    drafts, item = hosted_items.compacted(self._response_id, compaction)
+                    events += self._whole(drafts, item)
             case TextDelta(text=text, logprobs=logprobs) if text:
                 events += self._switch_to("message")
                 events += self._delta(text, [event_logprob(entry) for entry in logprobs])
@@ -265,11 +295,17 @@ class ResponseMachine:
             case ReasoningDelta(text=text) if text:
                 events += self._switch_to("reasoning")
                 events += self._delta(text)
+            case ToolCallBegin(hosted=HostedCall() as hosted, name=name):
+                events += self._close("completed")
+                item_type = hosted_items.item_type(hosted)
+                events += self._open_item(item_type, name, server_label=hosted.server_label)
+                assert self._open is not None
+                events += self._drafts(hosted_items.opened(self._open))
             case ToolCallBegin(
                 name=name, call_id=call_id, namespace=namespace, custom=custom, search=search
             ):
                 events += self._close("completed")
-                item_type: ItemType = "custom_tool_call" if custom else "function_call"
+                item_type = "custom_tool_call" if custom else "function_call"
                 if search is not None:
                     item_type = "tool_search_call"
                 events += self._open_item(item_type, name, call_id, namespace)
@@ -284,9 +320,25 @@ class ResponseMachine:
                     events += self._delta(arguments[len(streamed) :])
                 self._open.chunks = [arguments]
                 call_id = self._open.call_id
+                if self._open.type in HOSTED:
+                    return events + self._drafts(hosted_items.ended(self._open))
                 events += self._close("completed")
                 if loaded is not None:
-                    events += self._search_output(call_id, loaded)
+                    index = len(self._done_items)
+                    tso = self._id_factory("tso")
+                    events += self._whole(*hosted_items.search_output(tso, call_id, loaded, index))
+            case HostedResult() as outcome:
+                assert self._open is not None
+                if self._open.type == "web_search_call" and outcome.ok:
+                    if (self._open.action or {}).get("type") == "search":
+                        self._sources = outcome.sources
+                sources_included = self._config.sources_included
+                drafts = hosted_items.result(self._open, outcome, sources_included=sources_included)
+                events += self._drafts(drafts)
+                events += self._close(hosted_items.result_status(outcome))
+            case WholeItem(item=item):
+                events += self._close("completed")
+                events += self._whole(*hosted_items.whole(item, len(self._done_items)))
             case Finish(reason=reason, usage=usage, completed_at=completed_at):
                 events += self._close("completed" if reason == "stop" else "incomplete")
                 self._usage = usage
@@ -330,37 +382,13 @@ class ResponseMachine:
             )
         return events
 
-    def _compacted(self, step: Compacted) -> list[JsonObject]:
-        """The compaction events and its whole item, at ``output_index`` 0 (nothing is out yet)."""
-        item: JsonObject = dict(step.item)
-        before, after = step.input_tokens_before, step.input_tokens_after
-        where = {"response_id": self._response_id}
-        events = [
-            self._event("mlx.compaction.started", **where, input_tokens=before),
-            self._event(
-                "mlx.compaction.completed",
-                **where,
-                input_tokens_before=before,
-                input_tokens_after=after,
-            ),
-            self._event("response.output_item.added", output_index=0, item=dict(item)),
-            self._event("response.output_item.done", output_index=0, item=dict(item)),
-        ]
-        self._done_items.append(item)
-        return events
+    def _drafts(self, drafts: Sequence[Draft]) -> list[JsonObject]:
+        return [self._event(type_, **fields) for type_, fields in drafts]
 
-    def _search_output(self, call_id: str, tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
-        """A server search's ``tool_search_output``: added in progress with no tools, then done
-        with the loaded ones (it is whole at once)."""
-        item = tool_search_output_item(
-            self._id_factory("tso"), call_id=call_id, execution="server", tools=tools
-        )
-        added = {**item, "status": "in_progress", "tools": []}
-        index = len(self._done_items)
-        events = [
-            self._event("response.output_item.added", output_index=index, item=added),
-            self._event("response.output_item.done", output_index=index, item=json_copy(item)),
-        ]
+    def _whole(self, drafts: Sequence[Draft], item: JsonObject) -> list[JsonObject]:
+        """The events of an item shown whole; it joins the output (nothing may be open)."""
+        assert self._open is None
+        events = self._drafts(drafts)
         self._done_items.append(item)
         return events
 
@@ -376,18 +404,19 @@ class ResponseMachine:
         name: str = "",
         call_id: str | None = None,
         namespace: str | None = None,
+        *,
+        server_label: str = "",
     ) -> list[JsonObject]:
         assert self._open is None
         item_id = self._id_factory(ID_PREFIX[type_])
         if type_ in CALLS and call_id is None:
             call_id = self._id_factory("call")
         index = len(self._done_items)
-        opened = OpenItem(
-            type_, item_id, index, call_id=call_id or "", name=name, namespace=namespace
-        )
+        opened = OpenItem(type_, item_id, index, call_id=call_id or "", name=name)
+        opened.namespace, opened.server_label = namespace, server_label
         self._open = opened
         added = opened.item("in_progress")
-        if type_ in CALLS:
+        if type_ in PARTLESS:
             return [
                 self._event("response.output_item.added", output_index=opened.index, item=added)
             ]
@@ -403,45 +432,30 @@ class ResponseMachine:
         if not delta:
             return []
         self._open.chunks.append(delta)
-        if self._open.type == "tool_search_call":
-            return []  # no SDK type for a tool search's argument deltas
+        if self._open.type not in DELTA_EVENT:
+            return []  # no SDK type for its argument deltas (a tool search, a web search, ...)
         extra: JsonObject = {} if logprobs is None else {"logprobs": logprobs}
         return [
             self._event(DELTA_EVENT[self._open.type], **self._open.where(), delta=delta, **extra)
         ]
 
-    def _close(self, item_status: ItemStatus) -> list[JsonObject]:
-        """The ``.done`` events of the open item (none if nothing is open); it joins the output."""
+    def _close(self, item_status: HostedStatus) -> list[JsonObject]:
+        """The ``.done`` events of the open item (none if nothing is open); it joins the output.
+        A message cites the latest good search's sources first."""
         opened = self._open
         if opened is None:
             return []
-        where = opened.where()
         events: list[JsonObject] = []
-        match opened.type:
-            case "message":
-                logprobs = [event_logprob(entry) for entry in opened.logprobs]
-                events.append(
-                    self._event(
-                        "response.output_text.done", **where, text=opened.text, logprobs=logprobs
-                    )
-                )
-                self._closed_text += opened.text
-            case "reasoning":
-                events.append(
-                    self._event("response.reasoning_text.done", **where, text=opened.text)
-                )
-            case "function_call":
-                events.append(
-                    self._event(
-                        "response.function_call_arguments.done", **where, arguments=opened.text
-                    )
-                )
-            case "custom_tool_call":
-                events.append(
-                    self._event("response.custom_tool_call_input.done", **where, input=opened.text)
-                )
-        if opened.type not in CALLS:
-            events.append(self._event("response.content_part.done", **where, part=opened.part()))
+        if opened.type == "message" and self._sources:
+            cited = url_citations(opened.text, self._sources)
+            events += self._drafts(hosted_items.citations(opened, cited))
+        events += self._drafts(opened.closing())
+        if opened.type == "message":
+            self._closed_text += opened.text
+        if opened.type not in PARTLESS:
+            events.append(
+                self._event("response.content_part.done", **opened.where(), part=opened.part())
+            )
         done = opened.item(item_status)
         if opened.type == "reasoning" and self._seal is not None:
             done["encrypted_content"] = self._seal(opened.text)

@@ -21,14 +21,25 @@ token                   machine input
                         with its next ``m`` logprob entries
 ``R<n>``                ``ReasoningDelta`` of the next ``n`` characters of the reasoning text
 ``B``                   ``ToolCallBegin(name, call_id)`` of the next output item
+``Bw`` / ``Bm`` / ``Ba``  ``ToolCallBegin`` of a hosted call: a ``web_search_call``, an
+                        ``mcp_call``, an ``mcp_approval_request`` (name and server label
+                        from the item)
 ``A<n>``                ``ToolCallArgs`` of the next ``n`` characters of the call's arguments
-``E``                   ``ToolCallEnd(arguments)``, the final item's arguments
+``E``                   ``ToolCallEnd(arguments)``, the final item's arguments (a web
+                        search's rebuilt from its action)
+``H``                   ``HostedResult`` of the open hosted call, from its final item (a
+                        search's sources from ``src``)
+``W``                   ``WholeItem`` of the next output item, as the final object holds it
 ``F`` / ``L``           ``Finish("stop")`` / ``Finish("length")``, with the final usage
 ``X`` / ``C``           ``Fail`` (the final ``error``) / ``Cancel``
 ======================  ====================================================================
 
 ``lit`` maps an ``output_index`` (as a string) to the item's literal streamed text (``text``,
-``lp``: logprobs, ``id``, ``type``, ``name``, ``call_id``) when the final object does not hold it.
+``lp``: logprobs, ``id``, ``type``, ``name``, ``call_id``, ``server_label``) when the final
+object does not hold it. ``si``: the request asked for the searches' sources. ``src`` maps a search's ``output_index`` to the ``(url, title)``
+sources its result gave, as far as the stream shows them: the stored URLs (when the response
+included them) and the titles of the citations; a marker's number places its source, and
+unknown places are ``("", "")`` (which cite nothing).
 
 Invariants:
 - ``compact_events(final, events)`` returns a tape only if ``expand_events(final, tape)``
@@ -56,6 +67,8 @@ from .machine import (
     Compacted,
     Fail,
     Finish,
+    HostedCall,
+    HostedResult,
     MachineInput,
     ProtocolError,
     ReasoningDelta,
@@ -66,7 +79,9 @@ from .machine import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+    WholeItem,
 )
+from .replay_hosted import is_whole, known_sources, search_arguments
 
 JsonObject = dict[str, Any]
 
@@ -85,7 +100,27 @@ _DELTA_OPS: Final = {
     "response.output_text.delta": "T",
     "response.reasoning_text.delta": "R",
     "response.function_call_arguments.delta": "A",
+    "response.mcp_call_arguments.delta": "A",
 }
+_BEGIN_OPS: Final = {
+    "function_call": "B",
+    "web_search_call": "Bw",
+    "mcp_call": "Bm",
+    "mcp_approval_request": "Ba",
+}
+_HOSTED_BEGINS: Final = {
+    "Bw": HostedCall("web_search"),
+    "Bm": HostedCall("mcp"),
+    "Ba": HostedCall("mcp", approval=True),
+}
+_HOSTED_DONE: Final = frozenset(
+    {
+        "response.web_search_call.completed",
+        "response.mcp_call.completed",
+        "response.mcp_call.failed",
+    }
+)
+_ARGUMENT_ITEMS: Final = ("function_call", "mcp_call", "mcp_approval_request")
 
 
 def compact_events(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject | None:
@@ -104,38 +139,83 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
     logprobs: dict[int, list[JsonObject]] = {}
     opened: dict[int, JsonObject] = {}  # output_index -> the item as added
     closed: dict[int, JsonObject] = {}  # output_index -> the item as done
+    whole: set[int] = set()  # items shown whole (WholeItem)
+    ended: dict[int, str] = {}  # hosted call -> its arguments when they were done
+    cited: dict[int, list[tuple[int, JsonObject]]] = {}  # search index -> (message, citation)
+    search = -1  # the latest good search's output_index
     for event in events:
         kind = event["type"]
+        index = int(event.get("output_index", -1))
         if kind == "response.in_progress":
             ops.append("S")
         elif kind == "mlx.compaction.completed":
             ops[-1] = f"S{int(event['input_tokens_before'])}:{int(event['input_tokens_after'])}"
         elif kind in _DELTA_OPS:
-            index, delta = int(event["output_index"]), str(event["delta"])
+            delta = str(event["delta"])
             streamed.setdefault(index, []).append(delta)
             token = f"{_DELTA_OPS[kind]}{len(delta)}"
             entries = event.get("logprobs") or []
             logprobs.setdefault(index, []).extend(entries)
             ops.append(f"{token}/{len(entries)}" if entries else token)
         elif kind == "response.output_item.added":
-            item = event["item"]
-            opened[int(event["output_index"])] = item
-            if item["type"] == "function_call":
-                ops.append("B")
+            item = opened[index] = event["item"]
+            if is_whole(item):
+                whole.add(index)
+                ops.append("W")
+            elif item["type"] in _BEGIN_OPS:
+                ops.append(_BEGIN_OPS[item["type"]])
         elif kind == "response.output_item.done":
-            item = event["item"]
-            closed[int(event["output_index"])] = item
-            if item["type"] == "function_call" and item["status"] == "completed":
+            item = closed[index] = event["item"]
+            if item["type"] == "mcp_approval_request" or (
+                item["type"] == "function_call" and item["status"] == "completed"
+            ):
                 ops.append("E")
+            if item["type"] == "web_search_call" and item["status"] == "completed":
+                search = index if item["action"]["type"] == "search" else search
+        elif index in whole:
+            continue
+        elif kind in ("response.web_search_call.searching", "response.mcp_call_arguments.done"):
+            ended[index] = str(event.get("arguments", ""))
+            ops.append("E")
+        elif kind in _HOSTED_DONE:
+            ops.append("H")
+        elif kind == "response.output_text.annotation.added":
+            cited.setdefault(search, []).append((index, event["annotation"]))
         elif kind in _TERMINAL_OPS:
             ops.append(_TERMINAL_OPS[kind])
-    output = final["output"]
+    tape: JsonObject = {"v": FORMAT, "ops": ",".join(ops)}
+    lit = _literals(final["output"], opened, closed, streamed, logprobs, whole)
+    for index, arguments in ended.items():  # a hosted call abandoned while it ran
+        lit.get(str(index), {}).setdefault("args", arguments)
+    if lit:
+        tape["lit"] = lit
+    src = known_sources(closed, cited)
+    if src:
+        tape["src"] = src
+    if any(
+        item["type"] == "web_search_call" and "sources" in item["action"]
+        for item in closed.values()
+    ):
+        tape["si"] = True  # the request included the sources
+    return tape
+
+
+def _literals(
+    output: list[JsonObject],
+    opened: Mapping[int, JsonObject],
+    closed: Mapping[int, JsonObject],
+    streamed: Mapping[int, list[str]],
+    logprobs: Mapping[int, list[JsonObject]],
+    whole: set[int],
+) -> JsonObject:
     lit: JsonObject = {}
     for index, item in opened.items():
-        if item["type"] == "compaction":
+        held = output[index] if index < len(output) else None
+        if index in whole and (held is None or held["id"] != item["id"]) and index in closed:
+            lit[str(index)] = {"id": item["id"], "done": closed[index]}  # background, running
+        if item["type"] == "compaction" or index in whole:
             continue
         text = "".join(streamed.get(index, ()))
-        held = output[index] if index < len(output) else None
         if held is not None and held["id"] == item["id"] and _source(held).startswith(text):
             continue
         literal = lit[str(index)] = {
@@ -143,6 +223,7 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
             "type": item["type"],
             "name": item.get("name", ""),
             "call_id": item.get("call_id", ""),
+            "server_label": item.get("server_label", ""),
             "text": text,
             # Event-shaped entries lack ``bytes``: take the part's from its ``.done`` when it
             # was closed; an abandoned item never shows a part, so empty bytes do.
@@ -152,12 +233,11 @@ def _encode(final: JsonObject, events: Sequence[JsonObject]) -> JsonObject:
                 else [_part_shaped(entry) for entry in logprobs.get(index, ())]
             ),
         }
-        if index in closed and item["type"] == "function_call":
+        if index in closed and item["type"] in _ARGUMENT_ITEMS:
             literal["args"] = closed[index]["arguments"]
-    tape: JsonObject = {"v": FORMAT, "ops": ",".join(ops)}
-    if lit:
-        tape["lit"] = lit
-    return tape
+        if index in closed and item["type"] in ("web_search_call", "mcp_call"):
+            literal["done"] = closed[index]
+    return lit
 
 
 def _part_shaped(entry: Mapping[str, Any]) -> JsonObject:
@@ -174,8 +254,10 @@ def _part_shaped(entry: Mapping[str, Any]) -> JsonObject:
 
 def _source(item: Mapping[str, Any]) -> str:
     """The text an item's deltas stream: message or reasoning text, or call arguments."""
-    if item["type"] == "function_call":
+    if item["type"] in _ARGUMENT_ITEMS:
         return str(item["arguments"])
+    if item["type"] == "web_search_call":
+        return ""  # a web search's arguments stream no events
     return str(item["content"][0]["text"]) if item["content"] else ""
 
 
@@ -200,9 +282,15 @@ def _usage(final: JsonObject) -> Usage | None:
 class _Items:
     """Where the decoder reads each output item's id, name, text and logprobs from."""
 
-    def __init__(self, final: JsonObject, lit: Mapping[str, JsonObject]) -> None:
+    def __init__(
+        self,
+        final: JsonObject,
+        lit: Mapping[str, JsonObject],
+        src: Mapping[str, Sequence[Sequence[str]]],
+    ) -> None:
         self._output: list[JsonObject] = final["output"]
         self._lit = lit
+        self._src = src
         # output_index -> (text, logprobs, [text cursor, logprobs cursor])
         self._sources: dict[int, tuple[str, list[JsonObject], list[int]]] = {}
 
@@ -211,6 +299,15 @@ class _Items:
 
     def held(self, index: int) -> JsonObject:
         return self._output[index]
+
+    def done(self, index: int) -> JsonObject:
+        """The item as it was done: held, or literal where the final object does not hold it
+        (a background response's object before its end)."""
+        lit = self.literal(index)
+        return lit["done"] if lit is not None and "done" in lit else self.held(index)
+
+    def sources(self, index: int) -> Sequence[Sequence[str]]:
+        return self._src.get(str(index), ())
 
     def meta(self, index: int, key: str) -> str:
         lit = self.literal(index)
@@ -238,7 +335,7 @@ def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
     snapshots share the final object's unchanging values (tools, metadata, ...)."""
     if tape.get("v") != FORMAT:
         raise ValueError(f"unknown replay tape format {tape.get('v')!r}")
-    items = _Items(final, tape.get("lit") or {})
+    items = _Items(final, tape.get("lit") or {}, tape.get("src") or {})
     compacted = any(item.get("type") == "compaction" for item in final["output"][:1])
     first = 1 if compacted else 0
     state = {"next": first, "open": -1}
@@ -252,6 +349,7 @@ def expand_events(final: JsonObject, tape: JsonObject) -> list[JsonObject]:
         model=str(final["model"]),
         background=final.get("background") is True,
         background_key="background" in final,
+        sources_included=tape.get("si") is True,
     )
     machine = ResponseMachine(str(final["id"]), config, int(final["created_at"]), id_factory=mint)
     events: list[JsonObject] = []
@@ -338,6 +436,12 @@ def _inputs(
                 state["open"] = state["next"]  # this delta opens the next item
             text, lps = items.take(state["open"], int(chars), int(entries or 0))
             yield TextDelta(text, lps) if op == "T" else ReasoningDelta(text)
+        case "B" if arg:
+            index = state["open"] = state["next"]
+            hosted = _HOSTED_BEGINS[token]
+            label = items.meta(index, "server_label") if hosted.kind == "mcp" else ""
+            name = items.meta(index, "name") if hosted.kind == "mcp" else "web_search"
+            yield ToolCallBegin(name, hosted=HostedCall(hosted.kind, label, hosted.approval))
         case "B":
             index = state["open"] = state["next"]
             yield ToolCallBegin(items.meta(index, "name"), items.meta(index, "call_id"))
@@ -346,8 +450,26 @@ def _inputs(
             yield ToolCallArgs(text)
         case "E":
             lit = items.literal(state["open"])
-            held = items.held(state["open"]) if lit is None or "args" not in lit else lit
-            yield ToolCallEnd(str(held["args" if held is lit else "arguments"]))
+            item = items.done(state["open"]) if lit is None or "done" in lit else None
+            if item is not None and item["type"] == "web_search_call":
+                yield ToolCallEnd(search_arguments(item["action"]))
+            elif lit is not None:
+                # an abandoned search shows no action: any arguments give its events
+                yield ToolCallEnd(str(lit.get("args", "")))
+            else:
+                yield ToolCallEnd(str(items.held(state["open"])["arguments"]))
+        case "H":
+            held = items.done(state["open"])
+            ok = held["status"] == "completed"
+            if held["type"] == "web_search_call":
+                found = items.sources(state["open"])
+                yield HostedResult(ok, tuple((str(url), str(title)) for url, title in found))
+            else:
+                yield HostedResult(ok, output=held["output"], error=held["error"])
+        case "W":
+            index = state["next"]
+            state["next"] += 1  # the item keeps its own id: nothing is minted for it
+            yield WholeItem(items.done(index))
         case "F" | "L":
             usage = _usage(final)
             if usage is None:

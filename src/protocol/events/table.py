@@ -4,7 +4,11 @@ transition table, with each state's response status and terminal event.
 Invariants:
 - The legal moves are exactly the rows of ``TRANSITIONS``; ``classify`` rejects a malformed
   input (closed Literals the type checker cannot hold) with ``ProtocolError``.
-- Legality depends on the input's kind only, never on whether it is empty.
+- Legality depends on the input's kind only, never on whether it is empty. A hosted
+  ``ToolCallBegin`` (not an approval) is a kind of its own, entering ``IN_HOSTED_CALL``; its
+  ``ToolCallEnd`` leads to ``HOSTED_RUNNING``, where only ``HostedResult``, ``Fail``,
+  ``Cancel`` and ``Finish(length|steered)`` are legal. An approval request is a call the
+  client answers (``IN_TOOL_CALL``). ``WholeItem`` is legal where a call may begin.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from .inputs import (
     Compacted,
     Fail,
     Finish,
+    HostedCall,
+    HostedResult,
     MachineInput,
     ProtocolError,
     ReasoningDelta,
@@ -27,6 +33,7 @@ from .inputs import (
     ToolCallArgs,
     ToolCallBegin,
     ToolCallEnd,
+    WholeItem,
 )
 
 
@@ -36,6 +43,9 @@ class State(enum.Enum):
     IN_MESSAGE = "in_message"  # a message item and its output_text part are open
     IN_REASONING = "in_reasoning"  # a reasoning item and its reasoning_text part are open
     IN_TOOL_CALL = "in_tool_call"  # a function_call item is open, its arguments streaming
+    # (or another call the client answers: custom, tool search, mcp_approval_request)
+    IN_HOSTED_CALL = "in_hosted_call"  # a web_search_call / mcp_call is open, arguments streaming
+    HOSTED_RUNNING = "hosted_running"  # that call's arguments are done; the server runs it
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
     FAILED = "failed"
@@ -51,6 +61,9 @@ class Kind(enum.Enum):
     CALL_BEGIN = "ToolCallBegin"
     CALL_ARGS = "ToolCallArgs"
     CALL_END = "ToolCallEnd"
+    HOSTED_BEGIN = "ToolCallBegin(hosted)"
+    HOSTED_RESULT = "HostedResult"
+    WHOLE_ITEM = "WholeItem"
     FINISH_STOP = "Finish(stop)"
     FINISH_LENGTH = "Finish(length)"
     FINISH_STEERED = "Finish(steered)"
@@ -61,7 +74,7 @@ class Kind(enum.Enum):
 _S = State
 _K = Kind
 _BETWEEN_CALLS: Final = (_S.IN_PROGRESS, _S.IN_MESSAGE, _S.IN_REASONING)
-_OPEN_STATES: Final = (*_BETWEEN_CALLS, _S.IN_TOOL_CALL)
+_OPEN_STATES: Final = (*_BETWEEN_CALLS, _S.IN_TOOL_CALL, _S.IN_HOSTED_CALL, _S.HOSTED_RUNNING)
 
 TRANSITIONS: Final[Mapping[tuple[State, Kind], State]] = {
     (_S.QUEUED, _K.START): _S.IN_PROGRESS,
@@ -75,6 +88,11 @@ TRANSITIONS: Final[Mapping[tuple[State, Kind], State]] = {
     **{(s, _K.FINISH_STOP): _S.COMPLETED for s in _BETWEEN_CALLS},
     (_S.IN_TOOL_CALL, _K.CALL_ARGS): _S.IN_TOOL_CALL,
     (_S.IN_TOOL_CALL, _K.CALL_END): _S.IN_PROGRESS,
+    **{(s, _K.HOSTED_BEGIN): _S.IN_HOSTED_CALL for s in _BETWEEN_CALLS},
+    (_S.IN_HOSTED_CALL, _K.CALL_ARGS): _S.IN_HOSTED_CALL,
+    (_S.IN_HOSTED_CALL, _K.CALL_END): _S.HOSTED_RUNNING,
+    (_S.HOSTED_RUNNING, _K.HOSTED_RESULT): _S.IN_PROGRESS,
+    **{(s, _K.WHOLE_ITEM): _S.IN_PROGRESS for s in _BETWEEN_CALLS},
     **{(s, _K.FINISH_LENGTH): _S.INCOMPLETE for s in _OPEN_STATES},
     **{(s, _K.FINISH_STEERED): _S.INCOMPLETE for s in _OPEN_STATES},
     **{(s, _K.FAIL): _S.FAILED for s in _OPEN_STATES},
@@ -87,6 +105,8 @@ STATUS: Final[Mapping[State, ResponseStatus]] = {
     _S.IN_MESSAGE: "in_progress",
     _S.IN_REASONING: "in_progress",
     _S.IN_TOOL_CALL: "in_progress",
+    _S.IN_HOSTED_CALL: "in_progress",
+    _S.HOSTED_RUNNING: "in_progress",
     _S.COMPLETED: "completed",
     _S.INCOMPLETE: "incomplete",
     _S.FAILED: "failed",
@@ -115,12 +135,18 @@ def classify(inp: MachineInput) -> Kind:
                 return _K.EMPTY_DELTA
         case ReasoningDelta(text=text):
             return _K.REASONING if text else _K.EMPTY_REASONING
-        case ToolCallBegin(name=name, call_id=call_id) if name and call_id != "":
+        case ToolCallBegin(name=name, call_id=call_id, hosted=None) if name and call_id != "":
             return _K.CALL_BEGIN
+        case ToolCallBegin(hosted=HostedCall() as hosted) if _is_hosted_begin(inp, hosted):
+            return _K.CALL_BEGIN if hosted.approval else _K.HOSTED_BEGIN
         case ToolCallArgs():
             return _K.CALL_ARGS
         case ToolCallEnd():
             return _K.CALL_END
+        case HostedResult(error=error) if error is None or isinstance(error, str | Mapping):
+            return _K.HOSTED_RESULT
+        case WholeItem(item=item) if _is_whole_item(item):
+            return _K.WHOLE_ITEM
         case Finish(reason="stop"):
             return _K.FINISH_STOP
         case Finish(reason="length"):
@@ -143,3 +169,24 @@ def _is_compacted(step: Compacted) -> bool:
         and all(isinstance(item[key], str) and item[key] for key in ("id", "encrypted_content"))
         and all(type(count) is int and count >= 0 for count in counts)
     )
+
+
+def _is_hosted_begin(begin: ToolCallBegin, hosted: HostedCall) -> bool:
+    """A hosted call is named and plain (no call id, namespace, custom or search); an MCP one
+    names its server, a web search none, and only an MCP call asks for approval."""
+    plain = begin.call_id is None and begin.namespace is None and not begin.custom
+    if not (begin.name and plain and begin.search is None):
+        return False
+    if hosted.kind == "mcp":
+        return bool(hosted.server_label)
+    return hosted.kind == "web_search" and not hosted.server_label and not hosted.approval
+
+
+_WHOLE_TYPES: Final = frozenset({"mcp_list_tools", "mcp_call"})
+
+
+def _is_whole_item(item: object) -> bool:
+    if not isinstance(item, Mapping):
+        return False
+    item_id = item.get("id")
+    return item.get("type") in _WHOLE_TYPES and isinstance(item_id, str) and bool(item_id)

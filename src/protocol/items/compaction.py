@@ -5,9 +5,11 @@ Invariants:
 - ``split_history`` keeps every system and developer message, in order, and splits the other
   items (the *turns*) into an older part, which a summary replaces, and a retained part: the
   latest user message plus the newest whole turns whose tokens fit ``keep_tokens``. A split
-  falls only before a user message or right after a function call output, and never between
-  items that share a ``call_id``: a call is never separated from its output, and parallel calls
-  (whose outputs follow them all) stay together. The older part is never empty; when no such
+  falls only before a user message or right after a function call output (or a hosted call,
+  ``web_search_call`` / ``mcp_call``, which holds its own output), and never between items that
+  share a ``call_id``: a call is never separated from its output, and parallel calls (whose
+  outputs follow them all) stay together; nor between an ``mcp_approval_request`` and the
+  ``mcp_approval_response`` that answers it. The older part is never empty; when no such
   split exists, ``NothingToSummarize`` is raised.
 - The retained part is the suffix after the split, with the latest user message moved to its
   front when the split falls after it (an agent loop of tool calls after one user message can
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from .hosted_turns import model_turns
 from .images import text_of
 from .read import (
     Compaction,
@@ -37,8 +40,12 @@ from .read import (
     FunctionCallOutput,
     InputItem,
     InputMessage,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
     Reasoning,
     TurnItem,
+    WebSearchCall,
     decode_compaction,
 )
 from .write import encode_compaction
@@ -145,6 +152,8 @@ def item_text(item: TurnItem) -> str:
             return f"[result of {call_id}]\n{text_of(output, IMAGE_TEXT)}"
         case Reasoning(text):
             return f"[assistant reasoning]\n{text}"
+        case _:  # a hosted tool's item: as it renders (nothing for a listing or an approval)
+            return "\n\n".join(item_text(turn) for turn in model_turns(item))
 
 
 def transcript(prior_summary: str | None, items: Sequence[TurnItem]) -> str:
@@ -152,13 +161,28 @@ def transcript(prior_summary: str | None, items: Sequence[TurnItem]) -> str:
     sequences they accept, one user message holding a transcript renders everywhere."""
     parts = [f"[summary of what came before]\n{prior_summary}"] if prior_summary else []
     parts += [
-        item_text(item) for item in items if not (isinstance(item, Reasoning) and not item.text)
+        text
+        for item in items
+        if not (isinstance(item, Reasoning) and not item.text) and (text := item_text(item))
     ]
     return "\n\n".join(parts)
 
 
 def _call_id(item: TurnItem) -> str | None:
-    return item.call_id if isinstance(item, FunctionCall | FunctionCallOutput) else None
+    """What ties ``item`` to others: a call's id, an MCP approval's request."""
+    match item:
+        case FunctionCall(call_id=call_id) | FunctionCallOutput(call_id=call_id):
+            return call_id
+        case (
+            McpApprovalRequest(id=request_id) | McpApprovalResponse(approval_request_id=request_id)
+        ):
+            return f"approval {request_id}"
+    return None
+
+
+def _ends_step(item: TurnItem) -> bool:
+    """A tool's result, after which the model goes on (a hosted call holds its own)."""
+    return isinstance(item, FunctionCallOutput | WebSearchCall | McpCall)
 
 
 def _unsplittable(turns: Sequence[TurnItem]) -> list[bool]:
@@ -186,10 +210,7 @@ def legal_splits(turns: Sequence[TurnItem]) -> list[int]:
     return [
         i
         for i in range(1, len(turns) + 1)
-        if not cut[i]
-        and (
-            (i < len(turns) and _is_user(turns[i])) or isinstance(turns[i - 1], FunctionCallOutput)
-        )
+        if not cut[i] and ((i < len(turns) and _is_user(turns[i])) or _ends_step(turns[i - 1]))
     ]
 
 

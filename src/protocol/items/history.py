@@ -1,16 +1,17 @@
 """Conversation history as items: what a response stores as its input, and how it is replayed.
 
 Invariants:
-- ``input_items`` gives every input item an id (``msg_``, ``fc_``, ``rs_``...) once; the same
-  ids appear in ``GET /v1/responses/{id}/input_items`` and in the history a chained response
-  replays.
-- ``resolve`` reads a request's turn once: its input with ids, the history and input as the
+- ``input_items`` gives every input item an id (``msg_``, ``fc_``, ``rs_``...) once (a hosted
+  tool's item keeps its own); the same ids appear in ``GET /v1/responses/{id}/input_items``
+  and in the history a chained response replays.
+- ``resolve`` reads a request's turn once: its input with ids; the history and input as the
   items that render (the history's items in any of the shapes we store or return: input,
-  output and conversation items, skipping types that do not render, so replaying a previous
+  output and conversation items, skipping types we do not read, so replaying a previous
   ``output`` gives the items the turn produced; the input as parsed at the edge:
-  ``read_item(item_json(x)) == x``), and
-  the tools its history loaded: a ``tool_search_output`` in the history (a chain, a
-  conversation) loads its deferred tools as one in ``input`` does at the edge.
+  ``read_item(item_json(x)) == x``; a hosted tool's listing and approvals are kept though they
+  render nothing, for the preparation that pairs an approval with its request); and the tools
+  its history loaded: a ``tool_search_output`` in the history (a chain, a conversation) loads
+  its deferred tools as one in ``input`` does at the edge.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Input items read: strict parsing of a request's ``input`` array and of the items we stored
-(pure). The types live in ``item_types.py`` (re-exported here); ``item_json.py`` writes them.
+(pure). The types live in ``values.py`` (re-exported here); ``write.py`` writes them.
 
 Invariants:
 - One reader for every item a client replays (messages with or without ``type``,
   ``function_call``, ``function_call_output``, their custom-tool forms, ``tool_search_call`` /
-  ``tool_search_output``, ``reasoning``, ``compaction``) and for the fields they hold:
+  ``tool_search_output``, ``reasoning``, ``compaction``, and the hosted tools' items, read in
+  ``hosted_read.py``) and for the fields they hold:
   ``parse_item`` refuses anything else with an ``ApiError`` whose ``param`` is the JSON path
   (``input[2].content[0].type``); a field check never guesses a value of another type.
 - ``read_item(item_json(x, id)) == x``, so a stored history replays exactly the items the
@@ -35,6 +36,8 @@ from typing import Any, Final
 from ..errors import ApiError, invalid_request
 from ..objects import Execution
 from ..tools.spec import qualified_name
+from .fields import json_type, optional_str, require_str
+from .hosted_read import HOSTED_TYPES, parse_hosted
 from .images import DETAILS, Content, ImageRef, Piece, content_of
 from .values import (
     COMPACTION_FORMAT_VERSION,
@@ -43,16 +46,23 @@ from .values import (
     Compaction,
     FunctionCall,
     FunctionCallOutput,
+    HostedItem,
     InputItem,
     InputMessage,
     JsonObject,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpListTools,
     Phase,
     Reasoning,
     Role,
+    SearchAction,
     TurnItem,
+    WebSearchCall,
 )
 
-# The item types live in item_types.py; they stay importable from here.
+# The item types live in values.py, the field checks in fields.py; importable from here.
 __all__ = [
     "CLIENT_PASSTHROUGH_KEY",
     "COMPACTION_FORMAT_VERSION",
@@ -61,13 +71,20 @@ __all__ = [
     "Compaction",
     "FunctionCall",
     "FunctionCallOutput",
+    "HostedItem",
     "InputItem",
     "InputMessage",
     "JsonObject",
+    "McpApprovalRequest",
+    "McpApprovalResponse",
+    "McpCall",
+    "McpListTools",
     "Phase",
     "Reasoning",
     "Role",
+    "SearchAction",
     "TurnItem",
+    "WebSearchCall",
     "decode_compaction",
     "json_type",
     "optional_str",
@@ -85,9 +102,13 @@ _MESSAGE_KEYS: Final = frozenset(
 )
 
 
-def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
+def parse_item(
+    item: object, path: str, *, stored: bool = False, model_texts: bool = False
+) -> InputItem:
     """One element of a request's ``input`` array, strictly; ``stored``: an item this server
-    wrote (``item_json``), whose ``input_image`` parts are images it accepted before."""
+    wrote (``item_json``), whose ``input_image`` parts are images it accepted before;
+    ``model_texts``: a ``web_search_call`` may carry the private ``_model_text``
+    (``hosted_read``: the server's own items only)."""
     if not isinstance(item, dict):
         raise invalid_request(
             f"Invalid type for '{path}': expected an object, but got {json_type(item)}.", path
@@ -108,13 +129,16 @@ def parse_item(item: object, path: str, *, stored: bool = False) -> InputItem:
             return _parse_reasoning(item, path)
         case "compaction":
             return _parse_compaction(item, path)
+        case str() if kind in HOSTED_TYPES:
+            return parse_hosted(item, path, model_texts=model_texts)
         case None:
             raise invalid_request(f"Missing required parameter: '{path}.type'.", f"{path}.type")
     raise invalid_request(
         f"Invalid value for '{path}.type': {kind!r} is not supported; supported: 'message', "
         "'function_call', 'function_call_output', 'custom_tool_call', "
         "'custom_tool_call_output', 'tool_search_call', 'tool_search_output', 'reasoning', "
-        "'compaction'.",
+        "'compaction', 'web_search_call', 'mcp_list_tools', 'mcp_call', 'mcp_approval_request', "
+        "'mcp_approval_response'.",
         f"{path}.type",
     )
 
@@ -382,9 +406,10 @@ def _loaded_names(tools: list[Any]) -> list[str]:
 
 
 def read_item(item: JsonObject) -> InputItem | None:
-    """A stored or returned item back as an input item; None for types that do not render."""
+    """A stored or returned item (or a response's own output, for its continuation) back as an
+    input item; None for types we do not read."""
     try:
-        return parse_item(item, "item", stored=True)
+        return parse_item(item, "item", stored=True, model_texts=True)
     except ApiError:
         return None
 
@@ -428,48 +453,3 @@ def decode_compaction(text: str, path: str) -> Compaction:
             raise _malformed(path, f"retained item {index} is itself a compaction item")
         retained.append(item)
     return Compaction(summary, tuple(retained))
-
-
-# --- one field, strictly: the 400 names its path ----------------------------------------
-
-
-def json_type(value: object) -> str:
-    """The JSON name of a value's type, for error messages."""
-    match value:
-        case None:
-            return "null"
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list() | tuple():
-            return "an array"
-        case dict():
-            return "an object"
-    return type(value).__name__
-
-
-def require_str(item: Mapping[str, Any], key: str, path: str) -> str:
-    """``item[key]``, a required string; else a 400 naming ``path.key``."""
-    value = item.get(key)
-    if value is None:
-        raise invalid_request(f"Missing required parameter: '{path}.{key}'.", f"{path}.{key}")
-    if not isinstance(value, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
-            f"{path}.{key}",
-        )
-    return value
-
-
-def optional_str(item: Mapping[str, Any], key: str, path: str) -> str | None:
-    """``item[key]`` when a string or absent/null; else a 400 naming ``path.key``."""
-    value = item.get(key)
-    if value is not None and not isinstance(value, str):
-        raise invalid_request(
-            f"Invalid type for '{path}.{key}': expected a string, but got {json_type(value)}.",
-            f"{path}.{key}",
-        )
-    return value

@@ -6,8 +6,12 @@ Invariants:
   stored history replays exactly the items the original turn rendered.
 - A message's or a tool output's images (typed parts of its content, ``images.py``) are
   listed as ``input_image`` parts, between its text parts, in order.
-- ``encode_compaction`` writes the summary and the retained items (without ids) as base64url
-  JSON (format ``COMPACTION_FORMAT_VERSION``); ``items.decode_compaction`` reads it.
+- A hosted item is written with its own id (``hosted_json``); an ``mcp_approval_response``
+  with the client's id when it sent one. A ``web_search_call``'s ``model_text`` is never
+  written: it is not listed, stored nor put in a compaction item.
+- ``encode_compaction`` writes the summary and the retained items (without the ids minted for
+  them; a hosted item's own id kept) as base64url JSON (format ``COMPACTION_FORMAT_VERSION``);
+  ``items.decode_compaction`` reads it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ from .values import (
     InputItem,
     InputMessage,
     JsonObject,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpListTools,
     Reasoning,
+    SearchAction,
+    WebSearchCall,
 )
 
 
@@ -59,6 +69,71 @@ def item_json(item: InputItem, item_id: str | None = None) -> JsonObject:
                 "type": "compaction",
                 "encrypted_content": encode_compaction(item),
             }
+        case WebSearchCall() | McpListTools() | McpCall() | McpApprovalRequest():
+            return hosted_json(item)
+        case McpApprovalResponse():
+            return {
+                "id": item.id or item_id or new_id("mcpa"),
+                "type": "mcp_approval_response",
+                "approval_request_id": item.approval_request_id,
+                "approve": item.approve,
+                "reason": item.reason,
+            }
+
+
+def hosted_json(item: WebSearchCall | McpListTools | McpCall | McpApprovalRequest) -> JsonObject:
+    """A hosted item with its own id (required by its shape, never minted again)."""
+    match item:
+        case WebSearchCall(item_id, status, action):
+            return {
+                "id": item_id,
+                "type": "web_search_call",
+                "status": status,
+                "action": _action_json(action),
+            }
+        case McpListTools(item_id, label, tools, error):
+            return {
+                "id": item_id,
+                "type": "mcp_list_tools",
+                "server_label": label,
+                "tools": json.loads(tools),
+                "error": error,
+            }
+        case McpCall():
+            shaped: JsonObject = {
+                "id": item.id,
+                "type": "mcp_call",
+                "server_label": item.server_label,
+                "name": item.name,
+                "arguments": item.arguments,
+                "output": item.output,
+                "error": None if item.error is None else json.loads(item.error),
+                "approval_request_id": item.approval_request_id,
+            }
+            if item.status is not None:
+                shaped["status"] = item.status
+            return shaped
+        case McpApprovalRequest(item_id, label, name, arguments):
+            return {
+                "id": item_id,
+                "type": "mcp_approval_request",
+                "server_label": label,
+                "name": name,
+                "arguments": arguments,
+            }
+
+
+def _action_json(action: SearchAction) -> JsonObject:
+    shaped: JsonObject = {"type": action.type}
+    for key in ("query", "url", "pattern"):
+        value = getattr(action, key)
+        if value is not None:
+            shaped[key] = value
+    if action.queries is not None:
+        shaped["queries"] = list(action.queries)
+    if action.sources is not None:
+        shaped["sources"] = [{"type": "url", "url": url} for url in action.sources]
+    return shaped
 
 
 def _message_json(message: InputMessage, item_id: str | None) -> JsonObject:
@@ -144,7 +219,8 @@ def encode_compaction(compaction: Compaction) -> str:
     items = []
     for item in compaction.retained:
         shaped = item_json(item, "-")
-        del shaped["id"]  # ids are minted again on output; the content needs none
+        if shaped["id"] == "-":
+            del shaped["id"]  # minted again on output; a hosted item keeps its own
         items.append(shaped)
     payload = {"v": COMPACTION_FORMAT_VERSION, "summary": compaction.summary, "items": items}
     raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()

@@ -41,6 +41,8 @@ WEB_SEARCH_PARAMETERS: Final[Mapping[str, Any]] = {
         "url": {"type": "string", "description": "A page to open instead of searching."},
         "pattern": {"type": "string", "description": "With url: the text to find in that page."},
     },
+    # A forced call (``tool_choice: {"type": "web_search"}``) always has something to search.
+    "required": ["query"],
 }
 _WEB_SEARCH_KEYS: Final = frozenset(
     {
@@ -137,7 +139,7 @@ def parse_web_search(
 ) -> FunctionTool | None:
     """A ``web_search`` tool as its model-facing function; None when it is dropped."""
     if not switches.web_search:
-        _not_enabled(path, "web search", "--web-search local|searxng|ddgs", switches)
+        _not_enabled(path, "web_search tools", "--web-search local|searxng", switches)
         return None
     _no_unknown(tool, _WEB_SEARCH_KEYS, path)
     filters = tool.get("filters")
@@ -217,7 +219,7 @@ def parse_mcp(
                 f"{path}.{key}",
             )
     if not switches.mcp:
-        _not_enabled(path, "MCP servers", "--mcp-allow-hosts", switches)
+        _not_enabled(path, "mcp tools (remote MCP servers)", "--mcp-allow-hosts", switches)
         return None
     _no_unknown(tool, _MCP_KEYS, path)
     label = tool.get("server_label")
