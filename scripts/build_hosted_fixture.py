@@ -16,19 +16,22 @@ Every prompt is rendered by the server's own code, never re-implemented here: th
 ``parse_create_request``; the MCP server's tools made functions by ``mcp_function`` from what the
 real test MCP server (``tests/mcp_servers.py``) lists; the search result is ``search_result_text``
 of what the real local index (``LocalIndexBackend`` over ``tests/fixtures/web_index/``) returns;
-the MCP result what the real server answers; the items (the output items built by the same item
-builders the server uses, the result text under the private ``_model_text`` key) read and turned
-into chat messages by ``items_from_json`` and ``to_chat`` with the format's ``Replay``, and
-rendered by ``render_prompt``, as ``actors/prompt.py`` renders a response and its continuation.
+the MCP result what the real server answers; the output items built by the item builders the
+server uses (the search's text for the model put on its item by ``with_model_texts``, as the
+run does), the MCP tools offered by ``prepare_hosted`` from the listing, the items read by
+``resolve``/``items_from_json``, turned into chat messages by ``to_chat`` with the format's
+``Replay`` and rendered by ``render_prompt``, as ``actors/prompt.py`` renders a response and
+its continuation. The ``require_approval: "always"`` variant of the MCP conversation is
+checked to render the same ids (approval items render nothing).
 ``tests/test_hosted_fixture.py`` renders them again the same way and compares the token ids, so a
 change in the server's rendering that breaks the fixture fails a test by name.
 
 Determinism: fixed seeds, data, order and step count; the search index and the MCP server's
 listing are fixed by their committed sources. Same machine, same bytes.
 
-Run: ``.venv/bin/python scripts/build_hosted_fixture.py``. Built in a temporary folder and
-checked through ``mlx_lm.load``; copied into place only when every prompt reproduces with a
-comfortable logit margin. Otherwise it exits 1 and leaves the fixture as it was.
+Run: ``.venv/bin/python scripts/build_hosted_fixture.py`` (about 70 s on a CPU). Built in a
+temporary folder and checked through the server's loader; copied into place only when every
+prompt reproduces with a comfortable logit margin. Otherwise it exits 1 and leaves the fixture as it was.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,22 +70,25 @@ from tests.mcp_servers import start_mcp_server
 
 from fixture_training import Example, adam_steps, min_margin, warmup_cosine
 from mlx_responses import formats
+from mlx_responses.actors.hosted_prep import prepare_hosted
 from mlx_responses.engine.loader import detect_format, read_tool_parser_type, render_prompt
 from mlx_responses.hosted.egress import EgressPolicy
 from mlx_responses.hosted.local_index import LocalIndexBackend
 from mlx_responses.hosted.mcp_client import McpServer, call_tool, list_tools
 from mlx_responses.hosted.web_search import SearchOptions
 from mlx_responses.http.schemas import parse_create_request
-from mlx_responses.protocol.items.history import input_items, items_from_json
+from mlx_responses.protocol.items.history import input_items, items_from_json, resolve
+from mlx_responses.protocol.items.hosted_read import with_model_texts
 from mlx_responses.protocol.objects import (
+    JsonObject,
+    mcp_approval_request_item,
     mcp_call_item,
     mcp_list_tools_item,
     web_search_call_item,
 )
 from mlx_responses.protocol.request import CreateRequest
-from mlx_responses.protocol.tools.hosted import HostedSwitches, mcp_function, web_search_spec
+from mlx_responses.protocol.tools.hosted import HostedSwitches, web_search_spec
 from mlx_responses.protocol.tools.hosted_text import mcp_result_text, search_result_text
-from mlx_responses.protocol.tools.offered import FunctionTool
 from mlx_responses.text.chat import to_chat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,13 +133,13 @@ MODEL_CONFIG: dict[str, Any] = {
 # --- the documented conversations -----------------------------------------------------------
 
 WEB_BODY: dict[str, Any] = {
-    "model": "hosted-fixture",
+    "model": "hosted-tiny",
     "instructions": "Answer with a web search.",
     "input": "What is the capital of France?",
     "tools": [{"type": "web_search"}],
 }
 MCP_BODY: dict[str, Any] = {
-    "model": "hosted-fixture",
+    "model": "hosted-tiny",
     "instructions": "Answer with the weather tool.",
     "input": "What is the weather in Paris?",
     "tools": [
@@ -152,14 +159,13 @@ WEATHER_ANSWER = "It is sunny, 18C in Paris."
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
-    """One documented prompt: a request body, the response's output items so far (the
-    continuation of a hosted call; empty for the first turn), the listed MCP tools the server
-    offers (``mcp_list_tools.tools``), and the completion the model gives."""
+    """One documented prompt: a request body, the response's output items so far (the MCP
+    servers' listings, which the response shows first; then, in a continuation, the hosted
+    call with its result), and the completion the model gives."""
 
     name: str
     body: Mapping[str, Any]
     output: tuple[Mapping[str, Any], ...]
-    mcp_tools: tuple[Mapping[str, Any], ...]
     completion: str
 
 
@@ -227,7 +233,6 @@ def conversations(outside: Outside) -> list[Conversation]:
     search = web_search_call_item(
         "ws_fixture", status="completed", action={"type": "search", "query": SEARCH_QUERY}
     )
-    search["_model_text"] = outside.search_text
     listing = mcp_list_tools_item("mcpl_fixture", server_label=MCP_LABEL, tools=outside.mcp_tools)
     arguments = json.dumps(WEATHER_ARGUMENTS)
     weather = mcp_call_item(
@@ -238,50 +243,38 @@ def conversations(outside: Outside) -> list[Conversation]:
         status="completed",
         output=outside.weather,
     )
-    weather["_model_text"] = outside.weather
     mcp_name = f"mcp__{MCP_LABEL}__get_weather"
-    tools = outside.mcp_tools
+    # The run keeps what the model read of a search on its own item, for its continuation.
+    answered = with_model_texts((search,), {str(search["id"]): outside.search_text})
     return [
         Conversation(
-            "web_search_call", WEB_BODY, (), (), tool_call("web_search", {"query": SEARCH_QUERY})
+            "web_search_call", WEB_BODY, (), tool_call("web_search", {"query": SEARCH_QUERY})
         ),
-        Conversation("web_search_answer", WEB_BODY, (search,), (), SEARCH_ANSWER),
-        Conversation(
-            "mcp_call", MCP_BODY, (listing,), tools, tool_call(mcp_name, WEATHER_ARGUMENTS)
-        ),
-        Conversation("mcp_answer", MCP_BODY, (listing, weather), tools, WEATHER_ANSWER),
+        Conversation("web_search_answer", WEB_BODY, answered, SEARCH_ANSWER),
+        Conversation("mcp_call", MCP_BODY, (listing,), tool_call(mcp_name, WEATHER_ARGUMENTS)),
+        Conversation("mcp_answer", MCP_BODY, (listing, weather), WEATHER_ANSWER),
     ]
 
 
 # --- rendering, by the server's own functions ----------------------------------------------
 
 
-def offered_tools(
-    request: CreateRequest, mcp_tools: Sequence[Mapping[str, Any]]
-) -> list[FunctionTool]:
-    """The request's tools, then each MCP server's listed tools it allows, as functions."""
-    tools = list(request.tools)
-    for spec in request.mcp_servers:
-        tools += [
-            mcp_function(spec, listed)
-            for listed in mcp_tools
-            if spec.allows(str(listed["name"]), listed.get("annotations"))
-        ]
-    return tools
-
-
-def render(tokenizer: Any, tool_format: str, conversation: Mapping[str, Any]) -> list[int]:
-    """A conversation (a ``prompts.json`` record, or ``Conversation``'s fields) as the server's
-    prompt: the first turn renders the request's input (``resolve``), a continuation the input
-    and the output so far as stored items (``render_items``)."""
-    request = parse_create_request(dict(conversation["body"]), hosted=SWITCHES)
-    output = [dict(item) for item in conversation["output"]]
-    if output:
-        items = items_from_json([*input_items(request.input), *output])
-    else:
-        items = list(request.input)
-    tools = offered_tools(request, conversation["mcp_tools"])
-    offered = tools if request.tool_choice.mode != "none" else []
+async def render_turn(
+    tokenizer: Any,
+    tool_format: str,
+    request: CreateRequest,
+    history: tuple[JsonObject, ...],
+    made: tuple[JsonObject, ...],
+) -> list[int]:
+    """``request`` over ``history`` (stored items), the items made before it starts (``made``)
+    rendered after its input, as ``actors/prompt.py``'s ``_render`` renders it; its MCP
+    servers prepared by ``prepare_hosted`` from the listings among them (no server is asked,
+    no approved call run)."""
+    listings = tuple(item for item in made if item["type"] == "mcp_list_tools")
+    prepared = await prepare_hosted(request, history + listings, None, run_approved=False)
+    request = prepared.request
+    items = [*resolve(request, history).items, *items_from_json(made)]
+    offered = request.tools if request.tool_choice.mode != "none" else ()
     replay = formats.get(tool_format).replay
     return render_prompt(
         tokenizer,
@@ -291,12 +284,58 @@ def render(tokenizer: Any, tool_format: str, conversation: Mapping[str, Any]) ->
     )
 
 
+async def render(tokenizer: Any, tool_format: str, record: Mapping[str, Any]) -> list[int]:
+    """A ``prompts.json`` record as the server's prompt: the first turn (its output so far is
+    only the MCP listings, made before the model runs) renders the request's input then them;
+    a hosted call's continuation (``render_items``) the request, without input, over its input
+    and the output so far, as stored items."""
+    request = parse_create_request(dict(record["body"]), hosted=SWITCHES)
+    output = tuple(dict(item) for item in record["output"])
+    if all(item["type"] == "mcp_list_tools" for item in output):
+        return await render_turn(tokenizer, tool_format, request, (), output)
+    settled = dataclasses.replace(request, input=(), declared_tools=())
+    history = (*input_items(request.input), *output)
+    return await render_turn(tokenizer, tool_format, settled, history, ())
+
+
+async def approval_variant(tokenizer: Any, tool_format: str, outside: Outside) -> list[list[int]]:
+    """The MCP conversation with ``require_approval: "always"``: its first turn, then the turn
+    that approves the call (``previous_response_id``: the input, the listing and the
+    ``mcp_approval_request`` replayed; the ``mcp_call`` run on the approval made before it
+    starts). Approval items render nothing, so both should be the ``never`` variant's."""
+    tools = [{**MCP_BODY["tools"][0], "require_approval": "always"}]
+    body = {**MCP_BODY, "tools": tools}
+    listing = conversations(outside)[2].output[0]
+    first = await render(tokenizer, tool_format, {"body": body, "output": [listing]})
+    asked = mcp_approval_request_item(
+        "mcpr_fixture",
+        server_label=MCP_LABEL,
+        name="get_weather",
+        arguments=json.dumps(WEATHER_ARGUMENTS),
+    )
+    answer = {"type": "mcp_approval_response", "approval_request_id": "mcpr_fixture"}
+    approve = {**body, "input": [{**answer, "approve": True}], "previous_response_id": "resp_x"}
+    request = parse_create_request(approve, hosted=SWITCHES)
+    asked_for = parse_create_request(dict(body), hosted=SWITCHES)
+    history = (*input_items(asked_for.input), listing, asked)
+    ran = mcp_call_item(
+        "mcp_fixture",
+        server_label=MCP_LABEL,
+        name="get_weather",
+        arguments=json.dumps(WEATHER_ARGUMENTS),
+        status="completed",
+        output=outside.weather,
+        approval_request_id="mcpr_fixture",
+    )
+    second = await render_turn(tokenizer, tool_format, request, history, (ran,))
+    return [first, second]
+
+
 def record_of(conversation: Conversation) -> dict[str, Any]:
     return {
         "name": conversation.name,
         "body": dict(conversation.body),
         "output": [dict(item) for item in conversation.output],
-        "mcp_tools": [dict(tool) for tool in conversation.mcp_tools],
         "completion": conversation.completion,
         "stop": STOP,
     }
@@ -330,12 +369,25 @@ def examples(out: Path, records: list[dict[str, Any]]) -> list[Example]:
     stop = tokenizer.convert_tokens_to_ids(STOP)
     result: list[Example] = []
     for record in records:
-        ids = render(tokenizer, tool_format, record)
+        ids = trio.run(render, tokenizer, tool_format, record)
         completion = tokenizer.encode(record["completion"], add_special_tokens=False)
         assert tokenizer.decode(completion) == record["completion"], record["completion"]
         record.update(prompt_ids=ids, completion_tokens=len(completion))
         result.append((ids + completion + [stop], len(ids)))
     return result
+
+
+def approval_check(out: Path, outside: Outside, records: list[dict[str, Any]]) -> int:
+    """1 when the ``require_approval: "always"`` variant renders other ids than ``never``."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tokenizer = load_tokenizer(out)
+    tool_format = detect_format(tokenizer, read_tool_parser_type(str(out))).name
+    variant = trio.run(approval_variant, tokenizer, tool_format, outside)
+    never = [r["prompt_ids"] for r in records if r["name"] in ("mcp_call", "mcp_answer")]
+    same = variant == never
+    print(f"  the approval variant renders {'the same ids' if same else 'OTHER ids'}")
+    return int(not same)
 
 
 def train(model: nn.Module, data: list[Example], steps: int) -> float:
@@ -368,7 +420,7 @@ def check(out: Path, records: list[dict[str, Any]]) -> int:
     tokenizer = loaded.tokenizer
     failures = 0
     for record in records:
-        if render(tokenizer, loaded.tool_format, record) != record["prompt_ids"]:
+        if trio.run(render, tokenizer, loaded.tool_format, record) != record["prompt_ids"]:
             print(f"  {record['name']}: the loaded model renders other ids")
             failures += 1
         tokens = [
@@ -405,6 +457,7 @@ def build(out: Path, steps: int) -> int:
     config = write_model_files(out)
     records = [record_of(c) for c in conversations(outside)]
     data = examples(out, records)
+    failures = approval_check(out, outside, records)
     mx.random.seed(SEED)
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
@@ -416,7 +469,7 @@ def build(out: Path, steps: int) -> int:
     weights = dict(sorted(tree_flatten(model.parameters())))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(out / "prompts.json", records)
-    failures = check(out, records)
+    failures += check(out, records)
     if margin < MIN_MARGIN:
         print(f"  min logit margin {margin:.2f} is below {MIN_MARGIN}: train longer")
         failures += 1
