@@ -1,6 +1,6 @@
 """The ``local`` web search backend over a real SQLite FTS5 index of
-``tests/fixtures/web_index`` (Markdown with ``URL:`` lines, plain text without one, HTML with a
-canonical link, a PDF): ranking, allowed_domains, context sizes, open_page, refreshing the
+``tests/fixtures/web_index`` (Markdown and plain text with ``URL:`` lines, HTML with a
+canonical link, a PDF; a document without a URL line is written to a temporary folder): ranking, allowed_domains, context sizes, open_page, refreshing the
 index, and waits that stay bounded and cancellable when the index is busy."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mlx_responses.hosted.web_search import SearchFailed, SearchOptions, build_b
 WEB_INDEX = Path(__file__).parent / "fixtures" / "web_index"
 DEADLINE = 30
 PARIS = "https://en.wikipedia.org/wiki/Paris"
+LYON = "https://en.wikipedia.org/wiki/Lyon"
 
 
 @pytest.fixture
@@ -43,13 +44,15 @@ async def test_the_capital_of_france_is_paris_first(index: LocalIndexBackend) ->
 
 async def test_allowed_domains_keep_only_their_hosts(index: LocalIndexBackend) -> None:
     with trio.fail_after(DEADLINE):
-        wiki = await index.search("capital city", SearchOptions(allowed_domains=("wikipedia.org",)))
+        wiki = await index.search(
+            "capital city nursery", SearchOptions(allowed_domains=("wikipedia.org",))
+        )
         python = await index.search(
             "capital SQLite", SearchOptions(allowed_domains=("python.org",))
         )
         nowhere = await index.search("capital", SearchOptions(allowed_domains=("example.com",)))
-        everywhere = await index.search("capital city", SearchOptions())
-    assert {s.url for s in wiki} == {PARIS, "https://en.wikipedia.org/wiki/Berlin"}
+        everywhere = await index.search("capital city nursery", SearchOptions())
+    assert {s.url for s in wiki} == {PARIS, LYON, "https://en.wikipedia.org/wiki/Berlin"}
     assert [s.url for s in python] == ["https://docs.python.org/3/library/sqlite3.html"]
     assert nowhere == []
     assert len(everywhere) > len(wiki)  # the filter removed something
@@ -65,16 +68,36 @@ async def test_context_size_bounds_the_sources(index: LocalIndexBackend) -> None
     assert [s.url for s in low] == [s.url for s in high][:3]
 
 
-async def test_a_document_without_a_url_line_is_its_file_url(index: LocalIndexBackend) -> None:
-    lyon = (WEB_INDEX / "lyon.txt").resolve().as_uri()
+async def test_a_plain_text_document_is_indexed_with_its_url_line(
+    index: LocalIndexBackend,
+) -> None:
     with trio.fail_after(DEADLINE):
         sources = await index.search("Rhône silk weaving", SearchOptions())
-        page = await index.open_page(lyon)
+        page = await index.open_page(LYON)
+    assert (sources[0].url, sources[0].title) == (LYON, "lyon")
+    assert page.text.startswith("Lyon lies where the Rhône meets the Saône")
+
+
+async def test_a_document_without_a_url_line_is_its_file_url(tmp_path: Path) -> None:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "lyon.txt").write_text(
+        "Lyon lies where the Rhône meets the Saône.\n\nIt is known for its silk weaving.\n",
+        encoding="utf-8",
+    )
+    lyon = (folder / "lyon.txt").resolve().as_uri()
+    backend = LocalIndexBackend(folder, timeout_s=10)
+    with trio.fail_after(DEADLINE):
+        await backend.ensure_index()
+        sources = await backend.search("Rhône silk weaving", SearchOptions())
+        page = await backend.open_page(lyon)
+        # a file:// URL has no host: no allowed_domains admits it
+        filtered = await backend.search("Rhône", SearchOptions(allowed_domains=("lyon.fr",)))
+        await backend.aclose()
+    assert lyon.startswith("file://")
     assert (sources[0].url, sources[0].title) == (lyon, "lyon")
     assert page.text.startswith("Lyon lies where the Rhône meets the Saône")
-    # a file:// URL has no host: no allowed_domains admits it
-    with trio.fail_after(DEADLINE):
-        assert await index.search("Rhône", SearchOptions(allowed_domains=("lyon.fr",))) == []
+    assert filtered == []
 
 
 async def test_a_pdf_is_indexed_with_its_url_line(index: LocalIndexBackend) -> None:
