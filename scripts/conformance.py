@@ -55,6 +55,13 @@ What it runs (docs/clients.md, "Conformance"):
    Codex's captured view_image requests (tests/fixtures/codex-0.171.0-small-view-image-*.json);
    when its prompts.json lists no `codex_` prompt the check is listed under `not_run`.
 
+10. The OpenAI Agents SDK's hosted tools (scripts/conformance_hosted.py): a fifth server on the
+   trained hosted-tools fixture (tests/fixtures/hosted_model) with `--web-search local` over
+   tests/fixtures/web_index and `--mcp-allow-hosts 127.0.0.1 --mcp-allow-private`, and the
+   `mcp` package's own server (tests/mcp_servers.py) started by the run: `WebSearchTool` must
+   end in the fixture's cited answer after a `web_search_call`, `HostedMCPTool` in "It is
+   sunny, 18C in Paris." after an `mcp_call`.
+
 Exit status 0 when every check passed; a summary per client is printed as JSON and written to
 conformance/results/summary.json.
 """
@@ -76,6 +83,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from conformance_hosted import hosted_checks  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
 CODEX = ROOT / "conformance" / "node_modules" / ".bin" / "codex"
 RESULTS = ROOT / "conformance" / "results"
@@ -779,6 +789,7 @@ def main() -> int:
     gpt_oss_checks(summary)
     vision_checks(summary)
     view_image_checks(summary)
+    hosted_checks(summary, serving)  # scripts/conformance_hosted.py
     text = json.dumps(summary, indent=2)
     (RESULTS / "summary.json").write_text(text + "\n")
     print(text)
