@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 import trio
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import START_DEADLINE
 from .mcp_servers import start_mcp_server
 from .test_api_hosted_tools import hosted_settings
+from .test_websocket import strict, until_terminal
 
 DEADLINE = 60
 FIXTURE = Path(__file__).parent / "fixtures" / "hosted_model"
@@ -138,3 +139,34 @@ async def test_an_approved_call_runs_and_the_model_answers(sdk: AsyncOpenAI) -> 
     assert call.approval_request_id == request.id
     assert call.output == "sunny, 18C"
     assert answered.output_text == "It is sunny, 18C in Paris."
+
+
+async def test_over_the_websocket_the_model_searches_and_cites(
+    nursery: trio.Nursery,
+) -> None:
+    """The WebSocket mode runs the same hosted calls: the SDK's own ``responses.connect()``."""
+    settings = hosted_settings()
+    model = dataclasses.replace(settings.model, model_path=str(FIXTURE), alias=MODEL)
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(
+            serve, dataclasses.replace(settings, model=model)
+        )
+
+    def run() -> list[dict[str, Any]]:
+        client = OpenAI(base_url=f"{server.base_url}/v1", api_key="sk-local", max_retries=0)
+        with client.responses.connect() as connection:
+            connection.send(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    **SEARCH,
+                    "tools": [{"type": "web_search"}],
+                }
+            )
+            return until_terminal(connection)
+
+    with trio.fail_after(DEADLINE):
+        events = await trio.to_thread.run_sync(run)
+    final = strict(events)
+    assert [item["type"] for item in final["output"]] == ["web_search_call", "message"]
+    assert final["output"][1]["content"][0]["text"] == "The capital of France is Paris [1]."

@@ -459,3 +459,69 @@ async def test_mcp_streams_validate_strictly(hosted: ServerHandle, approval: str
     kinds = [item["type"] for item in final["output"]]
     wanted = "mcp_call" if approval == "never" else "mcp_approval_request"
     assert kinds[:2] == ["mcp_list_tools", wanted], kinds
+
+
+async def test_cancelling_a_background_job_during_an_mcp_call_cancels_the_call(
+    hosted: ServerHandle,
+) -> None:
+    async with (
+        start_mcp_server("streamable-http") as mcp,
+        httpx.AsyncClient(base_url=hosted.base_url, timeout=30) as http,
+    ):
+        tool = {
+            "type": "mcp",
+            "server_label": "tools",
+            "server_url": mcp.url,
+            "require_approval": "never",
+        }
+        body = {
+            "model": MODEL,
+            "input": "Wait.",
+            "background": True,
+            "tools": [tool],
+            "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
+            "max_output_tokens": 80,
+        }
+        with trio.fail_after(DEADLINE):
+            job = (await http.post("/v1/responses", json=body)).json()
+            while "hang" not in (await _seen(mcp.url))["started"]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            cancelled = await http.post(f"/v1/responses/{job['id']}/cancel")
+            assert cancelled.status_code == 200, cancelled.text
+            while "hang" not in (await _seen(mcp.url))["cancelled"]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            final = (await http.get(f"/v1/responses/{job['id']}")).json()
+    assert final["status"] == "cancelled"
+    call = next(item for item in final["output"] if item["type"] == "mcp_call")
+    assert call["status"] == "incomplete"  # closed as cut short, never run to its end
+    assert hosted.model.statistics().active == 0
+
+
+async def test_shutdown_during_an_mcp_call_cancels_the_call(nursery: trio.Nursery) -> None:
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, hosted_settings(graceful_timeout=1))
+    async with (
+        start_mcp_server("streamable-http") as mcp,
+        httpx.AsyncClient(base_url=server.base_url, timeout=30) as http,
+    ):
+        tool = {
+            "type": "mcp",
+            "server_label": "tools",
+            "server_url": mcp.url,
+            "require_approval": "never",
+        }
+        body = {
+            "model": MODEL,
+            "input": "Wait.",
+            "background": True,
+            "tools": [tool],
+            "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
+            "max_output_tokens": 80,
+        }
+        with trio.fail_after(DEADLINE):
+            await http.post("/v1/responses", json=body)
+            while "hang" not in (await _seen(mcp.url))["started"]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            server.shutdown()
+            while "hang" not in (await _seen(mcp.url))["cancelled"]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
