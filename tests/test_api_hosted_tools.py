@@ -301,6 +301,23 @@ async def _seen(url: str) -> dict[str, Any]:
     return record
 
 
+async def _until_seen(url: str, key: str) -> None:
+    """Until the MCP server recorded ``hang`` under ``key`` (it runs in another process)."""
+    while "hang" not in (await _seen(url))[key]:  # noqa: ASYNC110
+        await trio.sleep(0.05)
+
+
+def _hang_body(url: str) -> dict[str, Any]:
+    """A create forcing a call of the MCP server's ``hang`` tool, which never answers."""
+    tool = {"type": "mcp", "server_label": "tools", "server_url": url, "require_approval": "never"}
+    return {
+        "input": "Wait.",
+        "tools": [tool],
+        "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
+        "max_output_tokens": 80,
+    }
+
+
 async def _stream_until(
     server: ServerHandle,
     body: dict[str, Any],
@@ -327,27 +344,14 @@ async def test_a_hang_up_during_an_mcp_call_cancels_its_outbound_request(
     hosted: ServerHandle,
 ) -> None:
     async with start_mcp_server("streamable-http") as mcp:
-        tool = {
-            "type": "mcp",
-            "server_label": "tools",
-            "server_url": mcp.url,
-            "require_approval": "never",
-        }
-        body = {
-            "input": "Wait.",
-            "tools": [tool],
-            "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
-            "max_output_tokens": 80,
-        }
+        body = _hang_body(mcp.url)
 
         async def called() -> None:  # the MCP server is running the call
-            while "hang" not in (await _seen(mcp.url))["started"]:  # noqa: ASYNC110 - another process
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "started")
 
         with trio.fail_after(DEADLINE):
             await _stream_until(hosted, body, "response.mcp_call_arguments.done", called)
-            while "hang" not in (await _seen(mcp.url))["cancelled"]:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "cancelled")
             await wait_until(lambda: hosted.responses.statistics().running == 0)
     assert hosted.model.statistics().active == 0
 
@@ -468,28 +472,13 @@ async def test_cancelling_a_background_job_during_an_mcp_call_cancels_the_call(
         start_mcp_server("streamable-http") as mcp,
         httpx.AsyncClient(base_url=hosted.base_url, timeout=30) as http,
     ):
-        tool = {
-            "type": "mcp",
-            "server_label": "tools",
-            "server_url": mcp.url,
-            "require_approval": "never",
-        }
-        body = {
-            "model": MODEL,
-            "input": "Wait.",
-            "background": True,
-            "tools": [tool],
-            "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
-            "max_output_tokens": 80,
-        }
+        body = {"model": MODEL, "background": True, **_hang_body(mcp.url)}
         with trio.fail_after(DEADLINE):
             job = (await http.post("/v1/responses", json=body)).json()
-            while "hang" not in (await _seen(mcp.url))["started"]:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "started")
             cancelled = await http.post(f"/v1/responses/{job['id']}/cancel")
             assert cancelled.status_code == 200, cancelled.text
-            while "hang" not in (await _seen(mcp.url))["cancelled"]:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "cancelled")
             final = (await http.get(f"/v1/responses/{job['id']}")).json()
     assert final["status"] == "cancelled"
     call = next(item for item in final["output"] if item["type"] == "mcp_call")
@@ -504,24 +493,9 @@ async def test_shutdown_during_an_mcp_call_cancels_the_call(nursery: trio.Nurser
         start_mcp_server("streamable-http") as mcp,
         httpx.AsyncClient(base_url=server.base_url, timeout=30) as http,
     ):
-        tool = {
-            "type": "mcp",
-            "server_label": "tools",
-            "server_url": mcp.url,
-            "require_approval": "never",
-        }
-        body = {
-            "model": MODEL,
-            "input": "Wait.",
-            "background": True,
-            "tools": [tool],
-            "tool_choice": {"type": "mcp", "server_label": "tools", "name": "hang"},
-            "max_output_tokens": 80,
-        }
+        body = {"model": MODEL, "background": True, **_hang_body(mcp.url)}
         with trio.fail_after(DEADLINE):
             await http.post("/v1/responses", json=body)
-            while "hang" not in (await _seen(mcp.url))["started"]:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "started")
             server.shutdown()
-            while "hang" not in (await _seen(mcp.url))["cancelled"]:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_seen(mcp.url, "cancelled")
