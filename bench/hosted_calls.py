@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -56,6 +54,7 @@ import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.mcp_servers import start_mcp_server  # noqa: E402
 from tests.test_api_hosted_tools import INDEX, hosted_settings  # noqa: E402
@@ -65,6 +64,7 @@ from mlx_responses.hosted.local_index import LocalIndexBackend  # noqa: E402
 from mlx_responses.hosted.mcp_client import McpServer, call_tool  # noqa: E402
 from mlx_responses.hosted.web_search import SearchOptions  # noqa: E402
 from mlx_responses.server import ServerHandle, serve  # noqa: E402
+from throughput import machine_facts  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 FIXTURE = ROOT / "tests" / "fixtures" / "hosted_model"
@@ -86,19 +86,7 @@ TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "openblas_loaded": openblas_loaded(),
-    }
+    return {**machine_facts(), "openblas_loaded": openblas_loaded()}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

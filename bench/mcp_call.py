@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -42,6 +40,7 @@ import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
@@ -50,6 +49,7 @@ from tests.mcp_servers import Transport, start_mcp_server  # noqa: E402
 from mlx_responses.blas import openblas_loaded  # noqa: E402
 from mlx_responses.hosted.egress import EgressPolicy  # noqa: E402
 from mlx_responses.hosted.mcp_client import McpServer, call_tool  # noqa: E402
+from throughput import machine_facts  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 POLICY = EgressPolicy(("127.0.0.1",), allow_private=True)
@@ -57,19 +57,7 @@ ARGUMENTS = {"city": "Paris"}
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "openblas_loaded": openblas_loaded(),
-    }
+    return {**machine_facts(), "openblas_loaded": openblas_loaded()}
 
 
 async def capture_call(url: str) -> tuple[dict[str, str], bytes]:
