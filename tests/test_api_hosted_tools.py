@@ -161,6 +161,43 @@ async def test_forced_mcp_call_lists_calls_and_answers(sdk: AsyncOpenAI, transpo
     assert call.error is None
 
 
+async def test_credentials_reach_the_server_and_are_never_echoed_or_stored(
+    sdk: AsyncOpenAI,
+) -> None:
+    """``authorization`` and ``headers`` are sent to the MCP server (it answers 401 without
+    the token) and, as OpenAI does not persist them, neither the Response nor its stored copy
+    holds them."""
+    async with start_mcp_server("streamable-http", token="s3cret") as mcp:
+        tool = {
+            "type": "mcp",
+            "server_label": "weather",
+            "server_url": mcp.url,
+            "require_approval": "never",
+            "authorization": "s3cret",
+            "headers": {"X-Trace": "t-1"},
+        }
+        with trio.fail_after(DEADLINE):
+            response = await sdk.responses.create(
+                model=MODEL,
+                input="What is the weather in Paris?",
+                tools=[tool],
+                tool_choice={"type": "mcp", "server_label": "weather", "name": "get_weather"},
+                max_output_tokens=80,
+                temperature=0,
+            )
+            stored = await sdk.responses.retrieve(response.id)
+    call = response.output[1]
+    assert call.type == "mcp_call", call
+    assert call.output == "sunny, 18C", call
+    for seen in (response, stored):
+        raw = seen.model_dump_json()
+        assert "s3cret" not in raw
+        assert "t-1" not in raw
+        echoed = seen.tools[0]
+        assert echoed.type == "mcp"
+        assert echoed.server_url == mcp.url
+
+
 async def test_chain_reuses_the_listing_and_approvals_round_trip(sdk: AsyncOpenAI) -> None:
     async with start_mcp_server("streamable-http") as mcp:
         tool = {"type": "mcp", "server_label": "weather", "server_url": mcp.url}

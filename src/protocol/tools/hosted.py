@@ -108,7 +108,7 @@ class McpSpec:
     approval_default: bool
     always: tuple[str, ...]
     never: tuple[str, ...]
-    echo: Mapping[str, Any]  # the tool as sent
+    echo: Mapping[str, Any]  # the tool as sent, less its credentials (``_SECRET_KEYS``)
     index: int  # its place in ``tools`` (the path of its errors)
 
     def needs_approval(self, name: str) -> bool:
@@ -262,9 +262,14 @@ def parse_mcp(
         default,
         always,
         never,
-        dict(tool),
+        {key: value for key, value in tool.items() if key not in _SECRET_KEYS},
         index,
     )
+
+
+# Used for the server's requests, never echoed or stored (as OpenAI does not persist them: a
+# client sends them with every request).
+_SECRET_KEYS = frozenset({"authorization", "headers"})
 
 
 def _headers(tool: Mapping[str, Any], path: str) -> tuple[tuple[str, str], ...]:
