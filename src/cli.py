@@ -172,8 +172,15 @@ def _web_search_settings(args: argparse.Namespace) -> web_search.WebSearchSettin
     chosen = web_search.settings_from(args)
     if chosen.kind == "local" and chosen.index_dir is None:
         raise SystemExit("--web-search local needs --web-search-index DIR")
+    if chosen.kind == "local" and chosen.index_dir is not None and not chosen.index_dir.is_dir():
+        raise SystemExit(f"--web-search-index {chosen.index_dir}: not a folder")
     if chosen.kind == "searxng" and not chosen.searxng_url:
         raise SystemExit("--web-search searxng needs --searxng-url URL")
+    url = chosen.searxng_url or ""
+    if chosen.kind == "searxng" and not url.lower().startswith(("http://", "https://")):
+        raise SystemExit(f"--searxng-url {url}: expected an http or https URL")
+    if chosen.kind == "ddgs":
+        raise SystemExit(web_search.ddgs_refusal())
     return chosen
 
 

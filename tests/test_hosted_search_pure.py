@@ -5,7 +5,6 @@ from any text, HTML to text, and the ``--web-search`` flags and backend choice."
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import re
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mlx_responses.cli import build_parser, settings_from_args
 from mlx_responses.hosted.local_index import match_expression
 from mlx_responses.hosted.searxng import parse_searxng
 from mlx_responses.hosted.web_search import (
@@ -324,7 +324,19 @@ def test_a_backend_without_its_setting_is_a_value_error_naming_it(kind: str, wor
         build_backend(kind, index_dir=None, searxng_url=None, timeout_s=1)
 
 
-def test_ddgs_names_the_install_when_missing() -> None:
-    installed = importlib.util.find_spec("ddgs") is not None
-    with pytest.raises(ValueError, match="not supported" if installed else "pip install ddgs"):
-        build_backend("ddgs", index_dir=Path("."), searxng_url="http://x", timeout_s=1)
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--web-search", "ddgs"], "--web-search ddgs is not supported by this build"),
+        (["--web-search", "local"], "--web-search local needs --web-search-index"),
+        (["--web-search", "local", "--web-search-index", "/no/such/folder"], "not a folder"),
+        (["--web-search", "searxng"], "--web-search searxng needs --searxng-url"),
+        (["--web-search", "searxng", "--searxng-url", "ftp://x"], "expected an http or https"),
+    ],
+)
+def test_start_up_stops_with_the_flag_named(argv: list[str], words: str) -> None:
+    """A backend that cannot be built stops the command line with a message, not later with
+    a traceback from the server's start."""
+    with pytest.raises(SystemExit) as stopped:
+        settings_from_args(build_parser().parse_args(["serve", *argv]))
+    assert words in str(stopped.value.code)

@@ -85,6 +85,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._endless()
             case "pages", "big":
                 self._send(200, "text/plain", b"Paris " * 100_000)
+            case "pages", "moved":  # a relative redirect, then an absolute one, to paris
+                self._redirect(302, "/pages/moved-again")
+            case "pages", "moved-again":
+                self._redirect(301, f"{self.site.base}/pages/paris")
+            case "pages", "loop":
+                self._redirect(307, "/pages/loop")
             case _:
                 self._send(404, "text/plain", b"not found")
 
@@ -104,6 +110,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _redirect(self, status: int, location: str) -> None:
+        self.send_response(status)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _endless(self) -> None:
         """A text page that never ends (until the client hangs up)."""
@@ -153,6 +165,8 @@ def site() -> Iterator[Site]:
 
 
 def _backend(site: Site, mode: str, timeout_s: float = 10, **kwargs: bool) -> SearxngBackend:
+    """A backend on the test site, whose pages are on loopback: allowed unless said."""
+    kwargs.setdefault("allow_private_pages", True)
     return SearxngBackend(f"{site.base}/{mode}/", timeout_s, **kwargs)
 
 
@@ -336,3 +350,26 @@ async def test_a_hanging_page_fails_at_the_timeout(site: Site) -> None:
             await backend.open_page(f"{site.base}/pages/hang")
         await backend.aclose()
         await wait_until(site.hangup_seen.is_set, 0.01, deadline=DEADLINE)
+
+
+async def test_open_page_follows_redirects_within_a_bound(site: Site) -> None:
+    with trio.fail_after(DEADLINE):
+        backend = _backend(site, "ok", open_any_url=True)
+        page = await backend.open_page(f"{site.base}/pages/moved")
+        with pytest.raises(SearchFailed, match="redirected too many times"):
+            await backend.open_page(f"{site.base}/pages/loop")
+        await backend.aclose()
+    assert (page.url, page.title) == (f"{site.base}/pages/moved", "Local Paris")
+
+
+async def test_a_page_on_a_private_address_is_refused_by_default(site: Site) -> None:
+    """A found page whose host is on loopback is not fetched (nothing reaches the site's
+    pages) unless the operator allows private addresses; the reason names the flag."""
+    with trio.fail_after(DEADLINE):
+        backend = await _found(site, allow_private_pages=False)
+        with pytest.raises(SearchFailed) as failed:
+            await backend.open_page(f"{site.base}/pages/hang")
+        await backend.aclose()
+    assert "loopback" in str(failed.value)
+    assert "--web-search-allow-private" in str(failed.value)
+    assert not site.hung.is_set()

@@ -91,6 +91,7 @@ async def open_hosted_tools(
             index_dir=search.index_dir,
             searxng_url=search.searxng_url,
             timeout_s=search.timeout_s,
+            allow_private_pages=search.allow_private_pages,
         )
         ensure = getattr(backend, "ensure_index", None)
         if ensure is not None:
@@ -156,7 +157,7 @@ async def _web_search(tool: FunctionTool, args: Mapping[str, Any], hosted: Hoste
         log.info("web search failed: %s", exc)
         return Ran(HostedResult(False, error=str(exc)), failed_text(str(exc)))
     pairs = tuple((s.url, s.title) for s in sources)
-    text = search_result_text(tuple((s.url, s.title, s.snippet) for s in sources))
+    text = search_result_text(tuple((s.title, s.url, s.snippet) for s in sources))
     return Ran(HostedResult(True, sources=pairs), text)
 
 

@@ -42,6 +42,9 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 class EgressPolicy:
     allow_hosts: tuple[str, ...]
     allow_private: bool
+    # The flags a refusal names (the operator's way to allow what was refused).
+    hosts_flag: str = "--mcp-allow-hosts"
+    private_flag: str = "--mcp-allow-private"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,7 @@ async def check(url: str, policy: EgressPolicy) -> PinnedTarget:
     parsed = parse_url(url)
     if not host_allowed(parsed.host, policy.allow_hosts):
         raise EgressRefused(
-            f"the host {parsed.host!r} is not on the allow-list (--mcp-allow-hosts)"
+            f"the host {parsed.host!r} is not on the allow-list ({policy.hosts_flag})"
         )
     literal = _literal(parsed.host)
     addresses = [literal] if literal is not None else await _resolve(parsed.host, parsed.port)
@@ -145,7 +148,7 @@ async def check(url: str, policy: EgressPolicy) -> PinnedTarget:
             if kind is not None:
                 raise EgressRefused(
                     f"the host {parsed.host!r} resolves to a {kind} address ({address}); "
-                    "--mcp-allow-private allows it"
+                    f"{policy.private_flag} allows it"
                 )
     return PinnedTarget(url, parsed.scheme, parsed.host, parsed.port, str(addresses[0]))
 

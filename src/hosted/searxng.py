@@ -13,7 +13,11 @@ Invariants:
   instance's order (its own score), each URL once.
 - ``open_page`` refuses any scheme but http and https, and by default any URL that no search of
   this backend returned (the model reads what it found; it cannot make the server fetch an
-  address of its choosing, such as one on the operator's private network).
+  address of its choosing). Every hop of a page (the page, then at most ``MAX_REDIRECTS``
+  redirects) passes ``egress.check`` first: a private, loopback or link-local address is
+  refused unless ``allow_private_pages`` (``--web-search-allow-private``), and the connection
+  goes to the address checked, so neither a result nor a redirect reaches the operator's
+  network.
 """
 
 from __future__ import annotations
@@ -21,17 +25,22 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx2
 import trio
 
+from . import egress
 from .web_search import Page, SearchFailed, SearchOptions, Source, html_document, select_sources
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_PAGE_BYTES = 2 * 1024 * 1024
+MAX_REDIRECTS = 5
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # URLs remembered from searches (for ``open_page``), the oldest forgotten first.
 REMEMBERED_URLS = 1024
 _USER_AGENT = "mlx-responses web_search"
+_PAGE_HEADERS = {"User-Agent": _USER_AGENT, "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
 
 
 def parse_searxng(data: object) -> list[Source]:
@@ -72,11 +81,16 @@ class SearxngBackend:
         *,
         max_page_bytes: int = MAX_PAGE_BYTES,
         open_any_url: bool = False,
+        allow_private_pages: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_page_bytes = max_page_bytes
         self.open_any_url = open_any_url
+        # Pages are on the public web: any host, no private address unless the operator says.
+        self._page_policy = egress.EgressPolicy(
+            ("*",), allow_private_pages, private_flag="--web-search-allow-private"
+        )
         self._found: OrderedDict[str, None] = OrderedDict()
         # The proxy environment is not read: the instance is usually on the operator's network.
         self._client = httpx2.AsyncClient(
@@ -89,13 +103,13 @@ class SearxngBackend:
 
     async def search(self, query: str, options: SearchOptions) -> list[Source]:
         params = {"q": query, "format": "json"}
-        status, _, body = await self._get(
+        answer = await self._get(
             f"{self.base_url}/search", params, MAX_ANSWER_BYTES, "the search backend"
         )
-        if status != 200:
-            raise SearchFailed(f"the search backend answered {status}")
+        if answer.status != 200:
+            raise SearchFailed(f"the search backend answered {answer.status}")
         try:
-            data = json.loads(body)
+            data = json.loads(b"".join(answer.chunks))
         except (ValueError, UnicodeDecodeError):
             raise SearchFailed("invalid JSON from the search backend") from None
         sources = select_sources(parse_searxng(data), options)
@@ -108,9 +122,7 @@ class SearxngBackend:
             raise SearchFailed(f"refused to open {url}: only http and https pages can be opened")
         if not self.open_any_url and url not in self._found:
             raise SearchFailed(f"refused to open {url}: it was not among the search results")
-        status, content_type, body = await self._get(
-            url, None, self.max_page_bytes, f"the page at {url}"
-        )
+        status, content_type, body = await self._fetch_page(url)
         if status != 200:
             raise SearchFailed(f"no page at {url} (it answered {status})")
         text = body.decode("utf-8", errors="replace")
@@ -124,6 +136,34 @@ class SearxngBackend:
             return Page(url=url, title=url, text=text)
         raise SearchFailed(f"cannot read the page at {url}: its type is {media}")
 
+    async def _fetch_page(self, url: str) -> tuple[int, str, bytes]:
+        """``GET url`` and up to ``MAX_REDIRECTS`` redirects, within one ``timeout_s``: each
+        hop passes the egress rules first (no private address unless allowed) and connects to
+        the address that was checked, so neither a found URL nor a redirect reaches inside."""
+        deadline = trio.current_time() + self.timeout_s
+        hop = url
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                with trio.fail_at(deadline):
+                    target = await egress.check(hop, self._page_policy)
+            except egress.EgressRefused as refused:
+                raise SearchFailed(f"refused to open {hop}: {refused}") from None
+            except trio.TooSlowError:
+                raise SearchFailed(
+                    f"the page at {url} did not answer in {self.timeout_s:g} s"
+                ) from None
+            client = egress.pinned_client(
+                target, headers=_PAGE_HEADERS, timeout=httpx2.Timeout(self.timeout_s)
+            )
+            async with client:
+                answer = await self._get(
+                    hop, None, self.max_page_bytes, f"the page at {url}", client, deadline
+                )
+            if answer.status not in REDIRECTS or not answer.location:
+                return answer.status, answer.content_type, b"".join(answer.chunks)
+            hop = urljoin(hop, answer.location)
+        raise SearchFailed(f"the page at {url} redirected too many times")
+
     async def aclose(self) -> None:
         with trio.move_on_after(self.timeout_s) as scope:
             scope.shield = True
@@ -136,27 +176,41 @@ class SearxngBackend:
             self._found.popitem(last=False)
 
     async def _get(
-        self, url: str, params: dict[str, str] | None, limit: int, who: str
-    ) -> tuple[int, str, bytes]:
-        """Status, content type and at most ``limit`` bytes of the body of ``GET url``;
-        ``who`` names the other end in a failure's reason."""
+        self,
+        url: str,
+        params: dict[str, str] | None,
+        limit: int,
+        who: str,
+        client: httpx2.AsyncClient | None = None,
+        deadline: float | None = None,
+    ) -> _Body:
+        """``GET url`` (with the instance's client unless ``client``): its status, content
+        type, redirect target and at most ``limit`` bytes of its body, by ``deadline`` (default
+        ``timeout_s`` from now); ``who`` names the other end in a failure's reason."""
         body = _Body(limit)
-        with trio.move_on_after(self.timeout_s):
+        at = trio.current_time() + self.timeout_s if deadline is None else deadline
+        with trio.move_on_at(at):
             try:
-                await self._read(url, params, body)
-                return body.status, body.content_type, b"".join(body.chunks)
+                await self._read(client or self._client, url, params, body)
+                return body
             except httpx2.TimeoutException:
                 pass  # httpx's own timeout fired first: the same failure as Trio's deadline
+            except egress.EgressRefused as refused:
+                raise SearchFailed(f"{who}: {refused}") from None
             except httpx2.HTTPError as exc:
                 raise SearchFailed(_transport_reason(who, exc)) from None
         if body.full:  # a page longer than the limit, still coming: what was kept is the page
-            return body.status, body.content_type, b"".join(body.chunks)
+            return body
         raise SearchFailed(f"{who} did not answer in {self.timeout_s:g} s")
 
-    async def _read(self, url: str, params: dict[str, str] | None, body: _Body) -> None:
-        async with self._client.stream("GET", url, params=params) as response:
+    @staticmethod
+    async def _read(
+        client: httpx2.AsyncClient, url: str, params: dict[str, str] | None, body: _Body
+    ) -> None:
+        async with client.stream("GET", url, params=params) as response:
             body.status = response.status_code
             body.content_type = response.headers.get("content-type", "")
+            body.location = response.headers.get("location")
             if response.status_code != 200:
                 return
             # Past the limit the rest is read and dropped (within the deadline) rather than
@@ -172,6 +226,7 @@ class _Body:
         self.limit = limit
         self.status = 0
         self.content_type = ""
+        self.location: str | None = None
         self.chunks: list[bytes] = []
         self.size = 0
 

@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -214,7 +213,12 @@ def html_document(markup: str) -> HtmlDocument:
 
 
 def build_backend(
-    kind: str, *, index_dir: Path | None, searxng_url: str | None, timeout_s: float
+    kind: str,
+    *,
+    index_dir: Path | None,
+    searxng_url: str | None,
+    timeout_s: float,
+    allow_private_pages: bool = False,
 ) -> WebSearchBackend:
     """The backend ``--web-search`` names; ValueError naming the missing setting."""
     if kind == "local":
@@ -228,15 +232,14 @@ def build_backend(
             raise ValueError("--web-search searxng needs --searxng-url URL")
         from .searxng import SearxngBackend
 
-        return SearxngBackend(searxng_url, timeout_s)
+        return SearxngBackend(searxng_url, timeout_s, allow_private_pages=allow_private_pages)
     if kind == "ddgs":
-        raise ValueError(_ddgs_refusal())
+        raise ValueError(ddgs_refusal())
     raise ValueError(f"unknown web search backend {kind!r}: expected local, searxng or ddgs")
 
 
-def _ddgs_refusal() -> str:
-    if importlib.util.find_spec("ddgs") is None:
-        return "--web-search ddgs: ddgs is not installed: pip install ddgs (or use local/searxng)"
+def ddgs_refusal() -> str:
+    """Why ``--web-search ddgs`` cannot start: this build has no ddgs backend."""
     return "--web-search ddgs is not supported by this build; use local or searxng"
 
 
@@ -249,6 +252,7 @@ class WebSearchSettings:
     index_dir: Path | None = None
     searxng_url: str | None = None
     timeout_s: float = 10.0
+    allow_private_pages: bool = False
 
 
 def _kind_flag(text: str) -> str:
@@ -302,6 +306,13 @@ def add_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None
         help="longest wait for one search or page (env MLX_RESPONSES_WEB_SEARCH_TIMEOUT; "
         "default 10)",
     )
+    parser.add_argument(
+        "--web-search-allow-private",
+        action="store_true",
+        default=env.get("MLX_RESPONSES_WEB_SEARCH_ALLOW_PRIVATE", "") not in ("", "0", "false"),
+        help="let the searxng backend open pages (and follow redirects) to private, loopback "
+        "or link-local addresses (env MLX_RESPONSES_WEB_SEARCH_ALLOW_PRIVATE; default off)",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> WebSearchSettings:
@@ -311,4 +322,5 @@ def settings_from(args: argparse.Namespace) -> WebSearchSettings:
         index_dir=Path(index) if index is not None else None,
         searxng_url=args.searxng_url or None,
         timeout_s=float(args.web_search_timeout),
+        allow_private_pages=bool(args.web_search_allow_private),
     )
