@@ -34,8 +34,9 @@ special lives are rows of the same table, not methods beside it:
 - A compaction's summary (``/v1/responses/compact`` or automatic compaction) is a response of
   route ``GENERATE`` whose opener, when it leaves, leaves nothing (``HUNG_UP``).
 
-A server-run tool (``tool_search``, ``web_search``, an ``mcp`` server's tool) does not end the response; its call and result are
-items of the same response and the model goes on in a second sequence:
+A server-run tool (``tool_search``, ``web_search``, an ``mcp`` server's tool) does not end the
+response; its call and result are items of the same response and the model goes on in a second
+sequence:
 ``DECODING`` -> ``TOOL_CALLED`` -> ``TOOL_RUNNING`` -> ``TOOL_OUTPUT`` -> ``CONTINUING`` ->
 ``CONTINUATION_ADMITTED`` -> ``DECODING``. ``FINISHED`` in ``CONTINUING`` ends it with the
 call and its output when no continuation can be admitted (no budget left, refused).
