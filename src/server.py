@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import sys
 import time
@@ -66,6 +67,9 @@ log = logging.getLogger(__name__)
 # (5 ms) a busy event loop could keep it waiting that long each time, a large share of a
 # decode step on a fast model. A shorter interval bounds the wait (bench/throughput.py).
 GIL_SWITCH_INTERVAL_SECONDS = 0.0005
+# At shutdown, how long the running responses may go without one ending before the rest (each
+# waiting on a hosted call) are cancelled.
+SETTLE_SECONDS = 0.2
 
 
 async def serve(
@@ -197,15 +201,26 @@ async def _start_http(nursery: trio.Nursery, settings: ServerSettings, app: Quar
 async def _drain(
     settings: ServerSettings, model: ModelHandle, responses: ResponseSupervisorHandle
 ) -> None:
-    """The model refuses new sequences and finishes the running ones, bounded by the grace."""
+    """The model refuses new sequences and finishes the running ones, bounded by the grace.
+    The responses still running once theirs have published (``SETTLE_SECONDS`` without one
+    ending) wait on a hosted call, which no sequence holds: they are cancelled, to end
+    ``failed`` as those the stopping model ended do."""
     await model.shutdown()
     with trio.move_on_after(settings.graceful_timeout):
         if model.fatal is None:  # a lost rank's batch never empties
             await model.wait_idle()
         # The sequences are out of the batch; their responses publish their terminal
         # events (a run may be between receives) before the HTTP server stops.
-        while responses.statistics().running:  # noqa: ASYNC110
+        running, still = responses.statistics().running, trio.current_time()
+        while running:
             await trio.sleep(0.001)
+            now, was = trio.current_time(), running
+            running = responses.statistics().running
+            if running < was:
+                still = now
+            elif now - still > SETTLE_SECONDS:
+                await responses.cancel_running("shutdown")
+                still = math.inf
 
 
 async def _watch_model_failure(failed: trio.Event, stop: trio.Event) -> None:

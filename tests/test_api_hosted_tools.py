@@ -338,10 +338,12 @@ async def _seen(url: str) -> dict[str, Any]:
     return record
 
 
-async def _until_seen(url: str, key: str) -> None:
-    """Until the MCP server recorded ``hang`` under ``key`` (it runs in another process)."""
-    while "hang" not in (await _seen(url))[key]:  # noqa: ASYNC110
+async def _until_seen(url: str, key: str, count: int = 1) -> dict[str, Any]:
+    """Until the MCP server recorded ``hang`` under ``key`` ``count`` times (it runs in
+    another process); what it saw then."""
+    while (seen := await _seen(url))[key].count("hang") < count:  # noqa: ASYNC110
         await trio.sleep(0.05)
+    return seen
 
 
 def _hang_body(url: str) -> dict[str, Any]:
@@ -524,8 +526,22 @@ async def test_cancelling_a_background_job_during_an_mcp_call_cancels_the_call(
 
 
 async def test_shutdown_during_an_mcp_call_cancels_the_call(nursery: trio.Nursery) -> None:
+    """A shutdown while a background job and a streamed response wait on MCP calls cancels
+    both calls; the stream ends ``response.failed`` as any response the shutdown cuts short."""
     with trio.fail_after(START_DEADLINE):
         server: ServerHandle = await nursery.start(serve, hosted_settings(graceful_timeout=1))
+    ended: list[dict[str, Any]] = []
+
+    async def stream(http: httpx.AsyncClient, url: str) -> None:
+        body = {"model": MODEL, "stream": True, **_hang_body(url)}
+        try:
+            async with http.stream("POST", "/v1/responses", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        ended.append(json.loads(line[6:]))
+        except httpx.RemoteProtocolError:
+            ended.append({"type": "cut"})
+
     async with (
         start_mcp_server("streamable-http") as mcp,
         httpx.AsyncClient(base_url=server.base_url, timeout=30) as http,
@@ -533,6 +549,12 @@ async def test_shutdown_during_an_mcp_call_cancels_the_call(nursery: trio.Nurser
         body = {"model": MODEL, "background": True, **_hang_body(mcp.url)}
         with trio.fail_after(DEADLINE):
             await http.post("/v1/responses", json=body)
-            await _until_seen(mcp.url, "started")
-            server.shutdown()
-            await _until_seen(mcp.url, "cancelled")
+            async with trio.open_nursery() as streams:
+                streams.start_soon(stream, http, mcp.url)
+                await _until_seen(mcp.url, "started", count=2)
+                server.shutdown()
+            seen = await _until_seen(mcp.url, "cancelled", count=2)
+    assert seen["cancelled"] == ["hang", "hang"]
+    last = ended[-1]
+    assert last["type"] == "response.failed", [e["type"] for e in ended]
+    assert last["response"]["error"]["message"] == "The server is shutting down."

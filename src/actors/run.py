@@ -452,6 +452,8 @@ class ResponseRun:
         it says so, then publish the terminal event (once: a run already ending is left)."""
         if self.terminal:
             return
+        if ending is None and happened is Input.SHUTDOWN:
+            ending = Ending(error=("server_error", SHUTTING_DOWN))
         ending = ending or Ending()
         move = self.step(happened)
         if move.release:

@@ -82,6 +82,16 @@ class CancelResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelRunning:
+    """Sender: the server's shutdown, once the model's batch is empty. Cancel every running
+    response with ``reason`` (one waiting on a hosted call, which no sequence holds); reply:
+    how many."""
+
+    reason: CancelReason
+    reply: Reply[int]
+
+
+@dataclass(frozen=True, slots=True)
 class Find:
     """Sender: the HTTP layer, history loading. Reply: the response's log, if it is known."""
 
@@ -140,6 +150,7 @@ SupervisorMessage = (
     | Reserve
     | Ended
     | CancelResponse
+    | CancelRunning
     | Find
     | Forget
     | OpenSocket
@@ -154,6 +165,7 @@ _Answered = (
     | Reserve
     | Ended
     | CancelResponse
+    | CancelRunning
     | Find
     | Forget
     | OpenSocket
@@ -219,6 +231,10 @@ class ResponseSupervisorHandle:
         its log (None: not running)."""
         key = scoped(owner, response_id)
         return await ask(self._mailbox, lambda reply: CancelResponse(key, "steered", reply))
+
+    async def cancel_running(self, reason: CancelReason) -> int:
+        """Cancel every running response with ``reason``; how many were."""
+        return await ask(self._mailbox, lambda reply: CancelRunning(reason, reply))
 
     async def find(self, response_id: str, owner: str = "") -> EventLog | None:
         """``owner``'s running (or retained) response ``response_id``."""
@@ -336,6 +352,11 @@ class _State:
                 else:
                     found.cancel(reason)
                     reply.send(found.log)
+            case CancelRunning(reason, reply):
+                running = [e for e in self.entries.values() if e.log and not e.log.closed]
+                for entry in running:
+                    entry.cancel(reason)
+                reply.send(len(running))
             case Find(key, reply):
                 found = self.entries.get(key)
                 reply.send(None if found is None else found.log)

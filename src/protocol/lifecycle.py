@@ -150,7 +150,9 @@ _ENDS_STARTED: Final[Mapping[Input, Move]] = {
     _I.FINISHED: Move(_P.FINISHING, (_F.FINISH,), records=True),
     _I.STEERED: Move(_P.FINISHING, (_F.STEER,), records=True, release=True),
     _I.CANCELLED: Move(_P.FINISHING, (_F.CANCEL,), records=True, release=True),
-    _I.SHUTDOWN: Move(_P.FINISHING, (_F.CANCEL,), records=True, release=True),
+    # Failed, as a sequence the stopping model ends is ("The server is shutting down."),
+    # whichever comes first: the model's end or the response's own cancellation.
+    _I.SHUTDOWN: Move(_P.FINISHING, (_F.FAIL,), records=True, release=True),
     _I.HUNG_UP: Move(_P.FINISHING, (_F.CANCEL,), release=True),
     _I.FAILED: Move(_P.FINISHING, (_F.FAIL,), records=True, release=True),
 }
