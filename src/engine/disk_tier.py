@@ -14,7 +14,7 @@ Invariants:
 - Nothing is served that was not verified: at start only headers are read (each bounded by
   ``MAX_HEADER_BYTES``), and a file whose header does not parse, whose name is not its key's,
   whose fingerprints or rank are not ours, or whose size is not what its header says
-  (truncated) is skipped, counted and deleted; at load the whole file is read (at most the
+  (truncated) is skipped, counted and deleted (another rank's shard is only skipped); at load the whole file is read (at most the
   size the index recorded) and its digest and metadata checked again before any array is
   made. A file that fails is counted, deleted and dropped from the index; the prompt is then
   served by what the RAM tier has, or prefilled.
@@ -56,6 +56,10 @@ _FIELDS = ("tenant", "model", "layout", "rank", "tokens", "prompt_tokens", "move
 
 class BadFile(Exception):
     """A file that must not be served (what is wrong with it is the message)."""
+
+
+class OtherRank(BadFile):
+    """Another rank's shard in a folder the ranks share: not ours to count or delete."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,8 @@ class DiskTier:
             elif path.name.endswith(SUFFIX):
                 try:
                     found.append(self._read_header(path))
+                except OtherRank:
+                    continue
                 except BadFile as exc:
                     log.warning("prompt cache: skipping %s: %s", path.name, exc)
                     self._index.bad()
@@ -200,7 +206,7 @@ class DiskTier:
         if (fields["model"], fields["layout"]) != (self._model, self._layout):
             raise BadFile("another model or cache layout")
         if fields["rank"] != str(self._rank):
-            raise BadFile("another rank's shard")
+            raise OtherRank("another rank's shard")
         tokens = decode_tokens(base64.b64decode(fields["tokens"]))
         if self.name_of(fields["tenant"], tokens) != name:
             raise BadFile("name does not match its key")
