@@ -47,7 +47,8 @@ def test_a_tenant_never_finds_another_tenants_file() -> None:
     index.add("a", (1, 2, 3), entry("x", 10))
     assert index.find("b", (1, 2, 3, 4), 3, now=0) is None
     found = index.find("a", (1, 2, 3, 4), 3, now=0)
-    assert found is not None and found.value.name == "x"
+    assert found is not None
+    assert found.value.name == "x"
 
 
 def test_an_expired_entry_is_never_found_and_its_file_goes() -> None:
@@ -55,7 +56,8 @@ def test_an_expired_entry_is_never_found_and_its_file_goes() -> None:
     index.add("a", (1, 2, 3), entry("x", 10, used_at=0))
     assert index.find("a", (1, 2, 3, 4), 3, now=61) is None
     assert index.take_dropped() == ["x"]
-    assert index.stats.expired == 1 and index.stats.entries == 0
+    assert index.stats.expired == 1
+    assert index.stats.entries == 0
 
 
 def test_a_longer_trimmable_entry_supersedes_its_prefixes_files() -> None:

@@ -54,7 +54,8 @@ def test_an_evicted_entry_comes_back_from_disk(tmp_path: Path, kind: str) -> Non
     spill(cache, "a", tuple(range(10)), layers)
     assert len(files(tmp_path)) == 1
     reuse = cache.fetch("a", (*range(10), 99))
-    assert reuse.tokens == 10 and reuse.disk_key == tuple(range(10))
+    assert reuse.tokens == 10
+    assert reuse.disk_key == tuple(range(10))
     assert reuse.cache is not None
     for got, want in zip(reuse.cache, layers, strict=True):
         assert type(got) is type(want)
@@ -65,7 +66,9 @@ def test_an_evicted_entry_comes_back_from_disk(tmp_path: Path, kind: str) -> Non
             elif isinstance(b, mx.array):
                 assert mx.array_equal(a, b)
     stats = cache.stats
-    assert stats.disk is not None and stats.disk.hits == 1 and stats.hits == 1
+    assert stats.disk is not None
+    assert stats.disk.hits == 1
+    assert stats.hits == 1
 
 
 def test_entries_survive_a_restart(tmp_path: Path) -> None:
@@ -73,7 +76,8 @@ def test_entries_survive_a_restart(tmp_path: Path) -> None:
     cache.store("a", tuple(range(10)), kv(10))
     cache.flush()  # a clean shutdown
     again = PromptCache(BIG, 8, disk=tier(tmp_path))
-    assert again.stats.disk is not None and again.stats.disk.entries == 1
+    assert again.stats.disk is not None
+    assert again.stats.disk.entries == 1
     assert again.fetch("a", (*range(10), 5)).tokens == 10
 
 
@@ -86,7 +90,8 @@ def test_another_tenant_cannot_hit_a_file(tmp_path: Path) -> None:
     stolen = tmp_path / tier(tmp_path).name_of("b", tuple(range(10)))
     stolen.write_bytes(original.read_bytes())
     reopened = tier(tmp_path)
-    assert reopened.stats.skipped == 1 and not stolen.exists()
+    assert reopened.stats.skipped == 1
+    assert not stolen.exists()
     assert PromptCache(BIG, 8, disk=reopened).fetch("b", (*range(10), 5)).tokens == 0
 
 
@@ -104,9 +109,12 @@ def test_a_bad_file_is_skipped_counted_and_removed(tmp_path: Path, damage: str) 
     else:
         path.unlink()
     reuse = cache.fetch("a", (*range(10), 5))
-    assert reuse.tokens == 0 and reuse.cache is None
+    assert reuse.tokens == 0
+    assert reuse.cache is None
     stats = cache.stats.disk
-    assert stats is not None and stats.skipped == 1 and stats.entries == 0
+    assert stats is not None
+    assert stats.skipped == 1
+    assert stats.entries == 0
     assert not path.exists()
 
 
@@ -118,7 +126,8 @@ def test_a_truncated_file_is_skipped_at_start(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-3])
     (tmp_path / "garbage.kv").write_bytes(b"not a cache")
     reopened = tier(tmp_path)
-    assert reopened.stats.skipped == 2 and reopened.stats.entries == 0
+    assert reopened.stats.skipped == 2
+    assert reopened.stats.entries == 0
     assert files(tmp_path) == []
 
 
@@ -132,7 +141,8 @@ def test_the_disk_budget_holds_under_churn(tmp_path: Path) -> None:
         spill(cache, "a", tuple(range(turn * 100, turn * 100 + 20)), kv(20))
         on_disk = sum(path.stat().st_size for path in files(tmp_path / "d"))
         assert on_disk <= budget
-        assert cache.stats.disk is not None and cache.stats.disk.bytes == on_disk
+        assert cache.stats.disk is not None
+        assert cache.stats.disk.bytes == on_disk
     # The most recent ones are what is left.
     assert cache.fetch("a", (*range(1100, 1120), 5)).tokens == 20
 
@@ -143,7 +153,8 @@ def test_an_unused_entry_expires(tmp_path: Path) -> None:
     spill(cache, "a", tuple(range(10)), kv(10))
     now[0] += 3601
     assert cache.fetch("a", (*range(10), 5)).tokens == 0
-    assert cache.stats.disk is not None and cache.stats.disk.expired >= 1
+    assert cache.stats.disk is not None
+    assert cache.stats.disk.expired >= 1
     assert len(files(tmp_path)) == 0
 
 
@@ -162,5 +173,6 @@ def test_ranks_share_a_folder_without_touching_each_others_files(tmp_path: Path)
     zero = PromptCache(BIG, 1, disk=tier(tmp_path, rank=0))
     spill(zero, "a", tuple(range(10)), kv(10))
     one = tier(tmp_path, rank=1)
-    assert one.stats.entries == 0 and one.stats.skipped == 0
+    assert one.stats.entries == 0
+    assert one.stats.skipped == 0
     assert len(files(tmp_path)) == 1  # rank 0's file is left alone
