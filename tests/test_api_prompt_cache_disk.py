@@ -24,6 +24,18 @@ DEADLINE = 120
 HISTORY = ["Reply with: hello", "Reply with: goodbye"]
 
 
+def kv_files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.kv"))
+
+
+def corrupt(paths: list[Path]) -> None:
+    """Flip a byte of each file's values (only the digest can see it)."""
+    for path in paths:
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
 async def run_session(folder: Path, work: Any, keys: list[str] | None = None) -> Any:
     """Start a server over ``folder``, run ``work(handle, http)``, shut it down cleanly (its
     RAM tier reaches the disk) and return what ``work`` returned."""
@@ -76,7 +88,7 @@ async def test_a_restart_hits_the_disk_and_answers_as_cold(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     history = await run_session(tmp_path, await first_turns())
-    assert list(tmp_path.rglob("*.kv"))  # the shutdown wrote what RAM held
+    assert kv_files(tmp_path)  # the shutdown wrote what RAM held
     after = await run_session(tmp_path, next_turn(history))
     assert cached(after["data"]) > 0
     disk = after["health"]["disk"]
@@ -89,10 +101,7 @@ async def test_a_corrupt_file_is_skipped_and_the_answer_is_right(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     history = await run_session(tmp_path, await first_turns())
-    for path in tmp_path.rglob("*.kv"):
-        data = bytearray(path.read_bytes())
-        data[-3] ^= 0xFF
-        path.write_bytes(bytes(data))
+    corrupt(kv_files(tmp_path))
     after = await run_session(tmp_path, next_turn(history))
     disk = after["health"]["disk"]
     assert disk["hits"] == 0
