@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
@@ -197,7 +198,9 @@ def _check_engine_flags(args: argparse.Namespace) -> None:
     for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("prompt_cache_bytes", "prompt_cache_entries"):
+    if args.prompt_cache_disk_ttl_secs <= 0:
+        raise SystemExit("--prompt-cache-disk-ttl-secs must be above 0")
+    for name in ("prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_disk_bytes"):
         if (value := getattr(args, name)) is not None and value < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative, got {value}")
     if args.ctx_size is not None and args.ctx_size < 1:
@@ -244,6 +247,10 @@ def _model_settings(args: argparse.Namespace, model_path: str, alias: str) -> Mo
         context_size=args.ctx_size,
         prompt_cache_bytes=args.prompt_cache_bytes,
         prompt_cache_entries=args.prompt_cache_entries,
+        prompt_cache_dir=args.prompt_cache_dir
+        or str(Path(args.data_dir or default_data_dir()) / "prompt-cache"),
+        prompt_cache_disk_bytes=args.prompt_cache_disk_bytes,
+        prompt_cache_disk_ttl=args.prompt_cache_disk_ttl_secs,
         blas_threads=args.blas_threads,
         tool_format=args.tool_format,
         sharding=_sharding(args),

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import formats
 from .engine.bundled_model import BUNDLED_ALIAS
+from .engine.disk_tier import DEFAULT_DISK_BYTES, DEFAULT_TTL_SECONDS
 from .engine.prompt_cache import DEFAULT_MAX_ENTRIES
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS
 from .storage.files import DEFAULT_FILE_LIMITS
@@ -134,6 +135,29 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         DEFAULT_MAX_ENTRIES,
         int,
         "most cached prompt prefixes kept (least recently used evicted first); 0 disables",
+    ),
+    Flag(
+        "--prompt-cache-dir",
+        "MLX_RESPONSES_PROMPT_CACHE_DIR",
+        "",
+        str,
+        "folder of the prompt cache's disk tier: entries leaving RAM are written there and "
+        "survive a restart (default: prompt-cache under --data-dir)",
+    ),
+    Flag(
+        "--prompt-cache-disk-bytes",
+        "MLX_RESPONSES_PROMPT_CACHE_DISK_BYTES",
+        DEFAULT_DISK_BYTES,
+        int,
+        "bytes of prompt-cache files kept in --prompt-cache-dir (least recently used deleted "
+        "first); 0 disables the disk tier",
+    ),
+    Flag(
+        "--prompt-cache-disk-ttl-secs",
+        "MLX_RESPONSES_PROMPT_CACHE_DISK_TTL_SECS",
+        DEFAULT_TTL_SECONDS,
+        float,
+        "seconds a prompt-cache file unused (not written or served) is kept before it is deleted",
     ),
     Flag(
         "--blas-threads",

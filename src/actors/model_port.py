@@ -78,6 +78,9 @@ def thread_settings(settings: ModelSettings) -> ThreadSettings:
         prefill_batch_size=settings.prefill_batch_size,
         prompt_cache_bytes=settings.prompt_cache_bytes,
         prompt_cache_entries=settings.prompt_cache_entries,
+        prompt_cache_dir=settings.prompt_cache_dir,
+        prompt_cache_disk_bytes=settings.prompt_cache_disk_bytes,
+        prompt_cache_disk_ttl=settings.prompt_cache_disk_ttl,
         blas_threads=settings.blas_threads,
         sharding=settings.sharding,
     )

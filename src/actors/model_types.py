@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..engine.port import (
+    DEFAULT_DISK_BYTES,
     DEFAULT_MAX_ENTRIES,
+    DEFAULT_TTL_SECONDS,
     GenerationThread,
     SequenceOutput,
     SequenceSlot,
@@ -41,6 +43,11 @@ class ModelSettings:
     # --prompt-cache-entries.
     prompt_cache_bytes: int | None = None
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
+    # The prompt cache's disk tier: --prompt-cache-dir (None: none; the command line defaults
+    # to prompt-cache under --data-dir), --prompt-cache-disk-bytes, -disk-ttl-secs.
+    prompt_cache_dir: str | None = None
+    prompt_cache_disk_bytes: int = DEFAULT_DISK_BYTES
+    prompt_cache_disk_ttl: float = DEFAULT_TTL_SECONDS
     # --blas-threads (None: measured at load, model.blas_threads).
     blas_threads: int | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, assert_never
 
 from ..protocol.stops import StopMatcher
@@ -198,10 +198,14 @@ class Batch:
         """``message`` met with the prompt cache before it is recorded or broadcast: without
         the pixels of the images its reused prefix holds (``vision_prefill.match_cache``);
         ``admit`` then inserts it with that reuse."""
-        reuse = self._prompt_cache.fetch(message.spec.owner, message.spec.prompt)
+        spec = message.spec
+        reuse = self._prompt_cache.fetch(spec.owner, spec.prompt, message.disk_key)
         with self._mx.stream(self._stream):
-            self._found = match_cache(message, reuse, self._loaded.model)
-        return self._found.message
+            found = match_cache(message, reuse, self._loaded.model)
+        if reuse.disk_key is not None and found.message.disk_key != reuse.disk_key:
+            found = replace(found, message=replace(found.message, disk_key=reuse.disk_key))
+        self._found = found
+        return found.message
 
     def admit(self, message: Admit) -> None:
         spec = message.spec
@@ -274,7 +278,7 @@ class Batch:
         self._end(entry, "stop")
 
     def clear_cache(self) -> None:
-        self._prompt_cache.clear()  # its MLX arrays are freed on this thread
+        self._prompt_cache.clear(disk=True)  # its MLX arrays are freed on this thread
 
     def _sampler(self, spec: SequenceSpec, fault: _Fault) -> Any:
         if spec.seed is not None and spec.temperature != 0:
@@ -489,5 +493,7 @@ class Batch:
         """End every sequence with ``reason``; free the cache and the generator."""
         for entry in list(self._live.values()):
             self._end(entry, reason, error)
+        if reason == "shutdown":  # a clean stop: what RAM holds survives the restart
+            self._prompt_cache.flush()
         self._prompt_cache.clear()  # its MLX arrays are freed on this thread
         self._generator.close()

@@ -104,6 +104,9 @@ class Admit:
     seq_id: int
     spec: SequenceSpec
     output: SequenceSlot | None = field(default=None, compare=False, repr=False)
+    # Set by the generation thread that met it with the prompt cache: the disk entry its
+    # prefix was loaded from, which every other rank (or a replay) loads too.
+    disk_key: tuple[int, ...] | None = None
 
     def plain(self) -> Admit:
         return replace(self, output=None)

@@ -11,6 +11,7 @@ engine's inside can change without them.
 from __future__ import annotations
 
 from .constrain import CannotConstrain, Grammar
+from .disk_tier import DEFAULT_DISK_BYTES, DEFAULT_TTL_SECONDS
 from .inbound import (
     Admit,
     Arrivals,
@@ -31,7 +32,9 @@ from .topology import Sharding
 from .vision import ImageError
 
 __all__ = [
+    "DEFAULT_DISK_BYTES",
     "DEFAULT_MAX_ENTRIES",
+    "DEFAULT_TTL_SECONDS",
     "Admit",
     "Arrivals",
     "BatchFact",

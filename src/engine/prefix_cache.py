@@ -23,7 +23,10 @@ Invariants:
   A value ``trimmable`` refuses (a recurrent or hybrid model's cache) is never trimmed: it
   serves only prompts it is an exact prefix of (segment checkpoints exist for those), and a
   trimmable entry sharing fewer tokens elsewhere in the tree still serves what it can.
-- Every lookup counts as exactly one hit (``reused > 0``) or one miss.
+- Every lookup counts as exactly one hit (``reused > 0``) or one miss; ``peek`` counts
+  nothing and moves nothing (a caller that serves from elsewhere counts with ``record``).
+- ``on_remove`` hears of every entry that leaves other than by ``clear`` or by being stored
+  again under the same key: evicted (``evicted`` true) or dropped as redundant or on request.
 """
 
 from __future__ import annotations
@@ -39,6 +42,40 @@ Tokens = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
+class DiskStats:
+    """The disk tier's figures: counters since start and the directory's size now."""
+
+    entries: int = 0
+    bytes: int = 0
+    max_bytes: int = 0
+    ttl_seconds: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    tokens_reused: int = 0
+    writes: int = 0
+    write_errors: int = 0
+    skipped: int = 0
+    evictions: int = 0
+    expired: int = 0
+
+    def to_json(self) -> dict[str, int | float]:
+        return {
+            "entries": self.entries,
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "ttl_seconds": self.ttl_seconds,
+            "hits": self.hits,
+            "misses": self.misses,
+            "tokens_reused": self.tokens_reused,
+            "writes": self.writes,
+            "write_errors": self.write_errors,
+            "skipped": self.skipped,
+            "evictions": self.evictions,
+            "expired": self.expired,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixCacheStats:
     """Counters since start (hits, misses, tokens_reused, evictions) and the current size."""
 
@@ -50,8 +87,20 @@ class PrefixCacheStats:
     bytes: int = 0
     max_bytes: int = 0
     max_entries: int = 0
+    # The disk tier's, when the prompt cache has one (``disk_tier.py``): then ``hits``,
+    # ``misses`` and ``tokens_reused`` count lookups of both tiers, the rest the RAM tier.
+    disk: DiskStats | None = None
 
-    def to_json(self) -> dict[str, int | bool]:
+    @property
+    def ram_hits(self) -> int:
+        return self.hits - (self.disk.hits if self.disk is not None else 0)
+
+    @property
+    def ram_misses(self) -> int:
+        """Lookups the RAM tier did not serve: the misses of both, and the disk's hits."""
+        return self.misses + (self.disk.hits if self.disk is not None else 0)
+
+    def to_json(self) -> dict[str, object]:
         return {
             "enabled": self.max_bytes > 0 and self.max_entries > 0,
             "hits": self.hits,
@@ -62,6 +111,14 @@ class PrefixCacheStats:
             "bytes": self.bytes,
             "max_bytes": self.max_bytes,
             "max_entries": self.max_entries,
+            "ram": {
+                "entries": self.entries,
+                "bytes": self.bytes,
+                "max_bytes": self.max_bytes,
+                "hits": self.ram_hits,
+                "misses": self.ram_misses,
+            },
+            "disk": self.disk.to_json() if self.disk is not None else None,
         }
 
 
@@ -110,11 +167,17 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+# Told of an entry that leaves: its tenant, key, value, and whether it was evicted.
+RemoveHook = Callable[[str, Tokens, V, bool], None]
+
+
 class PrefixCache(Generic[V]):
     """LRU-bounded radix tree from ``(tenant, tokens)`` to values. Not thread-safe: owned by
     one thread (the generation thread)."""
 
-    def __init__(self, max_bytes: int, max_entries: int) -> None:
+    def __init__(
+        self, max_bytes: int, max_entries: int, on_remove: RemoveHook[V] | None = None
+    ) -> None:
         if max_bytes < 0 or max_entries < 0:
             raise ValueError("prefix cache bounds must not be negative")
         self.max_bytes = max_bytes
@@ -128,6 +191,7 @@ class PrefixCache(Generic[V]):
         self._evictions = 0
         # (tenant, partition) -> how many entries it holds (partitioned entries only).
         self._partitions: dict[tuple[str, str], int] = {}
+        self._on_remove = on_remove
         self.stats = PrefixCacheStats(max_bytes=max_bytes, max_entries=max_entries)
 
     @property
@@ -145,7 +209,53 @@ class PrefixCache(Generic[V]):
         """The tenant's stored keys, least recently used first (tests and diagnostics)."""
         return [key for owner, key in self._lru if owner == tenant]
 
+    def items(self) -> list[tuple[str, Tokens, V]]:
+        """Every entry as ``(tenant, key, value)``, least recently used first."""
+        out: list[tuple[str, Tokens, V]] = []
+        for (owner, key), node in self._lru.items():
+            assert node.entry is not None
+            out.append((owner, key, node.entry.value))
+        return out
+
+    def __contains__(self, item: tuple[str, Tokens]) -> bool:
+        return item in self._lru
+
     # -- lookup ---------------------------------------------------------------------------
+
+    def peek(
+        self,
+        tenant: str,
+        tokens: Sequence[int],
+        *,
+        limit: int | None = None,
+        trimmable: Callable[[V], bool] = lambda _: True,
+    ) -> PrefixMatch[V] | None:
+        """What ``lookup`` would find, without counting it or making it recently used."""
+        tokens = tuple(tokens)
+        limit = len(tokens) if limit is None else max(0, min(limit, len(tokens)))
+        match = self._find(tenant, tokens, limit, trimmable) if self.enabled else None
+        return None if match is None or match.reused == 0 else match
+
+    def record(self, reused: int) -> None:
+        """Count a lookup served elsewhere: a hit of ``reused`` tokens, or a miss (0)."""
+        if reused > 0:
+            self._hits += 1
+            self._reused += reused
+        else:
+            self._misses += 1
+        self._refresh()
+
+    def touch(self, tenant: str, tokens: Sequence[int]) -> None:
+        """Make the entry under ``tokens`` most recently used (if there is one)."""
+        key = (tenant, tuple(tokens))
+        if key in self._lru:
+            self._lru.move_to_end(key)
+
+    def discard(self, tenant: str, tokens: Sequence[int]) -> None:
+        """Drop the entry under ``tokens`` (if there is one); not an eviction."""
+        if (tenant, tuple(tokens)) in self._lru:
+            self._remove(tenant, tuple(tokens))
+            self._refresh()
 
     def lookup(
         self,
@@ -281,14 +391,14 @@ class PrefixCache(Generic[V]):
                 depth -= len(ancestor.edge)
                 ancestor = parent
         while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
-            self._remove(*self._victim())
+            self._remove(*self._victim(), evicted=True)
             self._evictions += 1
         self._refresh()
 
     def trim_to(self, max_bytes: int) -> None:
         """Evict least recently used entries until at most ``max_bytes`` are held."""
         while self._lru and self._bytes > max(0, max_bytes):
-            self._remove(*self._victim())
+            self._remove(*self._victim(), evicted=True)
             self._evictions += 1
         self._refresh()
 
@@ -343,11 +453,12 @@ class PrefixCache(Generic[V]):
             node, depth = child, depth + len(child.edge)
         return node
 
-    def _remove(self, tenant: str, tokens: Tokens) -> None:
+    def _remove(self, tenant: str, tokens: Tokens, evicted: bool = False) -> None:
         node = self._lru.pop((tenant, tokens))
-        assert node.entry is not None
-        self._bytes -= node.entry.nbytes
-        self._count(tenant, node.entry.partition, -1)
+        entry = node.entry
+        assert entry is not None
+        self._bytes -= entry.nbytes
+        self._count(tenant, entry.partition, -1)
         node.entry = None
         # Prune: drop empty leaves, merge a valueless node with its only child.
         while node.parent is not None and node.entry is None and len(node.children) <= 1:
@@ -363,6 +474,8 @@ class PrefixCache(Generic[V]):
             node = parent
         if node.parent is None and not node.children and node.entry is None:
             self._roots.pop(tenant, None)
+        if self._on_remove is not None:  # the tree is whole again: the hook may look at it
+            self._on_remove(tenant, tokens, entry.value, evicted)
 
     def _refresh(self) -> None:
         self.stats = PrefixCacheStats(

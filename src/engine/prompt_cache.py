@@ -28,6 +28,13 @@ Invariants:
   with an entry never replaces it.
 - Best effort: an exception while fetching is a miss, while storing a lost entry (both
   logged); neither ever fails the sequence it happened for.
+- With a disk tier (``disk_tier.py``): an entry the RAM tier evicts, or one too large for it,
+  is written to disk, and every entry still in RAM is written at a clean shutdown (``flush``).
+  ``fetch`` serves from disk when the disk holds a longer reusable prefix than RAM: the file
+  is loaded, verified, put back in RAM and served like a RAM entry (copied, trimmed). On a
+  sharded model only rank 0 decides that (``Reuse.disk_key`` travels in the ``Admit``); a
+  follower loads its shard of the same key and raises ``ShardMissing`` if it cannot, since
+  the ranks must never diverge.
 """
 
 from __future__ import annotations
@@ -36,10 +43,11 @@ import copy
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .prefix_cache import PrefixCache, PrefixCacheStats
+from .disk_tier import DiskTier
+from .prefix_cache import PrefixCache, PrefixCacheStats, PrefixMatch, Tokens
 from .vision import moved_of, untag
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,7 @@ class _Stored:
     layers: list[Any]
     prompt_tokens: int
     moved: int = 0
+    nbytes: int = 0  # as counted (a sharded rank counts the whole entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,55 +120,161 @@ class Reuse:
     tokens: int = 0
     parent: tuple[int, ...] | None = None
     moved: int = 0
+    disk_key: tuple[int, ...] | None = None  # the disk entry it was loaded from
 
 
 MISS = Reuse()
 
 
+class ShardMissing(RuntimeError):
+    """A sharded follower could not load its shard of the disk entry rank 0 chose."""
+
+
 class PromptCache:
     """KV caches keyed by ``(tenant, tokens)``; bounded by bytes and entries (0 disables)."""
 
-    def __init__(self, max_bytes: int, max_entries: int, share: tuple[int, int] = (1, 1)) -> None:
-        self._core: PrefixCache[_Stored] = PrefixCache(max_bytes, max_entries)
+    def __init__(
+        self,
+        max_bytes: int,
+        max_entries: int,
+        share: tuple[int, int] = (1, 1),
+        disk: DiskTier | None = None,
+        follower: bool = False,
+    ) -> None:
+        self._core: PrefixCache[_Stored] = PrefixCache(
+            max_bytes, max_entries, on_remove=self._left_ram
+        )
         # A rank holds a share of each entry; it counts the whole (its bytes times
         # ``share[0] / share[1]``), so that every rank evicts alike (distributed.py).
         self._share = share
+        self._disk = disk if self._core.enabled else None
+        self._follower = follower  # a sharded follower: rank 0 decides disk hits
 
     @property
     def enabled(self) -> bool:
         return self._core.enabled
 
     @property
-    def stats(self) -> PrefixCacheStats:
-        return self._core.stats
+    def disk(self) -> DiskTier | None:
+        return self._disk
 
-    def fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
+    @property
+    def share(self) -> tuple[int, int]:
+        return self._share
+
+    def with_disk(self, disk: DiskTier) -> PromptCache:
+        """A fresh cache of the same bounds over ``disk`` (made at load, before any entry)."""
+        core = self._core
+        return PromptCache(core.max_bytes, core.max_entries, self._share, disk, self._follower)
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        if self._disk is None:
+            return self._core.stats
+        return replace(self._core.stats, disk=self._disk.stats)
+
+    def fetch(
+        self, tenant: str, prompt: Sequence[int], disk_key: tuple[int, ...] | None = None
+    ) -> Reuse:
         """A cache for the longest reusable prefix of ``prompt``. Insert the sequence with
-        ``reuse.cache`` and ``prompt[reuse.tokens:]`` as its prompt."""
+        ``reuse.cache`` and ``prompt[reuse.tokens:]`` as its prompt. ``disk_key``: the disk
+        entry rank 0 served this prompt from (a sharded follower loads the same)."""
         if not self._core.enabled or len(prompt) < 2:
             return MISS
         try:
-            return self._fetch(tenant, prompt)
+            return self._fetch(tenant, prompt, disk_key)
+        except ShardMissing:
+            raise
         except Exception:
             log.exception("prompt cache: lookup failed; prefilling the whole prompt")
             return MISS
 
-    def _fetch(self, tenant: str, prompt: Sequence[int]) -> Reuse:
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+    def _fetch(self, tenant: str, prompt: Sequence[int], disk_key: Tokens | None) -> Reuse:
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
+        key, limit = _unmoved(prompt), len(prompt) - 1
+        if self._disk is not None and (disk_key is not None or not self._follower):
+            ram = self._core.peek(
+                tenant,
+                key,
+                limit=limit,
+                trimmable=lambda stored: bool(can_trim_prompt_cache(stored.layers)),
+            )
+            served = self._from_disk(tenant, key, limit, ram.reused if ram else 0, disk_key)
+            if served is not None:
+                return served
         match = self._core.lookup(
             tenant,
-            _unmoved(prompt),
-            limit=len(prompt) - 1,
+            key,
+            limit=limit,
             trimmable=lambda stored: bool(can_trim_prompt_cache(stored.layers)),
         )
         if match is None:
+            if self._disk is not None:
+                self._disk.missed()
             return MISS
-        cache = [_copy_layer(layer) for layer in match.value.layers]
-        if match.trim:
-            trim_prompt_cache(cache, match.trim)
-        grown = match.reused >= match.value.prompt_tokens
-        return Reuse(cache, match.reused, match.key if grown else None, match.value.moved)
+        return _served(match)
+
+    def _from_disk(
+        self, tenant: str, key: Tokens, limit: int, in_ram: int, forced: Tokens | None
+    ) -> Reuse | None:
+        """The reuse a disk entry gives when it beats RAM's ``in_ram`` tokens (else None):
+        loaded, verified, put back in RAM. A bad file is dropped and the next best tried."""
+        disk = self._disk
+        assert disk is not None
+        for _ in range(3):  # each failure drops a file; a few at most per lookup
+            if forced is not None:
+                found = disk.entry(tenant, forced)
+                found = found and PrefixMatch(found.key, found.value, min(len(forced), limit))
+            else:
+                found = disk.find(tenant, key, limit)
+            if found is None or (forced is None and found.reused <= in_ram):
+                break
+            layers = disk.load(tenant, found)
+            if layers is None:
+                continue
+            entry = found.value
+            stored = _Stored(layers, entry.prompt_tokens, entry.moved, entry.whole_bytes)
+            self._core.insert(
+                tenant, found.key, stored, entry.whole_bytes, supersedes_prefixes=entry.trimmable
+            )
+            self._core.record(found.reused)
+            served = _served(PrefixMatch(found.key, stored, found.reused))
+            return replace(served, disk_key=found.key)
+        if forced is not None:
+            raise ShardMissing(f"this rank has no usable shard of a {len(forced)}-token entry")
+        return None
+
+    def _left_ram(self, tenant: str, key: Tokens, stored: _Stored, evicted: bool) -> None:
+        """An entry leaves RAM: one evicted is kept on disk (a redundant one is not)."""
+        if evicted:
+            self._spill(tenant, key, stored)
+
+    def _spill(self, tenant: str, key: Tokens, stored: _Stored) -> None:
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        if self._disk is None or (tenant, key) in self._disk:
+            return
+        self._disk.write(
+            tenant,
+            key,
+            stored.layers,
+            prompt_tokens=stored.prompt_tokens,
+            moved=stored.moved,
+            whole_bytes=stored.nbytes,
+            trimmable=bool(can_trim_prompt_cache(stored.layers)),
+        )
+
+    def flush(self) -> None:
+        """Write every RAM entry not yet on disk (a clean shutdown), oldest first so the
+        disk budget keeps the most recent."""
+        if self._disk is None:
+            return
+        for tenant, key, stored in self._core.items():
+            try:
+                self._spill(tenant, key, stored)
+            except Exception:
+                log.exception("prompt cache: could not write an entry at shutdown")
 
     def store(
         self,
@@ -203,10 +318,13 @@ class PromptCache:
         # Materialise now: a lazy slice would keep the whole batch's buffers alive.
         mx.eval([layer.state for layer in layers])
         nbytes = sum(int(layer.nbytes) for layer in layers) * self._share[0] // self._share[1]
+        stored = _Stored(layers, prompt_tokens, moved_of(tokens[0]), nbytes)
+        if nbytes > self._core.max_bytes:  # too large for RAM: straight to disk, if any
+            self._spill(tenant, _unmoved(tokens), stored)
         self._core.insert(
             tenant,
             _unmoved(tokens),
-            _Stored(layers, prompt_tokens, moved_of(tokens[0])),
+            stored,
             nbytes,
             supersedes_prefixes=can_trim_prompt_cache(layers),
             replaces=replaces,
@@ -238,5 +356,20 @@ class PromptCache:
                 return
             self.store(tenant, tuple(tokens), cache, replaces, partition, prompt_tokens)
 
-    def clear(self) -> None:
+    def clear(self, disk: bool = False) -> None:
+        """Drop every RAM entry (its MLX arrays are freed on this thread); ``disk``: delete
+        the disk tier's files too."""
         self._core.clear()
+        if disk and self._disk is not None:
+            self._disk.clear()
+
+
+def _served(match: PrefixMatch[_Stored]) -> Reuse:
+    """A fresh cache of ``match``'s first ``reused`` tokens (copied, trimmed)."""
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    cache = [_copy_layer(layer) for layer in match.value.layers]
+    if match.trim:
+        trim_prompt_cache(cache, match.trim)
+    grown = match.reused >= match.value.prompt_tokens
+    return Reuse(cache, match.reused, match.key if grown else None, match.value.moved)

@@ -34,10 +34,12 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol, assert_never
 
 from .batch import Batch
 from .blas_threads import set_blas_threads
+from .disk_tier import DEFAULT_TTL_SECONDS, DiskTier, layout_fingerprint, model_fingerprint
 from .distributed import Broadcaster, Link, Receiver, open_link, shard_model, topology
 from .inbound import (
     Admit,
@@ -112,6 +114,11 @@ class ThreadSettings:
     blas_threads: int | None = None
     # This process is one rank of a model split over several (None: the whole model).
     sharding: Sharding | None = None
+    # The prompt cache's disk tier (docs/prompt-cache.md): its directory (None: no disk tier),
+    # its byte budget (0: none) and how long an unused entry is kept.
+    prompt_cache_dir: str | None = None
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_disk_ttl: float = DEFAULT_TTL_SECONDS
 
 
 class GenerationThread:
@@ -177,6 +184,7 @@ class GenerationThread:
                 self._facts.put(Loaded(None, exc))
                 error = exc
                 return
+            self._attach_disk(loaded)
             self._facts.put(Loaded(loaded))
             self._serve(loaded)
         except BaseException as exc:
@@ -205,7 +213,7 @@ class GenerationThread:
         # counted against whole entries (``PromptCache``'s share).
         kib = link.from_rank0(self._prompt_cache.stats.max_bytes // 1024)
         entries = link.from_rank0(self._settings.prompt_cache_entries)
-        self._prompt_cache = PromptCache(kib * 1024, entries, shares[0])
+        self._prompt_cache = PromptCache(kib * 1024, entries, shares[0], follower=link.rank > 0)
         if link.rank == 0:
             self._journal = self._broadcaster = broadcaster = Broadcaster(link)
         else:
@@ -213,6 +221,27 @@ class GenerationThread:
             self._inbox = Receiver(link)
         shape = topology(link, sharding, broadcaster.traffic if link.rank == 0 else None)
         return replace(loaded, topology=shape)
+
+    def _attach_disk(self, loaded: LoadedModel) -> None:
+        """Give the prompt cache its disk tier (``ThreadSettings.prompt_cache_dir``): one
+        folder per model under it, each rank its own files (the rank is in their names)."""
+        settings, cache = self._settings, self._prompt_cache
+        if not (settings.prompt_cache_dir and settings.prompt_cache_disk_bytes > 0):
+            return
+        if not cache.enabled:
+            return
+        model = model_fingerprint(settings.model_path)
+        rank = 0 if self._link is None else self._link.rank
+        tier = DiskTier(
+            Path(settings.prompt_cache_dir) / model[:16],
+            settings.prompt_cache_disk_bytes,
+            settings.prompt_cache_disk_ttl,
+            model,
+            layout_fingerprint(loaded.model, cache.share),
+            rank,
+        )
+        tier.open()
+        self._prompt_cache = cache.with_disk(tier)
 
     def _serve(self, loaded: LoadedModel) -> None:
         settings = self._settings

@@ -26,6 +26,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 if TYPE_CHECKING:
+    from ..engine.prefix_cache import DiskStats
     from ..runtime import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -197,6 +198,34 @@ def _batch(rt: Runtime) -> Iterator[Metric]:
     )
     yield _gauge("mlx_responses_prompt_cache_entries", "Prompt-cache entries.", cache.entries)
     yield _gauge("mlx_responses_prompt_cache_bytes", "Prompt-cache bytes held.", cache.bytes)
+    yield from _disk_tier(cache.disk)
+
+
+def _disk_tier(disk: DiskStats | None) -> Iterator[Metric]:
+    """The prompt cache's disk tier, when it has one."""
+    if disk is None:
+        return
+    name = "mlx_responses_prompt_cache_disk"
+    yield _gauge(f"{name}_entries", "Prompt-cache files on disk.", disk.entries)
+    yield _gauge(f"{name}_bytes", "Prompt-cache bytes on disk.", disk.bytes)
+    yield _gauge(f"{name}_max_bytes", "The disk tier's byte budget.", disk.max_bytes)
+    yield _counter(f"{name}_hits", "Prompt-cache lookups served from disk.", disk.hits)
+    yield _counter(
+        f"{name}_misses", "Prompt-cache lookups neither RAM nor disk served.", disk.misses
+    )
+    yield _counter(f"{name}_writes", "Prompt-cache files written.", disk.writes)
+    yield _counter(
+        f"{name}_write_errors", "Prompt-cache files that failed to write.", disk.write_errors
+    )
+    yield _counter(
+        f"{name}_skipped",
+        "Prompt-cache files skipped: missing, truncated, corrupt or mismatched.",
+        disk.skipped,
+    )
+    yield _counter(
+        f"{name}_evictions", "Prompt-cache files deleted for the budget.", disk.evictions
+    )
+    yield _counter(f"{name}_expired", "Prompt-cache files deleted by the TTL.", disk.expired)
 
 
 def _responses(rt: Runtime) -> Iterator[Metric]:
