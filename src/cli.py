@@ -188,7 +188,7 @@ def _model_location(args: argparse.Namespace) -> tuple[str, str]:
 def _check_engine_flags(args: argparse.Namespace) -> None:
     """The batch, cache, context and port flags' ranges."""
     for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
-        if getattr(args, name) < 1:
+        if (value := getattr(args, name)) is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("prompt_cache_bytes", "prompt_cache_entries"):
         if (value := getattr(args, name)) is not None and value < 0:
