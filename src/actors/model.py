@@ -150,7 +150,8 @@ class ModelHandle:
         self.vision = loaded.vision  # a vision model's image side (None: text-only)
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
         self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
-        # The batch's sizes and their sources (flags, else the device's), chosen at load.
+        # The batch's sizes and their sources (flags, else the device's), chosen at load (a
+        # stand-in thread that reports none: the CPU's, which is where tests run one).
         self.sizes = loaded.sizes or choose_sizes(size_flags(settings), DeviceFacts("cpu"))
         self._mailbox = mailbox
         self._engine = engine

@@ -16,6 +16,8 @@ Invariants:
   ``Step`` for every step it took go there, in the order they happened. A ``lockstep`` thread
   steps only on a ``Step`` message and never gathers, so a journal sent to one replays the
   batch exactly (``tests/test_engine_replay.py``).
+- The batch's sizes (prefill chunk, decode and prompt batch) are chosen once, at load, on
+  this thread: the flags', else the device's (``sizing.py``); ``Loaded`` reports them.
 - Only an error of the batch itself (the model's forward pass) ends the thread; every
   sequence it held ends with ``error`` then, and ``Exited`` carries the error.
 - With ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
