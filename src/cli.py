@@ -196,7 +196,7 @@ def _model_location(args: argparse.Namespace) -> tuple[str, str]:
 def _check_engine_flags(args: argparse.Namespace) -> None:
     """The batch, cache, context and port flags' ranges."""
     for name in ("prefill_step_size", "decode_concurrency", "prompt_concurrency", "max_sequences"):
-        if getattr(args, name) < 1:
+        if (value := getattr(args, name)) is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     if args.prompt_cache_disk_ttl_secs <= 0:
         raise SystemExit("--prompt-cache-disk-ttl-secs must be above 0")

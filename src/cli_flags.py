@@ -88,23 +88,26 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--prefill-step-size",
         "MLX_RESPONSES_PREFILL_STEP_SIZE",
-        512,
+        None,
         int,
-        "prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk",
+        "prompt tokens per prefill chunk; a cancel during prefill waits at most one chunk "
+        "(default: by device, 512 on the CPU, 2048 on a GPU with 8 GiB or more to spare; "
+        "docs/operations.md)",
     ),
     Flag(
         "--decode-concurrency",
         "MLX_RESPONSES_DECODE_CONCURRENCY",
-        32,
+        None,
         int,
-        "most sequences decoded together in one batch step",
+        "most sequences decoded together in one batch step (default: by device, 32; 64 on a "
+        "CUDA GPU with 32 GiB or more to spare)",
     ),
     Flag(
         "--prompt-concurrency",
         "MLX_RESPONSES_PROMPT_CONCURRENCY",
-        8,
+        None,
         int,
-        "most prompts prefilled together in one batch step",
+        "most prompts prefilled together in one batch step (default: by device, 8)",
     ),
     Flag(
         "--ctx-size",

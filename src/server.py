@@ -113,7 +113,7 @@ async def serve(
         http = await _start_http(nursery, settings, create_app(runtime))
         runtime = dataclasses.replace(runtime, base_url=http.base_url)
         log.info("serving %s at %s", model.info.alias, runtime.base_url)
-        log_startup(log, model.info, model.blas, model.device, model.topology)
+        log_startup(log, model.info, model.blas, model.device, model.topology, model.sizes)
         if handle_signals:
             nursery.start_soon(_watch_signals, stop)
         nursery.start_soon(_watch_model_failure, model.failed, stop)

@@ -9,6 +9,7 @@ from pathlib import Path
 from .actors.model import ModelInfo
 from .blas import HINT, openblas_loaded
 from .engine.blas_threads import BlasThreads
+from .engine.sizing import Sizes
 from .engine.topology import Topology
 
 
@@ -70,8 +71,11 @@ def log_startup(
     blas: BlasThreads | None = None,
     device: str = "",
     topology: Topology | None = None,
+    sizes: Sizes | None = None,
 ) -> None:
     line, slow = startup_line(info, blas, device, topology)
     log.info("%s", line)
+    if sizes is not None:
+        log.info("%s", sizes.describe())  # the batch's sizes and why (engine/sizing.py)
     if slow:
         log.warning("%s", HINT)

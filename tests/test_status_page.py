@@ -167,6 +167,12 @@ async def test_status_page_shows_running_responses_and_cancels_them(
                     assert MODEL in text
                     assert str(model.info.context_window) in text.replace(",", "")
                     await on_thread(page.wait_for, "$('ttft-count').textContent !== '0'", 10)
+                    # The KV bytes the two running sequences hold, and the batch's sizes with
+                    # their source (no flag: the device's).
+                    await on_thread(
+                        page.wait_for, "/KV held [1-9]/.test($('batch-capacity').textContent)", 10
+                    )
+                    assert "512 (cpu default)" in text
                     await on_thread(page.screenshot, screenshot_path(tmp_path))
 
                     # The job's cancel button: the job ends cancelled, its sequence leaves.

@@ -38,6 +38,7 @@ from ..engine.port import (
     Admit,
     Arrivals,
     BatchFact,
+    DeviceFacts,
     Ended,
     Exited,
     FinishReason,
@@ -47,13 +48,14 @@ from ..engine.port import (
     ModelStatistics,
     SequenceSlot,
     StopMatched,
+    choose_sizes,
 )
 from ..engine.port import Cancel as CancelSequence
 from ..engine.port import Shutdown as StopGeneration
 from ..protocol.errors import invalid_request
 from ..text.prompt_maker import ModelInfo, ModelPrompt, PromptMaker
 from .kit import Reply, ask, open_mailbox
-from .model_port import Arrival, _Engine, _Worker
+from .model_port import Arrival, _Engine, _Worker, size_flags
 from .model_types import (
     GenerationRequest,
     GenerationSequence,
@@ -148,6 +150,9 @@ class ModelHandle:
         self.vision = loaded.vision  # a vision model's image side (None: text-only)
         self.blas = loaded.blas  # the OpenBLAS thread count set at load (None: not used)
         self.device = loaded.device  # MLX's device in words, asked at load on the MLX thread
+        # The batch's sizes and their sources (flags, else the device's), chosen at load (a
+        # stand-in thread that reports none: the CPU's, which is where tests run one).
+        self.sizes = loaded.sizes or choose_sizes(size_flags(settings), DeviceFacts("cpu"))
         self._mailbox = mailbox
         self._engine = engine
         self.restarts = 0

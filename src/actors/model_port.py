@@ -24,6 +24,7 @@ from ..engine.port import (
     Loaded,
     LoadedModel,
     ModelStatistics,
+    SizeFlags,
     ThreadSettings,
 )
 from .model_types import ModelSettings
@@ -67,6 +68,13 @@ class Arrival:
         if self._counted:
             self._counted = False
             self._engine.arrive(-1)
+
+
+def size_flags(settings: ModelSettings) -> SizeFlags:
+    """The batch sizes the flags set (None: the device's default)."""
+    return SizeFlags(
+        settings.prefill_step_size, settings.completion_batch_size, settings.prefill_batch_size
+    )
 
 
 def thread_settings(settings: ModelSettings) -> ThreadSettings:

@@ -32,9 +32,11 @@ ThreadFactory = Callable[..., GenerationThread]
 class ModelSettings:
     model_path: str
     alias: str
-    prefill_step_size: int = 512
-    completion_batch_size: int = 32
-    prefill_batch_size: int = 8
+    # --prefill-step-size, --decode-concurrency, --prompt-concurrency (None: the device's
+    # default, chosen at load: ``engine/sizing.py``; ``ModelHandle.sizes`` has what was chosen).
+    prefill_step_size: int | None = None
+    completion_batch_size: int | None = None
+    prefill_batch_size: int | None = None
     max_sequences: int = 256
     # --ctx-size: the context window the server enforces and compaction plans with; None: the
     # model's own (its config's max_position_embeddings or the like).

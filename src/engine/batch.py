@@ -33,6 +33,7 @@ from ..protocol.stops import StopMatcher
 from .blas_threads import StepThreads, open_blas
 from .constrain import make_logits_processor
 from .inbound import Admit, SequenceSpec
+from .kv_bytes import batch_kv_bytes
 from .loader import LoadedModel
 from .outbound import ModelStatistics
 from .prompt_cache import PromptCache, needs_checkpoints
@@ -487,6 +488,7 @@ class Batch:
             steps=previous.steps + 1,
             peak_decoding=max(previous.peak_decoding, decoding),
             prompt_cache=self._prompt_cache.stats,
+            batch_kv_bytes=batch_kv_bytes(self._generator),
         )
 
     def close(self, reason: FinishReason, error: str | None) -> None:

@@ -45,6 +45,8 @@ class ModelStatistics:
     peak_decoding: int = 0
     admitted: int = 0
     prompt_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    # KV bytes the running batch's caches hold (``kv_bytes.py``); 0 with no sequence.
+    batch_kv_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from .loader import LoadedModel
 from .outbound import BatchFact, Ended, Exited, FactStream, Loaded, ModelStatistics
 from .penalties import sampling_adjust
 from .prompt_cache import DEFAULT_MAX_ENTRIES
+from .sizing import DeviceFacts, SizeFlags, Sizes, choose_sizes
 from .slot import FinishReason, SequenceOutput, SequenceSlot
 from .thread import GenerationThread, ThreadSettings
 from .topology import Sharding
@@ -40,6 +41,7 @@ __all__ = [
     "BatchFact",
     "Cancel",
     "CannotConstrain",
+    "DeviceFacts",
     "Ended",
     "Exited",
     "FactStream",
@@ -57,7 +59,10 @@ __all__ = [
     "SequenceSpec",
     "Sharding",
     "Shutdown",
+    "SizeFlags",
+    "Sizes",
     "StopMatched",
     "ThreadSettings",
+    "choose_sizes",
     "sampling_adjust",
 ]

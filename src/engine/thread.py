@@ -16,6 +16,8 @@ Invariants:
   ``Step`` for every step it took go there, in the order they happened. A ``lockstep`` thread
   steps only on a ``Step`` message and never gathers, so a journal sent to one replays the
   batch exactly (``tests/test_engine_replay.py``).
+- The batch's sizes (prefill chunk, decode and prompt batch) are chosen once, at load, on
+  this thread: the flags', else the device's (``sizing.py``); ``Loaded`` reports them.
 - Only an error of the batch itself (the model's forward pass) ends the thread; every
   sequence it held ends with ``error`` then, and ``Exited`` carries the error.
 - With ``ThreadSettings.sharding`` the thread joins the other ranks at load and keeps
@@ -55,6 +57,7 @@ from .inbound import (
 from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
+from .sizing import SizeFlags, Sizes, choose_sizes, detect_device
 from .slot import FinishReason
 from .topology import RankBatch, Sharding
 
@@ -104,9 +107,10 @@ class Journal(Protocol):
 @dataclass(frozen=True, slots=True)
 class ThreadSettings:
     model_path: str
-    prefill_step_size: int = 512
-    completion_batch_size: int = 32
-    prefill_batch_size: int = 8
+    # The batch's sizes as the flags give them (None: the device's default, ``sizing.py``).
+    prefill_step_size: int | None = None
+    completion_batch_size: int | None = None
+    prefill_batch_size: int | None = None
     # None: a fraction of the machine's memory (prompt_cache.default_max_bytes); 0 disables.
     prompt_cache_bytes: int | None = None
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
@@ -179,7 +183,7 @@ class GenerationThread:
                 blas = set_blas_threads(
                     loaded.model, self._settings.blas_threads, self._settings.model_path, **sharded
                 )
-                loaded = replace(loaded, blas=blas)
+                loaded = replace(loaded, blas=blas, sizes=self._sizes(loaded))
             except BaseException as exc:
                 self._facts.put(Loaded(None, exc))
                 error = exc
@@ -243,14 +247,33 @@ class GenerationThread:
         tier.open()
         self._prompt_cache = cache.with_disk(tier)
 
-    def _serve(self, loaded: LoadedModel) -> None:
+    def _sizes(self, loaded: LoadedModel) -> Sizes:
+        """The flags' sizes, else the device's (``sizing.py``); every rank of a split model
+        runs rank 0's, so that their batches step alike."""
         settings = self._settings
+        flags = SizeFlags(
+            settings.prefill_step_size, settings.completion_batch_size, settings.prefill_batch_size
+        )
+        sizes = choose_sizes(flags, detect_device(loaded.model))
+        link = self._link
+        if link is None:
+            return sizes
+        return replace(
+            sizes,
+            prefill_step_size=link.from_rank0(sizes.prefill_step_size),
+            completion_batch_size=link.from_rank0(sizes.completion_batch_size),
+            prefill_batch_size=link.from_rank0(sizes.prefill_batch_size),
+        )
+
+    def _serve(self, loaded: LoadedModel) -> None:
+        sizes = loaded.sizes
+        assert sizes is not None  # set at load (``_main``)
         batch = self.batch_class(
             loaded,
             self._prompt_cache,
-            prefill_step_size=settings.prefill_step_size,
-            completion_batch_size=settings.completion_batch_size,
-            prefill_batch_size=settings.prefill_batch_size,
+            prefill_step_size=sizes.prefill_step_size,
+            completion_batch_size=sizes.completion_batch_size,
+            prefill_batch_size=sizes.prefill_batch_size,
         )
         self._batch = batch
         if self._link is not None:

@@ -130,6 +130,7 @@ async def health() -> Response:
                 "sequences_cancelled": stats.sequences_cancelled,
                 "sequences_failed": stats.sequences_failed,
                 "steps": stats.steps,
+                "kv_bytes": stats.batch_kv_bytes,
             },
             "prompt_cache": stats.prompt_cache.to_json(),
             "blas": None if rt.model.blas is None else rt.model.blas.to_json(),

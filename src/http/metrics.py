@@ -171,6 +171,13 @@ def _batch(rt: Runtime) -> Iterator[Metric]:
     yield _counter(
         "mlx_responses_batch_steps", "Generation steps of the batch since start.", batch.steps
     )
+    yield _gauge(
+        "mlx_responses_batch_kv_bytes",
+        "KV-cache bytes the sequences in the model's batch hold now (allocated, as of the "
+        "latest step).",
+        batch.batch_kv_bytes,
+    )
+    yield _sizes(rt)
     yield _labelled(
         CounterMetricFamily(
             "mlx_responses_sequences_ended",
@@ -226,6 +233,24 @@ def _disk_tier(disk: DiskStats | None) -> Iterator[Metric]:
         f"{name}_evictions", "Prompt-cache files deleted for the budget.", disk.evictions
     )
     yield _counter(f"{name}_expired", "Prompt-cache files deleted by the TTL.", disk.expired)
+
+
+def _sizes(rt: Runtime) -> Metric:
+    """The batch's sizes, each with its source (a flag, or the device's default)."""
+    sizes = rt.model.sizes
+    return _labelled(
+        GaugeMetricFamily(
+            "mlx_responses_batch_size_limit",
+            "The batch's sizes: prompt tokens per prefill chunk, sequences decoded and prompts "
+            "prefilled per step; source: flag or device default.",
+            labels=("size", "source"),
+        ),
+        [
+            (("prefill_step", sizes.sources[0]), sizes.prefill_step_size),
+            (("decode_batch", sizes.sources[1]), sizes.completion_batch_size),
+            (("prompt_batch", sizes.sources[2]), sizes.prefill_batch_size),
+        ],
+    )
 
 
 def _responses(rt: Runtime) -> Iterator[Metric]:

@@ -95,6 +95,8 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
         "reasoning": info.has_thinking,
         "backend": _backend(rt.model.device) + _sharded(rt),
         "blas": None if rt.model.blas is None else rt.model.blas.to_json(),
+        # The batch's sizes and where each came from (a flag, or the device's default).
+        "sizes": rt.model.sizes.to_json(),
         # The ranks a sharded model runs on (None: one process).
         "distributed": (
             None if rt.model.topology is None else rt.model.topology.as_json(rt.model.fatal)
@@ -217,8 +219,9 @@ async def status_view(rt: Runtime, owner: str) -> dict[str, Any]:
             "queued": batch.queued,
             "prefilling": batch.prefilling,
             "decoding": batch.decoding,
-            "capacity": rt.settings.model.completion_batch_size,
+            "capacity": rt.model.sizes.completion_batch_size,
             "tokens_generated": batch.tokens_generated,
+            "kv_bytes": batch.batch_kv_bytes,
         },
         # Every tenant's, as counts only.
         "totals": {"running": books.running, "jobs_active": books.jobs_active},
