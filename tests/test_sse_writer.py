@@ -1,7 +1,7 @@
 """The SSE writer (``http.pipeline.follow``) over a real ``EventLog``: each write carries every
 event pending since the last one; the events stay the same, whole, in order, none lost; each
 event is encoded once for every subscriber. And the bound on how long a run under load lets
-its deltas pile up (``run.delta_interval``, issue 12). The producers pace their events on
+its deltas pile up (``pacing.delta_interval``, issue 12). The producers pace their events on
 Trio's ``MockClock`` (autojump): the writer wakes between them as on any machine, and no test
 waits on the wall clock."""
 
@@ -11,9 +11,11 @@ from typing import Any
 
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlx_responses.actors.event_log import EventLog
-from mlx_responses.actors.run import MAX_INTERVAL_SECONDS, delta_interval
+from mlx_responses.actors.pacing import MAX_INTERVAL_SECONDS, delta_interval, next_linger
 from mlx_responses.http.pipeline import follow
 from mlx_responses.protocol.events.sse import SseDecoder, encode_sse
 
@@ -112,3 +114,21 @@ async def test_a_late_subscriber_and_a_live_one_get_the_same_bytes(
 def test_the_delta_interval_grows_with_the_streams_and_is_bounded() -> None:
     assert 0 < delta_interval(1) < delta_interval(4) < delta_interval(8) <= MAX_INTERVAL_SECONDS
     assert delta_interval(1000) == MAX_INTERVAL_SECONDS
+
+
+@given(
+    outputs=st.lists(st.integers(min_value=0, max_value=4), max_size=12),
+    decoding=st.integers(min_value=1, max_value=64),
+)
+def test_a_run_lingers_only_once_its_first_token_went_out(
+    outputs: list[int], decoding: int
+) -> None:
+    """Outputs with no token (a prefill's end) before the first token leave the next receive
+    unlingered, so the first token is sent the moment it exists; from the first token on,
+    every receive lingers ``delta_interval``."""
+    linger = 0.0
+    seen_token = False
+    for new_tokens in outputs:
+        linger = next_linger(linger, new_tokens, decoding)
+        seen_token = seen_token or new_tokens > 0
+        assert linger == (delta_interval(decoding) if seen_token else 0.0)

@@ -71,6 +71,7 @@ from .admission import Admission, admit_continuation
 from .event_log import EventLog
 from .hosted_tools import run_call
 from .output import HostedCallMade
+from .pacing import next_linger
 from .prompt import PreparedPrompt
 from .run_records import write_failed, write_records
 from .runtime import Actors
@@ -86,27 +87,7 @@ STORE_DEADLINE_SECONDS = 60
 RELEASE_DEADLINE_SECONDS = 5
 
 
-# The server's own work per event (the machine, the log, encoding, one transport write and one
-# client read per delta) competes with the generation thread for the GIL and the cores, most
-# when the engine is fast. A run that lets its sequence's tokens pile up between receives turns
-# many one-token deltas into fewer, fuller ones: the same text and logprobs, in order. A delta
-# waits at most ``delta_interval`` (the first one and the finish not at all), which grows with
-# the sequences decoding; on a model slower than that per step nothing changes (each receive
-# has one step's token anyway). The generation thread never waits on it. Runs linger to the
-# same ticks of one clock (``SequenceSlot.receive``), so all the streams' deltas of a tick go
-# out in one pass of the event loop. Measured (A/B, 16 streams, 10M model): 15 ms per stream
-# gave the engine ~4 % more of the cores than 5 ms did; a stream of 16 still gets four deltas
-# a second.
-BASE_INTERVAL_SECONDS = 0.01
-INTERVAL_PER_STREAM_SECONDS = 0.015
-MAX_INTERVAL_SECONDS = 0.25
-
 INTERNAL_ERROR = "The server had an internal error while generating this response."
-
-
-def delta_interval(decoding: int) -> float:
-    """How long a run lets output pile up while ``decoding`` sequences run."""
-    return min(MAX_INTERVAL_SECONDS, BASE_INTERVAL_SECONDS + INTERVAL_PER_STREAM_SECONDS * decoding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,12 +245,13 @@ class ResponseRun:
             # in_progress at once); a background one stays queued until the model reports work.
             self.start()
         model = self._actors.model
-        linger = 0.0  # the first output goes out at once
+        linger = 0.0  # the first token goes out at once (a prefill's end is not one)
         while self.phase in (Phase.PREFILLING, Phase.DECODING):
             current = self._admission  # a server tool's continuation replaces it
             assert current is not None
-            await self._apply(await current.sequence.receive(linger))
-            linger = delta_interval(model.decoding)
+            output = await current.sequence.receive(linger)
+            await self._apply(output)
+            linger = next_linger(linger, output.new_tokens, model.decoding)
 
     async def _prefill(self) -> None:
         """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates

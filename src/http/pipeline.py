@@ -79,7 +79,7 @@ async def final_object(log: EventLog) -> JsonObject:
 async def follow(log: EventLog, start: int = 0) -> AsyncIterator[bytes]:
     """The log's events from ``start`` on as SSE, live, until the terminal event: one chunk per
     wake-up, with every event pending since the last one (under load a run publishes its
-    deltas in bursts, ``run.delta_interval``, so a burst is one write)."""
+    deltas in bursts, ``pacing.delta_interval``, so a burst is one write)."""
     position = start
     while events := await log.wait_after(position):
         end = position + len(events)
