@@ -166,7 +166,7 @@ async def test_namespaced_call_carries_namespace_and_replays(server: ServerHandl
 
 def test_namespaced_function_is_offered_under_its_qualified_name() -> None:
     from mlx_responses.protocol.items.read import FunctionCall
-    from mlx_responses.protocol.tools.offered import parse_tools
+    from mlx_responses.protocol.tools.parse import parse_tools
     from mlx_responses.text.chat import to_chat
 
     (tool,) = parse_tools([MCP_NAMESPACE])

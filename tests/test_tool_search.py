@@ -287,7 +287,7 @@ async def test_bad_search_items_name_their_field(
 
 
 def test_server_search_matches_names_namespaces_and_words() -> None:
-    from mlx_responses.protocol.tools.offered import parse_tools
+    from mlx_responses.protocol.tools.parse import parse_tools
     from mlx_responses.protocol.tools.search import search
 
     catalog = [

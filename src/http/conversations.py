@@ -35,8 +35,8 @@ from ..protocol.listing import page, parse_list_query
 from ..storage.interface import ConversationRecord
 from .common import View, decode_json_body, json_response, mount, runtime, tenant
 from .image_inputs import inline_image_inputs
+from .include import check_includable
 from .pipeline import image_sources
-from .schemas import INCLUDABLE
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -53,12 +53,7 @@ def check_include(args: Mapping[str, Sequence[str]]) -> None:
     """``include`` / ``include[]`` (the SDK's spelling) values must be OpenAI's."""
     for key in ("include", "include[]"):
         for value in args.get(key, ()):
-            if value not in INCLUDABLE:
-                raise invalid_request(
-                    f"Invalid value for 'include': {value!r}; supported values are "
-                    f"{', '.join(repr(v) for v in sorted(INCLUDABLE))}.",
-                    "include",
-                )
+            check_includable(value, "include")
 
 
 def conversation_not_found(conversation_id: str) -> ApiError:

@@ -7,6 +7,8 @@ Invariants:
 - A field whose value we cannot honour yet is a 400 saying so, never silently dropped.
 - The result is the internal frozen ``CreateRequest`` (``compact_schema.py``: the ``CompactRequest``); nothing downstream
   sees Pydantic.
+- ``tools`` are parsed by ``protocol/tools/parse.py``, then with ``tool_choice`` by
+  ``tool_fields.py``; ``include`` values are checked by ``include.py``.
 - ``context_management`` is ``[]`` / absent, or exactly ``[{"type": "compaction",
   "compact_threshold": N}]`` with N in 1..100000000; anything else is a 400 naming the path.
 """
@@ -14,7 +16,6 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -23,25 +24,12 @@ from pydantic import ValidationError as PydanticValidationError
 from ..protocol.errors import ApiError, invalid_request
 from ..protocol.items.sealed import Sealer, open_sealed
 from ..protocol.objects import ResponseConfig
-from ..protocol.request import CreateRequest, InputItem, json_type, parse_input
+from ..protocol.request import CreateRequest, json_type, parse_input
 from ..protocol.text_format import TextFormat, parse_text_format
-from ..protocol.tools.hosted import (
-    WEB_SEARCH_TYPES,
-    HostedChoice,
-    HostedSwitches,
-    McpSpec,
-    parse_hosted_choice,
-    resolve_choice,
-)
-from ..protocol.tools.offered import (
-    FunctionTool,
-    ToolChoice,
-    echo_tools,
-    offered_tools,
-    parse_request_tools,
-    parse_tool_choice,
-)
-from ..protocol.tools.search import discoverable
+from ..protocol.tools.hosted import HostedSwitches
+from ..protocol.tools.parse import parse_request_tools
+from .include import LOGPROBS_INCLUDE, SEALED_INCLUDE, SOURCES_INCLUDE, check_includable
+from .tool_fields import RequestTools, request_tools
 
 Number = StrictFloat | StrictInt
 
@@ -132,23 +120,6 @@ class CreateResponseBody(BaseModel):
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
 
 
-# OpenAI's ResponseIncludable values; only the logprobs one changes what we send.
-INCLUDABLE = frozenset(
-    {
-        "file_search_call.results",
-        "web_search_call.results",
-        "web_search_call.action.sources",
-        "message.input_image.image_url",
-        "computer_call_output.output.image_url",
-        "code_interpreter_call.outputs",
-        "reasoning.encrypted_content",
-        "message.output_text.logprobs",
-    }
-)
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
-SEALED_INCLUDE = "reasoning.encrypted_content"
-SOURCES_INCLUDE = "web_search_call.action.sources"
-
 # Keys that are accepted but whose non-empty/non-default values this build cannot honour yet.
 _NOT_YET: dict[str, str] = {
     "prompt": "prompt templates",
@@ -187,12 +158,7 @@ def _check_not_yet(body: CreateResponseBody) -> None:
             "service_tier",
         )
     for i, value in enumerate(body.include or ()):
-        if value not in INCLUDABLE:
-            raise invalid_request(
-                f"Invalid value for 'include[{i}]': {value!r}; supported values are "
-                f"{', '.join(repr(v) for v in sorted(INCLUDABLE))}.",
-                f"include[{i}]",
-            )
+        check_includable(value, f"include[{i}]")
     if body.top_p is not None and body.top_p <= 0:
         raise invalid_request(
             f"Invalid value for 'top_p': {body.top_p!r}; expected a number in (0, 1].", "top_p"
@@ -283,7 +249,7 @@ def parse_create_request(
     parsed_tools, servers = parse_request_tools(body.tools, switches)
     text_format, verbosity = parse_text_format(body.text)
     reasoning = _parse_reasoning(body.reasoning)
-    tools = _request_tools(parsed_tools, servers, body.tool_choice, messages)
+    tools = request_tools(parsed_tools, servers, body.tool_choice, messages)
     config = _response_config(
         body,
         model,
@@ -318,61 +284,12 @@ def parse_create_request(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _RequestTools:
-    """A request's tools: as the Response echoes them, all declared ones (when some are
-    deferred), those the model is shown, and the tool choice (one naming an MCP server's
-    tool waits for its listing: ``mcp_choice``)."""
-
-    echoed: tuple[dict[str, Any], ...]
-    declared: tuple[FunctionTool, ...]
-    offered: tuple[FunctionTool, ...]
-    choice: ToolChoice
-    mcp_choice: HostedChoice | None = None
-
-
-def _request_tools(
-    tools: tuple[FunctionTool, ...],
-    servers: tuple[McpSpec, ...],
-    raw_choice: object,
-    messages: tuple[InputItem, ...],
-) -> _RequestTools:
-    echoed = _in_order(echo_tools(tools), servers)
-    declared = tools if any(tool.deferred for tool in tools) else ()
-    # Deferred tools wait for a tool_search_output in the input (or in the history:
-    # protocol/history.py ``resolve``), so the model is not shown them before it searched.
-    visible = discoverable(tools, messages)
-    if isinstance(raw_choice, dict) and (
-        raw_choice.get("type") in WEB_SEARCH_TYPES or raw_choice.get("type") == "mcp"
-    ):
-        hosted = parse_hosted_choice(raw_choice, visible, servers)
-        if hosted.kind == "mcp":  # resolved once the server's tools are listed
-            placeholder = ToolChoice("required", echo=hosted.echo)
-            return _RequestTools(echoed, declared, visible, placeholder, hosted)
-        choice = resolve_choice(hosted, visible)
-    else:
-        choice = parse_tool_choice(raw_choice, visible)
-    # With allowed_tools the model is shown only that subset.
-    return _RequestTools(echoed, declared, offered_tools(visible, choice), choice)
-
-
-def _in_order(
-    echoed: list[dict[str, Any]], servers: tuple[McpSpec, ...]
-) -> tuple[dict[str, Any], ...]:
-    """The echoed tools with each ``mcp`` tool back at its place in the request's ``tools``
-    (the others keep their order)."""
-    out = list(echoed)
-    for server in servers:
-        out.insert(min(server.index, len(out)), dict(server.echo))
-    return tuple(out)
-
-
 def _response_config(
     body: CreateResponseBody,
     model: str,
     *,
     conversation_id: str | None,
-    tools: _RequestTools,
+    tools: RequestTools,
     text_format: TextFormat,
     verbosity: str,
     reasoning: tuple[str | None, str | None],

@@ -1,13 +1,14 @@
-"""Function tools and ``tool_choice``: strict parsing into frozen values (pure).
+"""Function, namespace, custom and ``tool_search`` tools, and ``tool_choice``: strict parsing
+into frozen values (pure).
 
 Invariants:
-- Only ``function`` tools run (client-side). A hosted tool type is a 400 naming
-  ``tools[i].type`` unless the server drops such tools (``--unsupported-tools drop``, decision
-  6); a ``namespace`` tool that only wraps function tools is flattened.
+- Each parser here reads one entry of ``tools`` (``parse.py`` dispatches the array by type,
+  the hosted ``web_search`` and ``mcp`` tools to ``hosted.py``); a ``namespace`` tool that
+  only wraps function tools is flattened.
 - ``tool_choice`` is ``auto``, ``none``, ``required`` or one named function, in the flat
   (``{"type": "function", "name": ...}``) or the nested (``{"type": "function", "function":
   {"name": ...}}``) form; a named function must be one of ``tools``.
-- Tool names are unique; ``parameters`` is a JSON-schema object.
+- Tool names are 1-128 of letters, digits, ``_-.:``; ``parameters`` is a JSON-schema object.
 - A function inside a ``namespace`` tool keeps its namespace: the model sees it under its
   qualified name (``qualified_name``: ``mcp__weather`` + ``get_weather`` ->
   ``mcp__weather__get_weather``), the ``function_call`` item carries ``name`` and ``namespace``
@@ -18,7 +19,6 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -26,16 +26,7 @@ from typing import Any
 from ..check_memo import CheckMemo
 from ..errors import invalid_request
 from ..items.read import json_type, optional_str
-from .hosted import (
-    WEB_SEARCH_TYPES,
-    HostedSwitches,
-    McpSpec,
-    parse_mcp,
-    parse_web_search,
-)
 from .spec import FunctionTool, ToolChoice, qualified_name
-
-log = logging.getLogger(__name__)
 
 # The tool values live in ``tool_spec`` (so that ``items`` can name tools without importing
 # the parsers); importers of ``tools`` keep finding them here.
@@ -45,13 +36,14 @@ __all__ = [
     "FunctionTool",
     "ToolChoice",
     "custom_parameters",
+    "custom_tool",
     "echo_tools",
+    "function_tool",
+    "namespace_tools",
     "offered_tools",
     "parameters_problem",
-    "parse_request_tools",
     "parse_search_tool",
     "parse_tool_choice",
-    "parse_tools",
     "qualified_name",
     "schema_problem",
 ]
@@ -125,7 +117,8 @@ def _deferred(spec: Mapping[str, Any], path: str) -> bool:
     return value
 
 
-def _function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+def function_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+    """A ``function`` tool, flat or with its fields under ``function``."""
     spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
     assert isinstance(spec, Mapping)
     name, description = _name_and_description(spec, path, "function")
@@ -170,7 +163,8 @@ def echo_tools(tools: tuple[FunctionTool, ...]) -> list[dict[str, Any]]:
     return echoed
 
 
-def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
+def namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
+    """A ``namespace`` tool's functions, each under its qualified name."""
     namespace = tool.get("name")
     if not isinstance(namespace, str) or not _NAME.match(namespace):
         raise invalid_request(
@@ -187,7 +181,7 @@ def _namespace_tools(tool: Mapping[str, Any], path: str) -> list[FunctionTool]:
         )
     inner: list[FunctionTool] = []
     for j, entry in enumerate(tool["tools"]):
-        function = _function_tool(entry, f"{path}.tools[{j}]")
+        function = function_tool(entry, f"{path}.tools[{j}]")
         qualified = qualified_name(namespace, function.name)
         if not _NAME.match(qualified):
             raise invalid_request(
@@ -273,7 +267,8 @@ def _custom_format(raw: object, path: str) -> dict[str, Any]:
     return dict(raw)
 
 
-def _custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+def custom_tool(tool: Mapping[str, Any], path: str) -> FunctionTool:
+    """A ``custom`` tool: one string parameter (``custom_parameters``) in its format."""
     name, description = _name_and_description(tool, path, "tool")
     extra = sorted(set(tool) - {"type", "name", "description", "format", "defer_loading"})
     if extra:
@@ -323,104 +318,6 @@ def parse_search_tool(spec: Mapping[str, Any], path: str) -> FunctionTool:
         search=execution,
         search_echo=dict(spec),
     )
-
-
-def parse_tools(raw: object, *, drop_unsupported: bool = False) -> tuple[FunctionTool, ...]:
-    """``tools`` with no hosted tool enabled (a hosted one is a 400, or dropped)."""
-    return parse_request_tools(raw, HostedSwitches(drop_unsupported=drop_unsupported))[0]
-
-
-def parse_request_tools(
-    raw: object, switches: HostedSwitches
-) -> tuple[tuple[FunctionTool, ...], tuple[McpSpec, ...]]:
-    """``tools`` -> the functions (a ``web_search`` among them when enabled) and the MCP
-    servers (``hosted.py``), or a 400 naming the bad tool."""
-    if raw is None:
-        return (), ()
-    if not isinstance(raw, list):
-        raise invalid_request(
-            f"Invalid type for 'tools': expected an array, but got {json_type(raw)}.", "tools"
-        )
-    tools: list[FunctionTool] = []
-    servers: list[McpSpec] = []
-    for i, tool in enumerate(raw):
-        path = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_request(
-                f"Invalid type for '{path}': expected an object, but got {json_type(tool)}.", path
-            )
-        if tool.get("type") == "mcp":
-            server = parse_mcp(tool, path, i, switches)
-            servers += [server] if server is not None else []
-        else:
-            tools += _parse_tool(tool, path, switches)
-    _unique_labels(servers)
-    return _unique(tools), tuple(servers)
-
-
-def _parse_tool(tool: Mapping[str, Any], path: str, switches: HostedSwitches) -> list[FunctionTool]:
-    kind = tool.get("type")
-    drop_unsupported = switches.drop_unsupported
-    if kind == "function":
-        return [_function_tool(tool, path)]
-    if kind == "custom":
-        return [_custom_tool(tool, path)]
-    if kind == "tool_search":
-        return [parse_search_tool(tool, path)]
-    if kind in WEB_SEARCH_TYPES:
-        search = parse_web_search(tool, path, switches)
-        return [search] if search is not None else []
-    if kind == "namespace" and isinstance(tool.get("tools"), list):
-        inner = tool["tools"]
-        if all(isinstance(t, dict) and t.get("type") == "function" for t in inner):
-            return _namespace_tools(tool, path)
-        if not drop_unsupported:
-            raise invalid_request(
-                f"Invalid value for '{path}.tools': a namespace tool may only wrap function "
-                "tools on this server.",
-                f"{path}.tools",
-            )
-        log.warning("dropping namespace tool %s with non-function tools", path)
-        return []
-    if not drop_unsupported:
-        raise invalid_request(
-            f"Invalid value for '{path}.type': {kind!r} is not supported: this server runs "
-            "'function' and 'custom' tools on the client's side and 'web_search', 'mcp' and "
-            "'tool_search' itself (start the server with --unsupported-tools drop to ignore "
-            "other hosted tools; docs/tools.md).",
-            f"{path}.type",
-        )
-    log.warning("dropping unsupported tool %s of type %r", path, kind)
-    return []
-
-
-def _unique_labels(servers: list[McpSpec]) -> None:
-    labels: set[str] = set()
-    for server in servers:
-        if server.label in labels:
-            path = f"tools[{server.index}].server_label"
-            raise invalid_request(
-                f"Invalid value for '{path}': the server_label {server.label!r} appears twice.",
-                path,
-            )
-        labels.add(server.label)
-
-
-def _unique(tools: list[FunctionTool]) -> tuple[FunctionTool, ...]:
-    seen: set[str] = set()
-    for i, tool in enumerate(tools):
-        if tool.name in seen and tool.search is not None:
-            raise invalid_request(
-                "Invalid value for 'tools': only one 'tool_search' tool may be given.",
-                f"tools[{i}]",
-            )
-        if tool.name in seen:
-            raise invalid_request(
-                f"Invalid value for 'tools': the function name {tool.name!r} appears twice.",
-                f"tools[{i}].name",
-            )
-        seen.add(tool.name)
-    return tuple(tools)
 
 
 def parse_tool_choice(raw: object, tools: tuple[FunctionTool, ...]) -> ToolChoice:

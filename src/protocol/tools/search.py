@@ -28,7 +28,8 @@ from typing import Any
 from ..errors import invalid_request
 from ..items.read import FunctionCallOutput, InputItem
 from ..objects import tool_search_call_item, tool_search_output_item
-from .offered import SEARCH_NAME, FunctionTool, ToolChoice, echo_tools, parse_tools
+from .offered import SEARCH_NAME, FunctionTool, ToolChoice, echo_tools
+from .parse import parse_tools
 
 JsonObject = dict[str, Any]
 
