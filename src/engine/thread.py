@@ -151,6 +151,7 @@ class GenerationThread:
         self._link: Link | None = None  # this rank's exchange with the others
         self._broadcaster: Broadcaster | None = None  # rank 0's journal
         self._steps = 0
+        self._applied = 0  # messages applied so far (the loop publishes only after a change)
         self._reported = True  # the ranks have heard this rank's latest batch
         cache_bytes = settings.prompt_cache_bytes
         self._prompt_cache = PromptCache(
@@ -281,9 +282,11 @@ class GenerationThread:
         crashed: BaseException | None = None
         try:
             while True:
+                applied = self._applied
                 if self._intake(batch):
                     return
-                self._publish(batch)
+                if self._applied != applied:  # else the last step's publish still holds
+                    self._publish(batch)
                 if batch.live and not self._lockstep:
                     self._step(batch)
         except BaseException as exc:
@@ -374,6 +377,7 @@ class GenerationThread:
     def _apply(self, batch: Batch, message: Inbound) -> bool:
         """One message's effect on the batch; True means stop. A ``Step`` has none here: a
         free-running thread steps on its own, a lockstep one in ``_intake_lockstep``."""
+        self._applied += 1
         match message:
             case Admit():
                 batch.admit(message)
