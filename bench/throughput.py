@@ -48,7 +48,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from first_token import first_token_lines, first_token_stats, headline
 from make_bench_model import MODELS_DIR, make_bench_model
+from profiling import find_py_spy, profile_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -604,6 +606,10 @@ class Row:
             "server_first_token_s": [
                 [round(x, 3) for x in m.first_token_s] for m in self.server_runs
             ],
+            "first_token": first_token_stats(
+                [m.first_token_s for m in self.direct_runs],
+                [m.first_token_s for m in self.server_runs],
+            ),
             "cpu_s_per_1k_tokens": {
                 "direct_process": per_kilotoken(self.direct_runs, "cpu_s"),
                 "server_process": per_kilotoken(self.server_runs, "cpu_s"),
@@ -700,6 +706,9 @@ def print_report(report: dict[str, Any]) -> None:
         "(tok/s: medians; server/direct: median of the per-repeat ratios; CPU ratio: direct CPU "
         "per token / server CPU per token)"
     )
+    print()
+    print("\n".join(first_token_lines(report["throughput"])))
+    print()
     print(
         "CPU seconds per 1000 tokens (medians): direct process | server process "
         "(its Trio thread) | bench clients"
@@ -719,6 +728,9 @@ def print_report(report: dict[str, Any]) -> None:
             f"p50 {data['p50_ms']:.1f} ms, p99 {data['p99_ms']:.1f} ms, "
             f"max {data['max_ms']:.1f} ms{note}"
         )
+    for row in report["throughput"]:
+        if row["concurrency"] in (1, TARGET_CONCURRENCY):
+            print(headline(row))
     target = report["target"]
     if target["measured"] is None:
         verdict = "NOT MEASURED"
@@ -783,7 +795,21 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the server's prompt cache on (by default it is off: every repeat sends the "
         "same prompts, which a cache would serve, while the direct side prefills them)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="after the measured repeats, one more server run and direct run per concurrency "
+        "under py-spy: raw files and per-thread summaries in DIR (bench/profiling.py)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        default=None,
+        metavar="PATH",
+        help="the py-spy program for --profile (default: on PATH, else /tmp/pyspy/bin/py-spy)",
+    )
     args = parser.parse_args(argv)
+    py_spy = find_py_spy(args.py_spy) if args.profile else None
     # Ctrl-C and SIGTERM unwind through ``running_server``'s ``finally``, which stops the server
     # (started in its own session, so it does not receive the terminal's signals itself).
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -860,6 +886,23 @@ def main(argv: list[str] | None = None) -> int:
                     f"ratio {ratio:.2f}  identical text {same}/{c}",
                     flush=True,
                 )
+
+        if py_spy is not None:
+            url, max_tokens = server.base_url, args.max_tokens
+            profile_runs(
+                args.profile,
+                py_spy,
+                concurrencies,
+                [
+                    (
+                        "server",
+                        server.process.pid,
+                        lambda c: trio.run(server_run, url, c, max_tokens),
+                    ),
+                    ("direct", os.getpid(), lambda c: direct.run(c, max_tokens)),
+                ],
+                settle_s=SETTLE_SECONDS,
+            )
 
         loads = [("idle", 0)]
         if args.background > 0:
