@@ -80,6 +80,7 @@ def thread_settings(settings: ModelSettings) -> ThreadSettings:
         prompt_cache_entries=settings.prompt_cache_entries,
         blas_threads=settings.blas_threads,
         sharding=settings.sharding,
+        kv_quant=settings.kv_quant,
     )
 
 

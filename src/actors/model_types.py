@@ -17,6 +17,7 @@ from typing import Protocol
 from ..engine.port import (
     DEFAULT_MAX_ENTRIES,
     GenerationThread,
+    KvQuant,
     SequenceOutput,
     SequenceSlot,
     SequenceSpec,
@@ -43,6 +44,8 @@ class ModelSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads (None: measured at load, model.blas_threads).
     blas_threads: int | None = None
+    # --kv-bits / --kv-group-size: the KV cache quantized (engine/kv_quant.py; None: not).
+    kv_quant: KvQuant | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
     tool_format: str | None = None
     # This server is rank 0 of a model split over several ranks (None: one process).

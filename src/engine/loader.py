@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
+from .kv_quant import KvQuant
 from .topology import Topology
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -46,6 +47,8 @@ class LoadedModel:
     device: str = ""
     # The ranks the model is split over (None: one process holds it all).
     topology: Topology | None = None
+    # --kv-bits: what every sequence's plain KV layers are quantized to (kv_cache.py).
+    kv_quant: KvQuant | None = None
 
 
 def resolve_model_path(path_or_id: str) -> str:

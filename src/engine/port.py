@@ -21,6 +21,7 @@ from .inbound import (
     Shutdown,
     StopMatched,
 )
+from .kv_quant import KvQuant
 from .loader import LoadedModel
 from .outbound import BatchFact, Ended, Exited, FactStream, Loaded, ModelStatistics
 from .penalties import sampling_adjust
@@ -46,6 +47,7 @@ __all__ = [
     "GrammarSpec",
     "ImageError",
     "Inbound",
+    "KvQuant",
     "Loaded",
     "LoadedModel",
     "ModelStatistics",
