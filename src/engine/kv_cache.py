@@ -50,9 +50,16 @@ def _quantize(x: mx.array, quant: KvQuant) -> Triple:
     return w, s, b
 
 
-def _slots(triple: Triple, length: int) -> list[mx.array]:
-    """Zero arrays shaped like ``triple``'s parts with ``length`` token slots."""
-    return [mx.zeros((*part.shape[:2], length, part.shape[3]), part.dtype) for part in triple]
+def _slots(triple: Triple, length: int, rows: int | None = None) -> list[mx.array]:
+    """Zero arrays shaped like ``triple``'s parts with ``length`` token slots (and ``rows``
+    rows, when given)."""
+    return [
+        mx.zeros(
+            (part.shape[0] if rows is None else rows, part.shape[1], length, part.shape[3]),
+            part.dtype,
+        )
+        for part in triple
+    ]
 
 
 def _take(triple: Triple, index: Any) -> Triple:
@@ -282,8 +289,8 @@ class BatchQuantizedKVCache(_BaseCache):  # type: ignore[misc]
         if width == 0:
             return batch
         model = next(c for c in caches if c.keys is not None)
-        keys = _slots(model.keys, width)
-        values = _slots(model.values, width)
+        keys = _slots(model.keys, width, len(caches))
+        values = _slots(model.values, width, len(caches))
         for i, (pad, c) in enumerate(zip(padding, caches, strict=True)):
             if c.keys is None or lengths[i] == 0:
                 continue
