@@ -22,8 +22,11 @@ from mlx_responses.engine.kv_quant import KvQuant
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, assert_nothing_more_generated, server_settings
+from .hybrid_model import make_hybrid_model
 from .rawhttp import open_stream, read_until
 from .test_api_prompt_cache import cached, create, health, replay_loop
+from .test_api_prompt_cache_hybrid import replay_loop as hybrid_replay
+from .test_api_prompt_cache_templates import start as start_model
 
 DEADLINE = 90
 EIGHT = KvQuant(8, 32)
@@ -163,3 +166,18 @@ def test_bad_values_stop_start_up_naming_the_flag(flags: tuple[str, ...], named:
     last = done.stderr.strip().splitlines()[-1]
     assert named in last, done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_hybrid_model_keeps_its_recurrent_layers_and_hits_its_checkpoints(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # LFM2: convolution layers (recurrent state, kept at full precision) between attention
+    # layers (quantized); its cache cannot be trimmed, so hits come from segment checkpoints.
+    hybrid = make_hybrid_model(tmp_path / "lfm2", hidden=128)  # heads of 32
+    warm = await start_model(nursery, hybrid, kv_quant=EIGHT)
+    cold = await start_model(nursery, hybrid, kv_quant=EIGHT, prompt_cache_bytes=0)
+    with trio.fail_after(DEADLINE):
+        hot = await hybrid_replay(warm.base_url)
+        fresh = await hybrid_replay(cold.base_url)
+    assert [text_of(r) for r in hot] == [text_of(r) for r in fresh]
+    assert all(cached(turn) > 0 for turn in hot[1:])
