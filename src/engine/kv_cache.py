@@ -12,7 +12,8 @@ Invariants:
   a recurrent ``ArraysCache`` or any other kind stays as the model made it, at full precision.
 - Left padding, ``offset`` and ``_idx`` mean what they mean in ``BatchKVCache``: row ``i`` holds
   its tokens at ``[left_padding[i], _idx)``; ``offset[i]`` is its position. Padding slots hold
-  zero words and zero scales (they dequantize to zero) and the mask hides them.
+  zeros, or a right-padded prefill's filler rolled to the left (``finalize``); the mask
+  (``make_mask``, as ``BatchKVCache``'s) hides them from attention either way.
 - Keys and values are quantized once, as they are written (each prefill chunk, each decode
   step); nothing is ever dequantized into the cache. ``update_and_fetch`` returns the triples
   and the cache carries ``bits`` and ``group_size``, so mlx-lm's attention
