@@ -8,7 +8,7 @@ own buffers, and measuring it.
 Invariants:
 - A stored value is never handed to ``BatchGenerator`` itself: ``fetch`` returns fresh layer
   objects (sharing the immutable key/value arrays of a plain ``KVCache`` or a quantized
-  ``kv_quant.SequenceQuantizedCache``, which the batch only reads when it merges caches; a
+  ``kv_cache.SequenceQuantizedCache``, which the batch only reads when it merges caches; a
   deep copy for any other cache type).
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
