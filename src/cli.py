@@ -31,6 +31,7 @@ from .cli_flags import (
 from .engine.bundled_model import BUNDLED_ALIAS, BUNDLED_MODEL_PATH
 from .engine.distributed import RankLost, launched_rank, sharded_launch
 from .engine.follower import run_follower
+from .engine.kv_quant import KvQuant, KvQuantUnsupported
 from .engine.loader import resolve_model_path
 from .engine.source import ModelSourceError, locate_model
 from .engine.topology import Sharding
@@ -254,6 +255,7 @@ def _model_settings(args: argparse.Namespace, model_path: str, alias: str) -> Mo
         blas_threads=args.blas_threads,
         tool_format=args.tool_format,
         sharding=_sharding(args),
+        kv_quant=None if args.kv_bits is None else KvQuant(args.kv_bits, args.kv_group_size),
     )
 
 
@@ -305,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mlx-responses: the sharded model stopped: {exc}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(1)
-    except Exception as exc:  # an unusable store file stops start-up with its message
+    except Exception as exc:  # an unusable store file or --kv-bits stops start-up with its message
         store_error = _store_error(exc)
         if store_error is None:
             raise
@@ -341,10 +343,13 @@ def version_text() -> str:
     return ", ".join(parts)
 
 
-def _store_error(exc: BaseException) -> StoreError | None:
-    """The ``StoreError`` inside ``exc`` (possibly nested in exception groups), if any."""
-    if isinstance(exc, StoreError):
+def _store_error(exc: BaseException) -> StoreError | KvQuantUnsupported | None:
+    """The ``StoreError`` or ``KvQuantUnsupported`` inside ``exc`` (possibly nested in
+    exception groups, or the cause of a failed load), if any."""
+    if isinstance(exc, StoreError | KvQuantUnsupported):
         return exc
+    if isinstance(exc.__cause__, KvQuantUnsupported):
+        return exc.__cause__
     for inner in exc.exceptions if isinstance(exc, BaseExceptionGroup) else ():
         if (found := _store_error(inner)) is not None:
             return found

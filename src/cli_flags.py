@@ -12,6 +12,7 @@ from typing import Any
 from . import formats
 from .engine.bundled_model import BUNDLED_ALIAS
 from .engine.disk_tier import DEFAULT_DISK_BYTES, DEFAULT_TTL_SECONDS
+from .engine.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from .engine.prompt_cache import DEFAULT_MAX_ENTRIES
 from .settings import DEFAULT_CONVERSATION_LIMITS, DEFAULT_RESPONSE_LIMITS
 from .storage.files import DEFAULT_FILE_LIMITS
@@ -30,6 +31,26 @@ def blas_threads_flag(text: str) -> int | None:
     if count < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a count of at least 1, got {text!r}")
     return count
+
+
+def kv_bits_flag(text: str) -> int | None:
+    """``--kv-bits``: 'off' (None: the model's precision) or one of ``KV_BITS``."""
+    value = text.strip().lower()
+    if value in ("off", "none", ""):
+        return None
+    if value not in {str(bits) for bits in KV_BITS}:
+        choices = " or ".join(str(bits) for bits in KV_BITS)
+        raise argparse.ArgumentTypeError(f"expected {choices} (or 'off'), got {text!r}")
+    return int(value)
+
+
+def kv_group_size_flag(text: str) -> int:
+    """``--kv-group-size``: one of ``KV_GROUP_SIZES``."""
+    value = text.strip()
+    if value not in {str(size) for size in KV_GROUP_SIZES}:
+        choices = ", ".join(str(size) for size in KV_GROUP_SIZES)
+        raise argparse.ArgumentTypeError(f"expected one of {choices}, got {text!r}")
+    return int(value)
 
 
 def tool_format_flag(text: str) -> str | None:
@@ -138,6 +159,24 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         DEFAULT_MAX_ENTRIES,
         int,
         "most cached prompt prefixes kept (least recently used evicted first); 0 disables",
+    ),
+    Flag(  # docs/prompt-cache.md, "Quantized KV cache"
+        "--kv-bits",
+        "MLX_RESPONSES_KV_BITS",
+        None,
+        kv_bits_flag,
+        "store the KV cache of the running batch and of the prompt cache quantized to 8 or 4 "
+        "bits (plain attention layers; sliding-window and recurrent layers stay as they are): "
+        "8 holds about half the bytes per token, 4 about a third, at some cost in quality; "
+        "default: off, the model's own precision",
+    ),
+    Flag(
+        "--kv-group-size",
+        "MLX_RESPONSES_KV_GROUP_SIZE",
+        DEFAULT_KV_GROUP_SIZE,
+        kv_group_size_flag,
+        "with --kv-bits: values per quantization group (32, 64 or 128); it must divide the "
+        "model's attention head size",
     ),
     Flag(
         "--prompt-cache-dir",

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from mlx_responses.engine.disk_tier import DiskTier
+from mlx_responses.engine.kv_quant import KvQuant
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, output_text, server_settings
@@ -36,12 +37,15 @@ def corrupt(paths: list[Path]) -> None:
         path.write_bytes(bytes(data))
 
 
-async def run_session(folder: Path, work: Any, keys: list[str] | None = None) -> Any:
-    """Start a server over ``folder``, run ``work(handle, http)``, shut it down cleanly (its
-    RAM tier reaches the disk) and return what ``work`` returned."""
+async def run_session(folder: Path, work: Any, keys: list[str] | None = None, **model: Any) -> Any:
+    """Start a server over ``folder`` (``model``: more model settings), run
+    ``work(handle, http)``, shut it down cleanly (its RAM tier reaches the disk) and return
+    what ``work`` returned."""
     from mlx_responses.http.auth import load_api_keys
 
-    settings = server_settings(prompt_cache_dir=str(folder), prompt_cache_disk_bytes=1 << 30)
+    settings = server_settings(
+        prompt_cache_dir=str(folder), prompt_cache_disk_bytes=1 << 30, **model
+    )
     if keys:
         import dataclasses
 
@@ -95,6 +99,23 @@ async def test_a_restart_hits_the_disk_and_answers_as_cold(
     assert disk["hits"] == 1
     assert disk["skipped"] == 0
     assert output_text(after["data"]) == await cold_text(nursery, history)
+
+
+async def test_entries_are_read_only_by_a_server_quantizing_alike(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Entries stored under ``--kv-bits 8`` hold quantized layers: a server quantizing alike
+    hits them after a restart; a full-precision server over the same folder does not see them
+    (the layout fingerprint differs: a miss, never an error) and answers as cold."""
+    eight = KvQuant(8, 32)  # the bundled model's heads are 32 wide
+    history = await run_session(tmp_path, await first_turns(), kv_quant=eight)
+    again = await run_session(tmp_path, next_turn(history), kv_quant=eight)
+    assert again["health"]["disk"]["hits"] == 1, again["health"]
+    assert kv_files(tmp_path)
+    plain = await run_session(tmp_path, next_turn(history))
+    assert plain["health"]["disk"]["hits"] == 0
+    assert cached(plain["data"]) == 0
+    assert output_text(plain["data"]) == await cold_text(nursery, history)
 
 
 async def test_a_corrupt_file_is_skipped_and_the_answer_is_right(

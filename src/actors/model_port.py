@@ -91,6 +91,7 @@ def thread_settings(settings: ModelSettings) -> ThreadSettings:
         prompt_cache_disk_ttl=settings.prompt_cache_disk_ttl,
         blas_threads=settings.blas_threads,
         sharding=settings.sharding,
+        kv_quant=settings.kv_quant,
     )
 
 

@@ -19,6 +19,7 @@ from ..engine.port import (
     DEFAULT_MAX_ENTRIES,
     DEFAULT_TTL_SECONDS,
     GenerationThread,
+    KvQuant,
     SequenceOutput,
     SequenceSlot,
     SequenceSpec,
@@ -52,6 +53,8 @@ class ModelSettings:
     prompt_cache_disk_ttl: float = DEFAULT_TTL_SECONDS
     # --blas-threads (None: measured at load, model.blas_threads).
     blas_threads: int | None = None
+    # --kv-bits / --kv-group-size: the KV cache quantized (engine/kv_quant.py; None: not).
+    kv_quant: KvQuant | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).
     tool_format: str | None = None
     # This server is rank 0 of a model split over several ranks (None: one process).

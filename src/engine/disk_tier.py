@@ -84,9 +84,20 @@ def model_fingerprint(path: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def layout_fingerprint(model: Any, share: tuple[int, int] = (1, 1)) -> str:
+def _our_classes() -> dict[str, type]:
+    """The cache classes of ours an entry may hold, by name (the rest are mlx-lm's)."""
+    from .kv_cache import SequenceQuantizedCache
+
+    return {"SequenceQuantizedCache": SequenceQuantizedCache}
+
+
+def layout_fingerprint(
+    model: Any, share: tuple[int, int] = (1, 1), kv_quant: object | None = None
+) -> str:
     """The cache layout an entry must match: each layer's cache class and its fixed settings
-    (a rotating window's size and kept tokens), and the share of a sharded rank."""
+    (a rotating window's size and kept tokens), the share of a sharded rank, and the KV
+    quantization (``--kv-bits``/``--kv-group-size``: an entry is stored as the batch holds it,
+    so a server quantizing otherwise must not read it)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     parts = []
@@ -94,6 +105,8 @@ def layout_fingerprint(model: Any, share: tuple[int, int] = (1, 1)) -> str:
         fixed = [getattr(layer, name, None) for name in ("max_size", "keep", "group_size", "bits")]
         parts.append(f"{type(layer).__name__}{fixed}")
     parts.append(f"share={share}")
+    if kv_quant is not None:
+        parts.append(f"kv={kv_quant!r}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -275,8 +288,9 @@ class DiskTier:
                 raise BadFile(f"unknown scalar kind {kind!r}")
         states = tree_unflatten(list(arrays.items()))
         layers = []
+        ours = _our_classes()
         for name, state in zip(classes, states, strict=True):
-            kind_class: Any = getattr(cache_module, name, None)
+            kind_class: Any = ours.get(name) or getattr(cache_module, name, None)
             if not isinstance(kind_class, type) or not issubclass(
                 kind_class, cache_module._BaseCache
             ):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import formats
 from .blas_threads import BlasThreads
 from .constrain import Constraints
+from .kv_quant import KvQuant
 from .sizing import Sizes
 from .topology import Topology
 
@@ -49,6 +50,8 @@ class LoadedModel:
     topology: Topology | None = None
     # The batch's sizes the generation thread chose (flags, else the device's: ``sizing.py``).
     sizes: Sizes | None = None
+    # --kv-bits: what every sequence's plain KV layers are quantized to (kv_cache.py).
+    kv_quant: KvQuant | None = None
 
 
 def resolve_model_path(path_or_id: str) -> str:

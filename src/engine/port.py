@@ -22,6 +22,7 @@ from .inbound import (
     Shutdown,
     StopMatched,
 )
+from .kv_quant import KvQuant
 from .loader import LoadedModel
 from .outbound import BatchFact, Ended, Exited, FactStream, Loaded, ModelStatistics
 from .penalties import sampling_adjust
@@ -51,6 +52,7 @@ __all__ = [
     "GrammarSpec",
     "ImageError",
     "Inbound",
+    "KvQuant",
     "Loaded",
     "LoadedModel",
     "ModelStatistics",

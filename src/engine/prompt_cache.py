@@ -7,8 +7,9 @@ own buffers, and measuring it.
 
 Invariants:
 - A stored value is never handed to ``BatchGenerator`` itself: ``fetch`` returns fresh layer
-  objects (sharing the immutable key/value arrays of a plain ``KVCache``, which the batch only
-  reads when it merges caches; a deep copy for any other cache type).
+  objects (sharing the immutable key/value arrays of a plain ``KVCache`` or a quantized
+  ``kv_cache.SequenceQuantizedCache``, which the batch only reads when it merges caches; a
+  deep copy for any other cache type).
 - ``fetch`` reuses at most ``len(prompt) - 1`` tokens: the last prompt token is always run
   through the model, so the first generated token comes from fresh logits, as on a cold start.
 - An entry's key is exactly the tokens its KV cache holds (checked on store, against every
@@ -69,10 +70,14 @@ def default_max_bytes() -> int:
 def _copy_layer(layer: Any) -> Any:
     from mlx_lm.models.cache import KVCache
 
+    from .kv_cache import SequenceQuantizedCache
+
     if type(layer) is KVCache:
         fresh = KVCache()
         fresh.keys, fresh.values, fresh.offset = layer.keys, layer.values, layer.offset
         return fresh
+    if type(layer) is SequenceQuantizedCache:  # --kv-bits: read only by the batch's merge
+        return SequenceQuantizedCache.of(layer, layer.quant)
     return copy.deepcopy(layer)
 
 

@@ -54,6 +54,7 @@ from .inbound import (
     StopMatched,
     plain,
 )
+from .kv_quant import KvQuant
 from .loader import LoadedModel, load_model
 from .outbound import Ended, Exited, FactStream, Loaded, ModelStatistics
 from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
@@ -123,6 +124,9 @@ class ThreadSettings:
     prompt_cache_dir: str | None = None
     prompt_cache_disk_bytes: int = 0
     prompt_cache_disk_ttl: float = DEFAULT_TTL_SECONDS
+    # --kv-bits / --kv-group-size: the batch's and the prompt cache's KV layers quantized
+    # (kv_cache.py); None keeps them at the model's precision.
+    kv_quant: KvQuant | None = None
 
 
 class GenerationThread:
@@ -184,7 +188,12 @@ class GenerationThread:
                 blas = set_blas_threads(
                     loaded.model, self._settings.blas_threads, self._settings.model_path, **sharded
                 )
-                loaded = replace(loaded, blas=blas, sizes=self._sizes(loaded))
+                loaded = replace(
+                    loaded,
+                    blas=blas,
+                    sizes=self._sizes(loaded),
+                    kv_quant=self._check_kv_quant(loaded),
+                )
             except BaseException as exc:
                 self._facts.put(Loaded(None, exc))
                 error = exc
@@ -200,6 +209,27 @@ class GenerationThread:
             mx.synchronize()
             mx.clear_streams()
             self._facts.put(Exited(error))
+
+    def _check_kv_quant(self, loaded: LoadedModel) -> KvQuant | None:
+        """A model that cannot read a quantized cache fails its load, naming the flags
+        (``kv_cache.check_model``). A split model is not probed: a forward pass there is a
+        collective every rank would have to join."""
+        quant = self._settings.kv_quant
+        if quant is None or self._link is not None:
+            return quant
+        import mlx.core as mx
+
+        from .kv_cache import check_model
+
+        with mx.stream(mx.new_stream(mx.default_device())):
+            layers = check_model(loaded.model, quant)
+        log.info(
+            "KV cache: %d layers quantized to %d bits (group %d)",
+            layers,
+            quant.bits,
+            quant.group_size,
+        )
+        return quant
 
     def _load(self) -> LoadedModel:
         sharding = self._settings.sharding
@@ -242,7 +272,7 @@ class GenerationThread:
             settings.prompt_cache_disk_bytes,
             settings.prompt_cache_disk_ttl,
             model,
-            layout_fingerprint(loaded.model, cache.share),
+            layout_fingerprint(loaded.model, cache.share, loaded.kv_quant),
             rank,
         )
         tier.open()

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -84,13 +85,20 @@ def admission_start(
     loaded: LoadedModel, spec: SequenceSpec, found: CacheMatch, step: int
 ) -> VisionStart:
     """Where a sequence enters the batch: after what the prompt cache holds, or, for an image
-    prompt, after its images, prefilled here from the vision tower's embeddings."""
+    prompt, after its images, prefilled here from the vision tower's embeddings; with
+    ``--kv-bits``, with its plain KV layers quantized (``kv_cache.quantize_layers``)."""
     vision = loaded.vision
     if vision is None or min(spec.prompt, default=0) >= 0:
-        return VisionStart(spec.prompt, found.reused, found.cache, found.reused)
-    return vision_prefill(
-        vision, loaded.model, spec.prompt, spec.images, found.cache, found.reused, step
-    )
+        start = VisionStart(spec.prompt, found.reused, found.cache, found.reused)
+    else:
+        start = vision_prefill(
+            vision, loaded.model, spec.prompt, spec.images, found.cache, found.reused, step
+        )
+    if loaded.kv_quant is None:
+        return start
+    from .kv_cache import quantize_layers  # every sequence's layers alike: merge needs it
+
+    return replace(start, cache=quantize_layers(start.cache, loaded.model, loaded.kv_quant))
 
 
 def model_prompt(vision: VisionModel, prompt: Sequence[int]) -> tuple[int, ...]:
@@ -287,14 +295,20 @@ def _detached(cache: list[Any]) -> list[Any]:
     """``cache`` with each plain KV layer holding its own arrays: a fetched layer shares its
     arrays with the stored entry, and a prefill that fits in their spare room would write
     into them in place (``KVCache.update_and_fetch``), changing the entry under its key."""
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     out: list[Any] = []
     for layer in cache:
-        if type(layer) is KVCache and layer.keys is not None:
-            fresh = KVCache()
+        quantized = isinstance(layer, QuantizedKVCache)  # --kv-bits: triples of arrays
+        if (type(layer) is KVCache or quantized) and layer.keys is not None:
+            fresh = copy.copy(layer)
             count = int(layer.offset)
-            fresh.keys, fresh.values = layer.keys[..., :count, :], layer.values[..., :count, :]
+            cut = (Ellipsis, slice(None, count), slice(None))
+            if quantized:
+                fresh.keys = tuple(part[cut] for part in layer.keys)
+                fresh.values = tuple(part[cut] for part in layer.values)
+            else:
+                fresh.keys, fresh.values = layer.keys[cut], layer.values[cut]
             fresh.offset = count
             layer = fresh
         out.append(layer)
