@@ -25,13 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, assert_never
 
 from ..protocol.stops import StopMatcher
 from .blas_threads import StepThreads, open_blas
 from .constrain import make_logits_processor
+from .faults import Fault, guard
 from .inbound import Admit, SequenceSpec
 from .kv_bytes import batch_kv_bytes
 from .loader import LoadedModel
@@ -45,30 +45,6 @@ from .vision_prefill import CacheMatch, KeyedGenerator, admission_start, keyed, 
 log = logging.getLogger(__name__)
 
 Phase = Literal["queued", "prefilling", "decoding"]
-
-
-class _Fault:
-    """The first exception one sequence's own code raised on this thread, if any."""
-
-    __slots__ = ("error",)
-
-    def __init__(self) -> None:
-        self.error: BaseException | None = None
-
-
-def _guard(function: Callable[..., Any], fault: _Fault, fallback: Callable[..., Any]) -> Any:
-    """``function`` for one sequence, recording its exception instead of raising it into the
-    batch step (``fallback`` gives a harmless value; the sequence is removed after the step)."""
-
-    def guarded(*args: Any) -> Any:
-        if fault.error is None:
-            try:
-                return function(*args)
-            except Exception as exc:
-                fault.error = exc
-        return fallback(*args)
-
-    return guarded
 
 
 def _keep_logits(_context: Any, logits: Any) -> Any:
@@ -97,7 +73,7 @@ class _Live:
     uid: int
     slot: SequenceSlot | _Discard
     detokenizer: Any
-    fault: _Fault
+    fault: Fault
     stops: StopMatcher | None = None
     top_logprobs: int | None = None
     phase: Phase = "queued"
@@ -211,7 +187,7 @@ class Batch:
     def admit(self, message: Admit) -> None:
         spec = message.spec
         slot: SequenceSlot | _Discard = message.output or _Discard()
-        fault = _Fault()
+        fault = Fault()
         try:
             sampler = self._sampler(spec, fault)
             processors = self._processors(spec)
@@ -232,7 +208,7 @@ class Batch:
                 caches=[start.cache],
                 all_tokens=[list(prompt[: start.start])],
                 samplers=[sampler],
-                logits_processors=[[_guard(p, fault, _keep_logits) for p in processors]],
+                logits_processors=[[guard(p, fault, _keep_logits) for p in processors]],
                 stop_sequences=[self._stop_tokens],
             )
         except Exception as exc:
@@ -281,10 +257,10 @@ class Batch:
     def clear_cache(self) -> None:
         self._prompt_cache.clear(disk=True)  # its MLX arrays are freed on this thread
 
-    def _sampler(self, spec: SequenceSpec, fault: _Fault) -> Any:
+    def _sampler(self, spec: SequenceSpec, fault: Fault) -> Any:
         if spec.seed is not None and spec.temperature != 0:
             seeded = make_seeded_sampler(spec.temperature, spec.top_p, spec.seed)
-            return _guard(seeded, fault, _greedy)
+            return guard(seeded, fault, _greedy)
         # Shared per setting, unguarded: mlx-lm samples a batch in one call only when its rows
         # share one sampler object, and these are ours and cannot fail per row.
         key = (spec.temperature, spec.top_p)

@@ -25,7 +25,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .prefix_cache import DiskStats, PrefixCache, PrefixMatch, Tokens
+from .cache_stats import DiskStats
+from .prefix_cache import PrefixCache, PrefixMatch, Tokens
 
 # The suffix of a finished entry's file; a temp file being written ends in ".tmp".
 SUFFIX = ".kv"

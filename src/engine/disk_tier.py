@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_stats import DiskStats
 from .disk_index import SUFFIX, DiskEntry, DiskIndex, decode_tokens, encode_tokens, entry_name
-from .prefix_cache import DiskStats, PrefixMatch, Tokens
+from .prefix_cache import PrefixMatch, Tokens
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from .cache_stats import PrefixCacheStats
 from .loader import LoadedModel
-from .prefix_cache import PrefixCacheStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,8 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .cache_stats import PrefixCacheStats
 from .disk_tier import DiskTier
-from .prefix_cache import PrefixCache, PrefixCacheStats, PrefixMatch, Tokens
+from .prefix_cache import PrefixCache, PrefixMatch, Tokens
 from .vision import moved_of, untag
 
 log = logging.getLogger(__name__)

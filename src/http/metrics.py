@@ -26,7 +26,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 if TYPE_CHECKING:
-    from ..engine.prefix_cache import DiskStats
+    from ..engine.cache_stats import DiskStats
     from ..runtime import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
