@@ -121,5 +121,9 @@ async def _check(settings: ServerSettings) -> int:
 
 
 def run_check(settings: ServerSettings) -> int:
-    quiet = dataclasses.replace(settings, host="127.0.0.1", port=0, api_keys=OPEN, store=MEMORY)
+    # Nothing is bound or written: no port, no store, no prompt cache on disk.
+    model = dataclasses.replace(settings.model, prompt_cache_dir=None)
+    quiet = dataclasses.replace(
+        settings, host="127.0.0.1", port=0, api_keys=OPEN, store=MEMORY, model=model
+    )
     return trio.run(_check, quiet)
