@@ -167,7 +167,8 @@ def test_the_gathering_bound_is_the_first_prefill_between_the_floor_and_the_cap(
 def test_an_arrival_counts_once_until_done() -> None:
     """A compacting request calls ``done`` before its summary generates; the count drops once,
     however often ``done`` is called (the ``arriving`` block calls it again at its end), and
-    the thread hears each count on its inbound stream."""
+    the thread hears of the count when whether any request is on its way changes (all it
+    asks), not at every arrival."""
     sent: list[Inbound] = []
 
     class Port:
@@ -184,4 +185,36 @@ def test_an_arrival_counts_once_until_done() -> None:
     assert engine.arriving == 1
     second.done()
     assert engine.arriving == 0
-    assert sent == [Arrivals(1), Arrivals(2), Arrivals(1), Arrivals(0)]
+    assert sent == [Arrivals(1), Arrivals(0)]
+
+
+async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the real server: the model actor marks a request's arrival done as it sends the
+    request's ``Admit``, so the thread hears ``Arrivals(0)`` before the ``Admit`` and steps at
+    once, rather than gathering until the response task's own ``done`` comes round."""
+    import httpx2 as httpx
+
+    from mlx_responses.server import ServerHandle, serve
+
+    from .conftest import MODEL, START_DEADLINE, server_settings
+
+    sent: list[str] = []
+    send = GenerationThread.send
+
+    def recording(self: GenerationThread, message: Inbound) -> None:
+        if isinstance(message, Arrivals | Admit):
+            sent.append(f"Arrivals({message.count})" if isinstance(message, Arrivals) else "Admit")
+        send(self, message)
+
+    monkeypatch.setattr(GenerationThread, "send", recording)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(START_DEADLINE):
+            server: ServerHandle = await nursery.start(serve, server_settings())
+        with trio.fail_after(60):
+            async with httpx.AsyncClient(base_url=server.base_url) as http:
+                body = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 2}
+                assert (await http.post("/v1/responses", json=body)).status_code == 200
+        server.shutdown()
+    assert sent == ["Arrivals(1)", "Arrivals(0)", "Admit"]

@@ -22,6 +22,7 @@ from ..protocol.events.machine import Compacted
 from ..protocol.objects import JsonObject
 from ..protocol.request import CreateRequest
 from .model import (
+    Arrival,
     GenerationRequest,
     GenerationSequence,
     ModelHandle,
@@ -45,7 +46,9 @@ class Admission:
     compaction: Compacted | None = None  # the history was compacted first
 
 
-async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission:
+async def admit_ready(
+    ready: ReadyPrompt, model: ModelHandle, arrival: Arrival | None = None
+) -> Admission:
     """A prepared response's sequence, with the machine input of its history's compaction if
     it was compacted first (``ready.compaction``). A warm-up (``generate: false``) prefills
     its prompt and generates one token, which is not output, with no grammar."""
@@ -73,7 +76,8 @@ async def admit_ready(ready: ReadyPrompt, model: ModelHandle) -> Admission:
                 stop_texts=request.stop_sequences,
                 owner=request.owner,
                 cache_key=config.prompt_cache_key,
-            )
+            ),
+            arrival,
         )
     except ModelUnavailable as exc:
         raise ApiError(503, "server_error", str(exc), code="server_shutting_down") from exc

@@ -88,10 +88,13 @@ SHUTDOWN_GRACE_SECONDS = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Sender: a response task. Admit a sequence, or refuse."""
+    """Sender: a response task. Admit a sequence, or refuse. ``arrival``: the request's count
+    as on its way (``ModelHandle.arriving``), done as its ``Admit`` goes to the thread, so an
+    idle batch does not wait on it."""
 
     request: GenerationRequest
     reply: Reply[GenerationSequence]
+    arrival: Arrival | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +184,12 @@ class ModelHandle:
         """Sequences decoding at the latest step (cheap: read per output by every run)."""
         return self._engine.latest().decoding
 
-    async def submit(self, request: GenerationRequest) -> GenerationSequence:
+    async def submit(
+        self, request: GenerationRequest, arrival: Arrival | None = None
+    ) -> GenerationSequence:
         """Admit ``request``; raises ``ModelOverloaded`` or ``ModelUnavailable`` (or a 400
-        when an image of its prompt is no longer held)."""
+        when an image of its prompt is no longer held). ``arrival``: the request's count as
+        on its way, done as its sequence goes to the thread."""
         vision = self.vision
         if vision is not None and not request.images and min(request.prompt, default=0) < 0:
             # Its images travel in its Admit (the generation thread reads no shared registry).
@@ -195,7 +201,9 @@ class ModelHandle:
             # A task cancelled while the actor admits (its client left) cancels the sequence
             # it was answered late: unread, it would generate to its end holding an admission.
             return await ask(
-                self._mailbox, lambda reply: Submit(request, reply), undo=_cancel_sequence
+                self._mailbox,
+                lambda reply: Submit(request, reply, arrival),
+                undo=_cancel_sequence,
             )
         except RuntimeError as exc:
             if isinstance(exc, ModelOverloaded | ModelUnavailable):
@@ -297,7 +305,7 @@ class _ModelState:
     ) -> bool:
         """Apply one message; True when the actor is done."""
         match message:
-            case Submit(request, reply):
+            case Submit(request, reply, arrival):
                 if self.closing:
                     reply.fail(ModelUnavailable("the server is shutting down"))
                 elif len(self.admitted) >= self.settings.max_sequences:
@@ -308,6 +316,8 @@ class _ModelState:
                         )
                     )
                 else:
+                    if arrival is not None:  # no longer on its way: its Admit follows
+                        arrival.done()
                     reply.send(self._admit(request, handle))
             case Cancel(seq_id):
                 if seq_id in self.admitted:

@@ -46,8 +46,12 @@ class _Engine:
         self.worker.thread.send(message)
 
     def arrive(self, change: int) -> None:
+        """Count requests on their way. The thread only asks whether any is (an idle batch
+        gathers while one is): it hears of the count when that answer changes."""
+        before = self.arriving
         self.arriving += change
-        self.send(Arrivals(self.arriving))
+        if (before > 0) != (self.arriving > 0):
+            self.send(Arrivals(self.arriving))
 
     def latest(self) -> ModelStatistics:
         return self.worker.facts.latest()

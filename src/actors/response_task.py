@@ -199,7 +199,7 @@ async def _exist(
             await ask(mailbox, lambda reply: Reserve(entry, ready.job_bytes, reply))
         admission: Admission | None = None
         if admitting is not None:  # the compacted prompt, if it was compacted first
-            admission = await admit_ready(admitting, actors.model)
+            admission = await admit_ready(admitting, actors.model, arrival)
     return ResponseRun(ready.request, ready.prepared, actors, admission=admission)
 
 
