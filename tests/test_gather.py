@@ -41,11 +41,14 @@ class Thread:
             journal=self.journal,
         )
 
-    def insert(self, seq_id: int) -> SequenceSlot:
+    def insert(self, seq_id: int, arriving: int = 0) -> SequenceSlot:
+        """Admit a sequence, as the model actor does, telling the thread how many requests
+        are still on their way."""
         assert self.loaded is not None
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
         prompt = tuple(self.loaded.tokenizer.encode(f"Say hello {seq_id}."))
-        self.thread.send(Admit(seq_id, SequenceSpec(prompt, 4, 0.0, 1.0), slot))
+        spec = SequenceSpec(prompt, 4, 0.0, 1.0)
+        self.thread.send(Admit(seq_id, spec, slot, arriving=arriving))
         return slot
 
     def arriving(self, count: int) -> None:
@@ -102,16 +105,19 @@ async def test_an_idle_batch_waits_for_a_burst_and_prefills_it_together(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     long_bound(monkeypatch)  # only the count ends the gathering
-    on_the_way = 2
-    async with running(on_the_way) as model:
+    async with running() as model:
         with trio.fail_after(60):
-            slots = [model.insert(1)]
-            for seq_id in (2, 3):
-                await trio.sleep(0.05)  # the first would have been prefilled alone by now
-                assert not model.worked(), "stepped while requests were on the way"
-                slots.append(model.insert(seq_id))
-                on_the_way -= 1
-                model.arriving(on_the_way)
+            slots = [model.insert(1, arriving=2)]
+            await trio.sleep(0.05)  # the first would have been prefilled alone by now
+            assert not model.worked(), "stepped while requests were on the way"
+            slots.append(model.insert(2, arriving=2))  # another one set off meanwhile
+            await trio.sleep(0.05)
+            assert not model.worked(), "stepped while requests were on the way"
+            model.arriving(1)  # an Arrivals between Admits counts too
+            slots.append(model.insert(3, arriving=1))
+            await trio.sleep(0.05)
+            assert not model.worked(), "stepped while requests were on the way"
+            model.arriving(0)  # the last one refused: the count drops to none
             ends = [await finish(slot) for slot in slots]
     assert ends == [("length", 4)] * 3
     assert model.worked()
@@ -133,10 +139,10 @@ async def test_a_count_that_never_drops_delays_the_batch_only_by_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(GenerationThread, "_gather_bound", lambda *_: 0.2)
-    async with running(5) as model:
+    async with running() as model:
         with trio.fail_after(60):
-            await finish(model.insert(1))
-            await finish(model.insert(2))  # and again after the batch went idle
+            await finish(model.insert(1, arriving=5))
+            await finish(model.insert(2, arriving=5))  # and again after the batch went idle
     assert model.facts.latest().sequences_finished == 2
 
 
@@ -166,9 +172,9 @@ def test_the_gathering_bound_is_the_first_prefill_between_the_floor_and_the_cap(
 
 def test_an_arrival_counts_once_until_done() -> None:
     """A compacting request calls ``done`` before its summary generates; the count drops once,
-    however often ``done`` is called (the ``arriving`` block calls it again at its end), and
-    the thread hears of the count when whether any request is on its way changes (all it
-    asks), not at every arrival."""
+    however often ``done`` is called (the ``arriving`` block calls it again at its end). The
+    thread hears the count in each ``Admit`` (``admitting``) and, once a count it was told
+    drops to none, ``Arrivals(0)``; arrivals it was never told of send nothing."""
     sent: list[Inbound] = []
 
     class Port:
@@ -178,22 +184,26 @@ def test_an_arrival_counts_once_until_done() -> None:
         thread = Port()
 
     engine = _Engine(Worker())  # type: ignore[arg-type]
+    lone = Arrival(engine)
+    lone.done()
+    assert sent == []  # a lone request: its Admit carries 0, nothing else is sent
     first, second = Arrival(engine), Arrival(engine)
     assert engine.arriving == 2
+    assert engine.admitting() == 2  # an Admit sent now tells the thread of two
     first.done()
     first.done()
     assert engine.arriving == 1
     second.done()
     assert engine.arriving == 0
-    assert sent == [Arrivals(1), Arrivals(0)]
+    assert sent == [Arrivals(0)]
 
 
 async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Through the real server: the model actor marks a request's arrival done as it sends the
-    request's ``Admit``, so the thread hears ``Arrivals(0)`` before the ``Admit`` and steps at
-    once, rather than gathering until the response task's own ``done`` comes round."""
+    request's ``Admit``, which tells the thread that none is on its way: one message, and the
+    thread steps at once rather than gathering until the response task's own ``done``."""
     import httpx2 as httpx
 
     from mlx_responses.server import ServerHandle, serve
@@ -204,8 +214,10 @@ async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_t
     send = GenerationThread.send
 
     def recording(self: GenerationThread, message: Inbound) -> None:
-        if isinstance(message, Arrivals | Admit):
-            sent.append(f"Arrivals({message.count})" if isinstance(message, Arrivals) else "Admit")
+        if isinstance(message, Arrivals):
+            sent.append(f"Arrivals({message.count})")
+        elif isinstance(message, Admit):
+            sent.append(f"Admit({message.arriving})")
         send(self, message)
 
     monkeypatch.setattr(GenerationThread, "send", recording)
@@ -217,4 +229,4 @@ async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_t
                 body = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 2}
                 assert (await http.post("/v1/responses", json=body)).status_code == 200
         server.shutdown()
-    assert sent == ["Arrivals(1)", "Arrivals(0)", "Admit"]
+    assert sent == ["Admit(0)"]

@@ -9,8 +9,8 @@ Invariants:
   reports that it ended, however it ended, never by its consumer. ``submit`` refuses with
   ``ModelOverloaded`` beyond that and with ``ModelUnavailable`` once shutdown began.
 - The thread's port (``model/thread.py``): this actor is the only sender of its inbound stream
-  (``Admit``, ``Cancel``, ``StopMatched``, ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the
-  Trio thread too) and the only reader of its ``FactStream``, whose facts a forwarding task
+  (``Admit``, carrying how many requests are still on their way, ``Cancel``, ``StopMatched``,
+  ``Shutdown``; ``Arrivals`` from ``ModelHandle.arriving``, on the Trio thread too) and the only reader of its ``FactStream``, whose facts a forwarding task
   puts in this actor's mailbox. A cancel leaves the batch at the thread's next step.
 - If the thread dies while the server lives, the sequences it held end with ``error``; those
   it had not taken in yet go to a new thread, which loads the model again: the server keeps
@@ -36,7 +36,6 @@ import trio
 from .. import formats
 from ..engine.port import (
     Admit,
-    Arrivals,
     BatchFact,
     DeviceFacts,
     Ended,
@@ -374,8 +373,7 @@ class _ModelState:
                 assert self.nursery is not None
                 self.nursery.start_soon(worker.forward, mailbox.clone(), FromThread)
                 handle.restarts += 1
-                if self.engine.arriving:
-                    self.engine.send(Arrivals(self.engine.arriving))
+                self.engine.tell_arriving()
                 self._resend()
                 # Messages sent from now on queue in the new thread's inbox until it has
                 # loaded; the actor keeps answering meanwhile.
@@ -387,7 +385,7 @@ class _ModelState:
     def _admit(self, request: GenerationRequest, handle: ModelHandle) -> GenerationSequence:
         seq_id = next(self.ids)
         slot = SequenceSlot(trio.lowlevel.current_trio_token())
-        message = Admit(seq_id, request, slot)
+        message = Admit(seq_id, request, slot, arriving=self.engine.admitting())
         self.admitted[seq_id] = message
         self.engine.send(message)
         return GenerationSequence(handle, seq_id, len(request.prompt), slot)

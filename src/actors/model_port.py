@@ -34,23 +34,38 @@ M = TypeVar("M")
 
 class _Engine:
     """The Trio side of the thread's port: the current worker and what Trio tasks count for it
-    (touched only on the Trio thread; the thread hears of ``arriving`` by ``Arrivals``)."""
+    (touched only on the Trio thread). The thread hears of ``arriving`` in each ``Admit``
+    (``admitting``), and by ``Arrivals(0)`` when a count an ``Admit`` carried has dropped to
+    none: all it asks is whether an idle batch that got a sequence should gather."""
 
     def __init__(self, worker: _Worker) -> None:
         self.worker = worker
         self.admitted = 0
         # Requests on their way to the model (``ModelHandle.arriving``).
         self.arriving = 0
+        # The thread was last told some are on their way (an Admit's count, or ``Arrivals``).
+        self._told = False
 
     def send(self, message: Inbound) -> None:
         self.worker.thread.send(message)
 
     def arrive(self, change: int) -> None:
-        """Count requests on their way. The thread only asks whether any is (an idle batch
-        gathers while one is): it hears of the count when that answer changes."""
-        before = self.arriving
+        """Count requests on their way; tell the thread when the count it was told drops to
+        none (a lone request's arrival sends nothing)."""
         self.arriving += change
-        if (before > 0) != (self.arriving > 0):
+        if self.arriving == 0 and self._told:
+            self._told = False
+            self.send(Arrivals(0))
+
+    def admitting(self) -> int:
+        """The count an ``Admit`` sent now carries."""
+        self._told = self._told or self.arriving > 0
+        return self.arriving
+
+    def tell_arriving(self) -> None:
+        """A new thread hears the count (``Arrivals``), when there is one."""
+        if self.arriving:
+            self._told = True
             self.send(Arrivals(self.arriving))
 
     def latest(self) -> ModelStatistics:

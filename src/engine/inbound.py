@@ -107,6 +107,9 @@ class Admit:
     # Set by the generation thread that met it with the prompt cache: the disk entry its
     # prefix was loaded from, which every other rank (or a replay) loads too.
     disk_key: tuple[int, ...] | None = None
+    # Requests still on their way to the model as it was sent (an idle batch that gets this
+    # sequence gathers while any is: ``thread.gather_bound``; ``Arrivals(0)`` ends that).
+    arriving: int = 0
 
     def plain(self) -> Admit:
         return replace(self, output=None)
@@ -139,7 +142,9 @@ class ClearPromptCache:
 class Arrivals:
     """Sender: the model actor's handle. ``count`` requests are on their way to the model
     (preparing their prompts): an idle batch that gets a sequence waits a little for them
-    (``thread.gather_bound``). The latest count holds until the next."""
+    (``thread.gather_bound``). The latest count (this, or an ``Admit``'s ``arriving``) holds
+    until the next; it is sent when a count the thread was told drops to none, and to a new
+    thread."""
 
     count: int
 

@@ -410,6 +410,7 @@ class GenerationThread:
         self._applied += 1
         match message:
             case Admit():
+                self._arriving = message.arriving
                 batch.admit(message)
             case Cancel(seq_id):
                 batch.cancel(seq_id)
