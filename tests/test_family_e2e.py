@@ -90,11 +90,11 @@ def weather_tool(prompts: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def record_prompts(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """Every prompt the model actor is handed from now on, in order (the real submit runs)."""
     seen: list[tuple[int, ...]] = []
-    real: Callable[[GenerationRequest], Awaitable[Any]] = server.actors.model.submit
+    real: Callable[..., Awaitable[Any]] = server.actors.model.submit
 
-    async def submit(request: GenerationRequest) -> Any:
+    async def submit(request: GenerationRequest, *rest: Any) -> Any:
         seen.append(request.prompt)
-        return await real(request)
+        return await real(request, *rest)
 
     monkeypatch.setattr(server.actors.model, "submit", submit)
     return seen

@@ -97,11 +97,11 @@ def trained() -> dict[str, dict[str, Any]]:
 def record_prompts(server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """Every prompt the model actor is handed from now on, in order (the real submit runs)."""
     seen: list[tuple[int, ...]] = []
-    real: Callable[[Any], Awaitable[Any]] = server.actors.model.submit
+    real: Callable[..., Awaitable[Any]] = server.actors.model.submit
 
-    async def submit(request: Any) -> Any:
+    async def submit(request: Any, *rest: Any) -> Any:
         seen.append(request.prompt)
-        return await real(request)
+        return await real(request, *rest)
 
     monkeypatch.setattr(server.actors.model, "submit", submit)
     return seen
