@@ -5,45 +5,22 @@ and ``/metrics``; the start-up line of the real command."""
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import httpx2 as httpx
 import trio
 
-from mlx_responses.engine.thread import GenerationThread
 from mlx_responses.server import ServerHandle, serve
 
 from .conftest import MODEL, START_DEADLINE, server_settings, wait_until
 from .rawhttp import open_stream, read_until
 from .test_cli_operations import cli
 from .test_metrics import scrape, value
+from .test_status_page import SlowSteps
 
 DEADLINE = 120
 HELLO = {"model": MODEL, "input": "Reply with: hello", "temperature": 0, "max_output_tokens": 8}
 COUNT = {"model": MODEL, "input": "Count from 1 to 110.", "temperature": 0, "stream": True}
-
-
-class SlowSteps:
-    """Generation threads that sleep before each batch step, so that a counting answer runs
-    long enough to be looked at while it decodes (the real model and batch, only slower)."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.slow = threading.Event()
-        self.slow.set()
-
-    def factory(self, *args: Any, **kwargs: Any) -> GenerationThread:
-        steps = self
-
-        class SlowThread(GenerationThread):
-            def _step(self, batch: Any) -> None:
-                if steps.slow.is_set():
-                    time.sleep(steps.delay)
-                super()._step(batch)
-
-        return SlowThread(*args, **kwargs)
 
 
 async def start(nursery: trio.Nursery, **model: Any) -> ServerHandle:
