@@ -6,7 +6,6 @@ Greedy text served from disk must equal greedy text cold (``prompt_cache_bytes=0
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from mlx_responses.engine.disk_tier import DiskTier
 from mlx_responses.engine.kv_quant import KvQuant
 from mlx_responses.server import ServerHandle, serve
 
-from .conftest import MODEL, START_DEADLINE, output_text, server_settings
+from .conftest import MODEL, START_DEADLINE, output_text, server_settings, wait_until
 from .test_api_prompt_cache import ALICE, BOB, cached, create, health, start
 
 DEADLINE = 120
@@ -149,26 +148,34 @@ async def test_a_cancel_during_a_disk_load_leaves_nothing_in_the_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     history = await run_session(tmp_path, await first_turns())
-    loading = threading.Event()
+    loading, release = threading.Event(), threading.Event()
     load = DiskTier._load
 
-    def slow_load(self: DiskTier, *args: Any) -> Any:
+    def held_load(self: DiskTier, *args: Any) -> Any:
         loading.set()
-        time.sleep(0.5)  # the generation thread is inside the load when the client hangs up
+        release.wait(DEADLINE)  # the generation thread is inside the load until the hang-up
         return load(self, *args)
 
-    monkeypatch.setattr(DiskTier, "_load", slow_load)
+    monkeypatch.setattr(DiskTier, "_load", held_load)
 
     async def cancel(handle: ServerHandle, http: httpx.AsyncClient) -> dict[str, Any]:
         body = {"model": MODEL, "input": history, "store": False, "stream": True}
         body |= {"temperature": 0, "max_output_tokens": 200}
-        with trio.move_on_after(0.2):  # hang up while the thread loads the entry
+
+        async def stream() -> None:
             async with http.stream("POST", "/v1/responses", json=body) as reply:
                 async for _ in reply.aiter_bytes():
                     pass
+
+        async with trio.open_nursery() as client:
+            client.start_soon(stream)
+            await wait_until(loading.is_set, 0.01)
+            client.cancel_scope.cancel()  # hang up while the thread loads the entry
+        # The server saw the hang-up (the response ended) before the load is let go.
+        await wait_until(lambda: handle.responses.statistics().running == 0, 0.01)
+        release.set()
         with trio.fail_after(30):
             await handle.model.wait_idle()
-        assert loading.is_set()
         stats = handle.model.statistics()
         assert stats.sequences_cancelled == 1
         # The same prompt again: whatever the cancel left in RAM still serves it.
