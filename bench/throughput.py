@@ -140,7 +140,9 @@ class DirectRunner:
         )
         return [int(t) for t in tokens]
 
-    def run(self, concurrency: int, max_tokens: int) -> Measurement:
+    def run(self, concurrency: int, max_tokens: int, turns: int = 1) -> Measurement:
+        """``concurrency`` streams, each ``turns`` requests one after another: a stream's next
+        prompt is inserted when its last one finishes, into the running batch."""
         from mlx_lm.generate import BatchGenerator
         from mlx_lm.sample_utils import make_sampler
 
@@ -152,16 +154,20 @@ class DirectRunner:
             prefill_step_size=PREFILL_STEP_SIZE,
             stream=self.stream,
         )
+        sampler = make_sampler(temp=0.0)
         generated: dict[int, list[int]] = {}
+        stream_of: dict[int, int] = {}
         try:
             start = time.perf_counter()
             uids = generator.insert(
                 prompts,
                 max_tokens=[max_tokens] * concurrency,
-                samplers=[make_sampler(temp=0.0)] * concurrency,
+                samplers=[sampler] * concurrency,
                 stop_sequences=[self.stop_sequences] * concurrency,
             )
+            stream_of = {uid: index for index, uid in enumerate(uids)}
             generated = {uid: [] for uid in uids}
+            left = [turns - 1] * concurrency
             first: dict[int, float] = {}
             running = set(uids)
             end = start
@@ -169,16 +175,31 @@ class DirectRunner:
                 _, responses = generator.next()
                 now = time.perf_counter()
                 for response in responses:
-                    first.setdefault(response.uid, now - start)
+                    stream = stream_of[response.uid]
+                    first.setdefault(stream, now - start)
                     if response.finish_reason != "stop":
                         generated[response.uid].append(int(response.token))
                     if response.finish_reason is not None:
                         running.discard(response.uid)
+                        if left[stream] > 0:
+                            left[stream] -= 1
+                            (uid,) = generator.insert(
+                                [prompts[stream]],
+                                max_tokens=[max_tokens],
+                                samplers=[sampler],
+                                stop_sequences=[self.stop_sequences],
+                            )
+                            stream_of[uid] = stream
+                            generated[uid] = []
+                            running.add(uid)
                 if responses:
                     end = now
         finally:
             generator.close()
-        texts = tuple(self.detokenize(generated[uid]) for uid in uids)
+        texts = tuple(
+            "".join(self.detokenize(generated[uid]) for uid in generated if stream_of[uid] == i)
+            for i in range(concurrency)
+        )
         tokens = sum(len(v) for v in generated.values())
         spread = (min(first.values()), max(first.values()))
         return Measurement(concurrency, tokens, end - start, texts, spread)
@@ -419,8 +440,12 @@ def new_client(connections: int) -> httpx.AsyncClient:
     )
 
 
-async def server_run(base_url: str, concurrency: int, max_tokens: int) -> Measurement:
-    results: list[StreamResult | None] = [None] * concurrency
+async def server_run(
+    base_url: str, concurrency: int, max_tokens: int, turns: int = 1
+) -> Measurement:
+    """``concurrency`` streams, each ``turns`` requests one after another (a stream's next
+    request is sent when its last one's terminal event is read)."""
+    results: list[list[StreamResult]] = [[] for _ in range(concurrency)]
     async with new_client(concurrency) as client:
         # Open the connections first so the timed window measures requests, not TCP set-up.
         async with trio.open_nursery() as nursery:
@@ -428,23 +453,23 @@ async def server_run(base_url: str, concurrency: int, max_tokens: int) -> Measur
                 nursery.start_soon(client.get, base_url + "/health")
 
         async def one(index: int) -> None:
-            results[index] = await stream_one(client, base_url, request_body(index, max_tokens))
+            body = request_body(index, max_tokens)
+            for _ in range(turns):
+                results[index].append(await stream_one(client, base_url, body))
 
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for index in range(concurrency):
                 nursery.start_soon(one, index)
-    done = [r for r in results if r is not None]
+    done = [r for stream in results for r in stream]
+    firsts = [stream[0].first_delta_at for stream in results]
     end = max(r.done_at for r in done)
     return Measurement(
         concurrency,
         sum(r.output_tokens for r in done),
         end - start,
-        tuple(r.text for r in done),
-        (
-            min(r.first_delta_at for r in done) - start,
-            max(r.first_delta_at for r in done) - start,
-        ),
+        tuple("".join(r.text for r in stream) for stream in results),
+        (min(firsts) - start, max(firsts) - start),
     )
 
 
@@ -688,7 +713,8 @@ def print_report(report: dict[str, Any]) -> None:
     print()
     print(
         f"model {Path(model['path']).name}: {model['parameters'] / 1e6:.1f}M parameters, "
-        f"max_tokens {report['max_tokens']}, {report['repeats']} repeats (medians)"
+        f"max_tokens {report['max_tokens']}, {report.get('turns', 1)} turns per stream, "
+        f"{report['repeats']} repeats (medians)"
     )
     header = (
         f"{'concurrency':>11}  {'direct tok/s':>12}  {'server tok/s':>12}  {'server/direct':>13}"
@@ -781,6 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated stream counts")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="requests per stream, one after another (a longer, steadier window: one user's "
+        "successive turns; each turn's own overhead is inside the measured time)",
+    )
     parser.add_argument("--disconnects", type=int, default=30, help="disconnect runs per load")
     parser.add_argument("--background", type=int, default=3, help="streams for the loaded runs")
     parser.add_argument(
@@ -862,13 +895,15 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(SETTLE_SECONDS)
                     if side == "direct":
                         cpu = time.process_time()
-                        got[side] = direct.run(c, args.max_tokens)
+                        got[side] = direct.run(c, args.max_tokens, args.turns)
                         got[side].cpu_s = time.process_time() - cpu
                     else:
                         pid = server.process.pid
                         cpu, server_cpu = time.process_time(), process_cpu(pid)
                         trio_cpu = process_cpu(pid, pid)
-                        got[side] = trio.run(server_run, server.base_url, c, args.max_tokens)
+                        got[side] = trio.run(
+                            server_run, server.base_url, c, args.max_tokens, args.turns
+                        )
                         got[side].cpu_s = process_cpu(pid) - server_cpu
                         got[side].trio_cpu_s = process_cpu(pid, pid) - trio_cpu
                         got[side].client_cpu_s = time.process_time() - cpu
@@ -939,6 +974,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_facts(model_path),
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
+        "turns": args.turns,
         "batch_settings": {
             "completion_batch_size": COMPLETION_BATCH_SIZE,
             "prefill_batch_size": PREFILL_BATCH_SIZE,
