@@ -94,6 +94,7 @@ class _Totals:
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
     generated: int = 0
+    steps: int = 0
 
 
 class Batch:
@@ -131,6 +132,9 @@ class Batch:
         self._ended: list[int] = []
         self._found: CacheMatch | None = None  # ``lookup``'s, for the Admit about to be applied
         self.totals = _Totals()
+        # Whether a sequence came, went or changed phase since ``take_changed`` (the thread
+        # builds the statistics after a step only then, or when they are old).
+        self._changed = False
         # OpenBLAS's count per step (decode or prefill).
         self._threads: StepThreads | None = None
         blas = open_blas()
@@ -163,6 +167,11 @@ class Batch:
         """Prompt tokens the prompt cache has served since start (each rank's figure,
         equal on every rank when they reuse alike)."""
         return self._prompt_cache.stats.tokens_reused
+
+    def take_changed(self) -> bool:
+        """Whether the batch's members or their phases changed since the last call."""
+        changed, self._changed = self._changed, False
+        return changed
 
     def take_ended(self) -> tuple[int, ...]:
         """The sequences that received their finish since the last call."""
@@ -236,6 +245,7 @@ class Batch:
         )
         self._live[message.seq_id] = entry
         self._by_uid[uid] = entry
+        self._changed = True
 
     def cancel(self, seq_id: int) -> None:
         removed = self._live.get(seq_id)
@@ -301,12 +311,14 @@ class Batch:
         else:
             prompt_responses, generation_responses = generator.next()
         totals.generated += len(generation_responses)  # one token each
+        totals.steps += 1
         for progress in prompt_responses:
             entry = self._by_uid.get(progress.uid)
             if entry is None:
                 continue
             if entry.phase == "queued":
                 entry.phase = "prefilling"
+                self._changed = True
             if (
                 progress.end_of_segment
                 and not progress.end_of_prompt
@@ -323,6 +335,7 @@ class Batch:
                 )
             if progress.end_of_prompt and entry.phase != "decoding":
                 entry.phase = "decoding"
+                self._changed = True
                 entry.slot.push(prefill_done=True)
                 self._prompt_cache.checkpoint(
                     entry.owner, self._keyed(entry), entry.uid, entry.cache_parent, entry.cache_key
@@ -345,7 +358,9 @@ class Batch:
         """One generated token of ``entry``: its text to the slot, and its end if it ended."""
         detokenizer = entry.detokenizer
         finish = response.finish_reason
-        entry.phase = "decoding"
+        if entry.phase != "decoding":
+            entry.phase = "decoding"
+            self._changed = True
         if finish == "stop":
             # The token that completes a stop sequence is not part of the output.
             detokenizer.finalize()
@@ -411,6 +426,7 @@ class Batch:
         """Take ``entry`` out of the books and give its slot its finish."""
         self._live.pop(entry.seq_id, None)
         self._by_uid.pop(entry.uid, None)
+        self._changed = True
         match reason:
             case "cancelled":
                 self.totals.cancelled += 1
@@ -465,7 +481,7 @@ class Batch:
             sequences_finished=totals.finished,
             sequences_cancelled=totals.cancelled,
             sequences_failed=totals.failed,
-            steps=previous.steps + 1,
+            steps=totals.steps,
             peak_decoding=max(previous.peak_decoding, decoding),
             prompt_cache=self._prompt_cache.stats,
             batch_kv_bytes=batch_kv_bytes(self._generator),
