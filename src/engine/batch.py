@@ -135,6 +135,10 @@ class Batch:
         # Whether a sequence came, went or changed phase since ``take_changed`` (the thread
         # builds the statistics after a step only then, or when they are old).
         self._changed = False
+        self._decoding = 0  # live sequences in the decoding phase (the rest prefill)
+        # The faults recorded since the last step (``Fault.record``): only then does a step
+        # look for the sequences to remove.
+        self._faults: list[Fault] = []
         # OpenBLAS's count per step (decode or prefill).
         self._threads: StepThreads | None = None
         blas = open_blas()
@@ -196,7 +200,7 @@ class Batch:
     def admit(self, message: Admit) -> None:
         spec = message.spec
         slot: SequenceSlot | _Discard = message.output or _Discard()
-        fault = Fault()
+        fault = Fault(self._faults)
         try:
             sampler = self._sampler(spec, fault)
             processors = self._processors(spec)
@@ -295,7 +299,7 @@ class Batch:
 
     def prefills(self) -> bool:
         """Whether the next step prefills: a sequence waits for its prompt or is in it."""
-        return any(entry.phase != "decoding" for entry in self._live.values())
+        return len(self._live) > self._decoding
 
     def step(self) -> None:
         generator = self._generator
@@ -334,8 +338,7 @@ class Batch:
                     at=entry.checkpoints,
                 )
             if progress.end_of_prompt and entry.phase != "decoding":
-                entry.phase = "decoding"
-                self._changed = True
+                self._decodes(entry)
                 entry.slot.push(prefill_done=True)
                 self._prompt_cache.checkpoint(
                     entry.owner, self._keyed(entry), entry.uid, entry.cache_parent, entry.cache_key
@@ -347,20 +350,28 @@ class Batch:
             try:
                 self._deliver(entry, response)
             except Exception as exc:
-                entry.fault.error = exc
+                entry.fault.record(exc)
+        if not self._faults:  # no sequence's own code raised: nothing to look for
+            return
+        self._faults.clear()
         for entry in [e for e in self._live.values() if e.fault.error is not None]:
             log.error("sequence %d failed: %r", entry.seq_id, entry.fault.error)
             if entry.uid in self._by_uid:
                 generator.remove([entry.uid])
             self._end(entry, "error", repr(entry.fault.error))
 
+    def _decodes(self, entry: _Live) -> None:
+        """``entry`` has its whole prompt in the cache: it decodes from now on."""
+        entry.phase = "decoding"
+        self._decoding += 1
+        self._changed = True
+
     def _deliver(self, entry: _Live, response: Any) -> None:
         """One generated token of ``entry``: its text to the slot, and its end if it ended."""
         detokenizer = entry.detokenizer
         finish = response.finish_reason
         if entry.phase != "decoding":
-            entry.phase = "decoding"
-            self._changed = True
+            self._decodes(entry)
         if finish == "stop":
             # The token that completes a stop sequence is not part of the output.
             detokenizer.finalize()
@@ -424,7 +435,8 @@ class Batch:
 
     def _end(self, entry: _Live, reason: FinishReason, error: str | None = None) -> None:
         """Take ``entry`` out of the books and give its slot its finish."""
-        self._live.pop(entry.seq_id, None)
+        if self._live.pop(entry.seq_id, None) is not None and entry.phase == "decoding":
+            self._decoding -= 1
         self._by_uid.pop(entry.uid, None)
         self._changed = True
         match reason:

@@ -9,12 +9,20 @@ from typing import Any
 
 
 class Fault:
-    """The first exception one sequence's own code raised on this thread, if any."""
+    """The first exception one sequence's own code raised on this thread, if any; the first one
+    is also added to ``raised`` (the batch's list of faults to act on after the step)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("_raised", "error")
 
-    def __init__(self) -> None:
+    def __init__(self, raised: list[Fault] | None = None) -> None:
         self.error: BaseException | None = None
+        self._raised = raised
+
+    def record(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+            if self._raised is not None:
+                self._raised.append(self)
 
 
 def guard(function: Callable[..., Any], fault: Fault, fallback: Callable[..., Any]) -> Any:
@@ -26,7 +34,7 @@ def guard(function: Callable[..., Any], fault: Fault, fallback: Callable[..., An
             try:
                 return function(*args)
             except Exception as exc:
-                fault.error = exc
+                fault.record(exc)
         return fallback(*args)
 
     return guarded
