@@ -1,0 +1,175 @@
+"""The decode step, timed inside both sides: mlx-lm's own step and the work around it.
+
+Run::
+
+    .venv/bin/python bench/step_period.py [--model PATH] [--concurrency 1] [--turns 4]
+        [--max-tokens 512] [--rounds 6]
+
+Whole-run tok/s on a shared machine swing by 10-30% between repeats; the per-step figures do
+not. Both sides run interleaved rounds as ``throughput.py`` does (the direct ``BatchGenerator``
+in this process, the server started through ``step_recorder.py``), and every call of mlx-lm's
+``BatchGenerator.next`` is timed on both. Over the decode steps (a call that returned tokens and
+no prompt progress, after another such call) it prints, per side, the medians of:
+
+- ``next()``: mlx-lm's step (the model's forward pass, sampling, its bookkeeping);
+- between calls: everything the loop does from one step's end to the next step's start (the
+  direct loop: reading the responses; the server: delivering tokens to the slots, the intake,
+  the statistics);
+- the period (their sum), and direct's period over the server's: the steady decode ratio, what
+  the per-token work costs apart from each request's own start and end.
+
+Also the runs' tok/s and their median ratio, as ``throughput.py`` reports them. Results go to
+``bench/results/step-period-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import throughput  # noqa: E402
+from step_recorder import StepRecord, record_steps  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """Medians over the decode steps, in microseconds."""
+
+    steps: int
+    next_us: float
+    between_us: float
+    period_us: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decode_steps": self.steps,
+            "next_us": round(self.next_us, 1),
+            "between_us": round(self.between_us, 1),
+            "period_us": round(self.period_us, 1),
+        }
+
+
+def decode_figures(records: Sequence[Sequence[float]]) -> StepFigures | None:
+    """The medians over each decode call that follows another decode call (the gap before it
+    is the loop's own work between two steps); None without two such calls in a row."""
+    durations: list[float] = []
+    gaps: list[float] = []
+    for before, after in itertools.pairwise(records):
+        if all(record[2] > 0 and record[3] == 0 for record in (before, after)):
+            durations.append(after[1] - after[0])
+            gaps.append(after[0] - before[1])
+    if not durations:
+        return None
+    periods = [d + g for d, g in zip(durations, gaps, strict=True)]
+    return StepFigures(
+        len(durations),
+        statistics.median(durations) * 1e6,
+        statistics.median(gaps) * 1e6,
+        statistics.median(periods) * 1e6,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model folder (default: the bench model, made if missing)")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--turns", type=int, default=4, help="requests per stream, in a row")
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+    openblas = throughput.preload_openblas()
+    model = throughput.resolve_model(args.model)
+    throughput.use_documented_prompt(model)
+    direct_records: list[StepRecord] = []
+    record_steps(direct_records)
+    direct = throughput.DirectRunner(model)
+    started = time.strftime("%Y%m%d-%H%M%S")
+    throughput.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    c, turns, max_tokens = args.concurrency, args.turns, args.max_tokens
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "server-steps.json"
+        command = [sys.executable, str(BENCH / "step_recorder.py"), str(out)]
+        log = throughput.RESULTS_DIR / f"server-{started}.log"
+        with throughput.running_server(
+            command, model, log, extra_args=("--prompt-cache-bytes", "0")
+        ) as server:
+            blas = throughput.httpx.get(server.base_url + "/health", timeout=30).json()["blas"]
+            print(f"model {model}; OpenBLAS loaded: {openblas}; server OpenBLAS: {blas}")
+            direct.run(c, 8)
+            direct.run(c, max_tokens)
+            trio.run(throughput.server_run, server.base_url, c, 8)
+            trio.run(throughput.server_run, server.base_url, c, max_tokens)
+            # The warm-ups' steps are not counted: perf_counter is the system's monotonic
+            # clock on Linux, so the server's records are cut at the same instant.
+            rounds_began = time.perf_counter()
+            rates: dict[str, list[float]] = {"direct": [], "server": []}
+            for round_index in range(args.rounds):
+                order = ("direct", "server") if round_index % 2 == 0 else ("server", "direct")
+                for side in order:
+                    time.sleep(throughput.SETTLE_SECONDS)
+                    if side == "direct":
+                        m = direct.run(c, max_tokens, turns)
+                    else:
+                        m = trio.run(throughput.server_run, server.base_url, c, max_tokens, turns)
+                    rates[side].append(m.tokens / m.seconds)
+                    print(f"round {round_index + 1} {side:6s} {m.tokens / m.seconds:8.1f} tok/s")
+        server_records = json.loads(out.read_text()) if out.is_file() else []
+    figures = {
+        side: decode_figures([r for r in records if r[0] >= rounds_began])
+        for side, records in (("direct", direct_records), ("server", server_records))
+    }
+    ratios = [s / d for d, s in zip(rates["direct"], rates["server"], strict=True)]
+    print(f"\n{c} stream(s), {turns} turns, max_tokens {max_tokens}, {args.rounds} rounds")
+    print(
+        f"{'side':8s} {'decode steps':>12s} {'next() us':>10s} {'between us':>11s} {'period us':>10s}"
+    )
+    for side, found in figures.items():
+        if found is None:
+            print(f"{side:8s} no decode steps recorded")
+            continue
+        print(
+            f"{side:8s} {found.steps:12d} {found.next_us:10.0f} {found.between_us:11.1f}"
+            f" {found.period_us:10.0f}"
+        )
+    report: dict[str, Any] = {
+        "model": model,
+        "concurrency": c,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "rounds": args.rounds,
+        "openblas": openblas,
+        "server_blas": blas,
+        "steps": {k: None if v is None else v.to_json() for k, v in figures.items()},
+        "tok_s": rates,
+        "run_ratio_median": statistics.median(ratios),
+    }
+    if figures["direct"] and figures["server"]:
+        steady = figures["direct"].period_us / figures["server"].period_us
+        report["steady_decode_ratio"] = round(steady, 3)
+        print(f"steady decode: direct period / server period {steady:.3f}")
+    print(
+        f"runs: server/direct tok/s, median of the per-round ratios {statistics.median(ratios):.3f}"
+        f" (per round {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+    path = throughput.RESULTS_DIR / f"step-period-{started}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
