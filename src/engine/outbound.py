@@ -3,12 +3,13 @@
 Invariants:
 - Per-sequence output (text, tokens, logprobs, finish, cache report, errors) goes to each
   sequence's ``SequenceSlot``; everything about the batch as a whole comes here: the load
-  result (first), which sequences ended, the statistics after each step, the thread's exit
+  result (first), which sequences ended, the statistics, the thread's exit
   (last).
 - The producer (the generation thread) never blocks: it appends under a lock held for a few
   microseconds and wakes a waiting Trio consumer with ``TrioToken.run_sync_soon`` (which does
   not wait), only when the stream goes from empty to non-empty.
-- Statistics are a latest value, not a queue: each step replaces the snapshot and wakes
+- Statistics are a latest value, not a queue: a new snapshot (the thread builds one when the
+  batch changed, else every ``STATISTICS_INTERVAL_SECONDS``) replaces the last and wakes
   nobody; ``latest()`` reads it from any thread. Facts (``Loaded``, ``Ended``, ``Exited``) are
   delivered once each, in order.
 - One consumer: a Trio task (``receive``) or a plain thread (``get``).
