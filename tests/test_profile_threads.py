@@ -4,25 +4,9 @@ rule matches several of its frames, and a same-named function in another file no
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from .scripts_loader import bench_module
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profile_threads", BENCH / "profile_threads.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("profile_threads", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-pt = _load()
+pt = bench_module("profile_threads")
 
 GEN = (
     "thread (0x7F01): mlx-generation;Thread._bootstrap (threading.py:1002);"

@@ -4,28 +4,11 @@ not), the gap is measured from the earlier call's end, and the figures are media
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from .scripts_loader import bench_module
 
-
-def _load() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("step_period", BENCH / "step_period.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("step_period", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sp = _load()
+sp = bench_module("step_period")
 
 
 def test_only_decode_after_decode_counts() -> None:
