@@ -13,7 +13,7 @@ from typing import Any
 
 import pydantic
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from openai.types.responses import response_item
 from openai.types.responses.response_function_web_search import ResponseFunctionWebSearch
@@ -143,6 +143,8 @@ def test_a_hosted_item_round_trips_and_is_listed_in_the_sdk_shape(item: HostedIt
 
 
 @given(st.lists(hosted_items, max_size=4), texts)
+# A hosted item's own id that happens to be the encoder's placeholder for a minted one is kept.
+@example([WebSearchCall("-", "in_progress", SearchAction("open_page"))], "")
 def test_hosted_items_round_trip_inside_a_compaction_item(
     retained: list[HostedItem], summary: str
 ) -> None:

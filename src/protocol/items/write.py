@@ -219,8 +219,8 @@ def encode_compaction(compaction: Compaction) -> str:
     items = []
     for item in compaction.retained:
         shaped = item_json(item, "-")
-        if shaped["id"] == "-":
-            del shaped["id"]  # minted again on output; a hosted item keeps its own
+        if shaped["id"] == "-" and getattr(item, "id", None) is None:
+            del shaped["id"]  # minted again on output; an item's own id (a hosted one's) is kept
         items.append(shaped)
     payload = {"v": COMPACTION_FORMAT_VERSION, "summary": compaction.summary, "items": items}
     raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
