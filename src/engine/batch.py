@@ -94,7 +94,7 @@ class _Totals:
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
     generated: int = 0
-    steps: int = 0
+    steps: int = 0  # batch steps taken (the statistics, and each rank's figure for rank 0)
 
 
 class Batch:

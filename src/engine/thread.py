@@ -161,7 +161,6 @@ class GenerationThread:
         self._batch: Batch | None = None  # while it serves (tests look at its BLAS counts)
         self._link: Link | None = None  # this rank's exchange with the others
         self._broadcaster: Broadcaster | None = None  # rank 0's journal
-        self._steps = 0
         self._applied = 0  # messages applied so far (the loop publishes only after a change)
         self._statistics_due = 0.0  # when a step builds the statistics even with no change
         self._reported = True  # the ranks have heard this rank's latest batch
@@ -342,9 +341,8 @@ class GenerationThread:
         with nullcontext() if self._link is None else self._link.guard():
             batch.step()
         self._publish(batch, every_time=False)
-        self._steps += 1
         if self._link is not None:  # what the next header tells the other ranks
-            self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
+            self._link.batch = RankBatch(batch.totals.steps, batch.sequences, batch.cached_tokens)
             self._reported = False
 
     def _publish(self, batch: Batch, *, every_time: bool = True) -> None:
@@ -376,7 +374,9 @@ class GenerationThread:
         while True:
             if self._link is not None:
                 # A follower's figure after what it applied (the next header's).
-                self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
+                self._link.batch = RankBatch(
+                    batch.totals.steps, batch.sequences, batch.cached_tokens
+                )
             message = self._inbox.get()
             if isinstance(message, Step):
                 self._step(batch)  # journals the Step
@@ -460,7 +460,7 @@ class GenerationThread:
         heartbeat carries every rank's batch after it, rather than a beat period later."""
         assert self._link is not None
         if broadcaster.flush() or not self._reported:
-            self._link.batch = RankBatch(self._steps, batch.sequences, batch.cached_tokens)
+            self._link.batch = RankBatch(batch.totals.steps, batch.sequences, batch.cached_tokens)
             self._link.beat()
             self._reported = True
 
