@@ -1,12 +1,15 @@
 """The generation thread, idle, gathers a burst (issue 12): while requests are still on their
 way to the model (``Arrivals`` on its inbound stream), the first sequence waits for them, so
 that the burst is prefilled together; a lone request does not wait, and a count that never
-drops does not stall the batch. The real thread on the bundled model."""
+drops does not stall the batch. A new request's admission and prefill may outlast a decode
+step, so the thread first sends the running sequences' lingering output (issue 37). The real
+thread on the bundled model."""
 
 from __future__ import annotations
 
 import queue
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -41,13 +44,20 @@ class Thread:
             journal=self.journal,
         )
 
-    def insert(self, seq_id: int, arriving: int = 0) -> SequenceSlot:
+    def insert(
+        self,
+        seq_id: int,
+        arriving: int = 0,
+        *,
+        max_tokens: int = 4,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> SequenceSlot:
         """Admit a sequence, as the model actor does, telling the thread how many requests
-        are still on their way."""
+        are still on their way. (The bundled model runs this prompt to ``max_tokens``.)"""
         assert self.loaded is not None
-        slot = SequenceSlot(trio.lowlevel.current_trio_token())
+        slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
         prompt = tuple(self.loaded.tokenizer.encode(f"Say hello {seq_id}."))
-        spec = SequenceSpec(prompt, 4, 0.0, 1.0)
+        spec = SequenceSpec(prompt, max_tokens, 0.0, 1.0)
         self.thread.send(Admit(seq_id, spec, slot, arriving=arriving))
         return slot
 
@@ -144,6 +154,24 @@ async def test_a_count_that_never_drops_delays_the_batch_only_by_the_bound(
             await finish(model.insert(1, arriving=5))
             await finish(model.insert(2, arriving=5))  # and again after the batch went idle
     assert model.facts.latest().sequences_finished == 2
+
+
+async def test_a_new_request_first_sends_the_output_a_linger_holds() -> None:
+    """The first sequence's consumer lingers on a clock that stands still, so no tick ever ends
+    its linger; a second request arrives: before the admission and the prefill the thread
+    flushes, and the consumer gets the tokens so far while its sequence still runs."""
+    async with running() as model:
+        with trio.fail_after(60):
+            lingering = model.insert(1, max_tokens=300, clock=lambda: 0.0)
+            first = await lingering.receive()  # the prefill's end or the first token, unheld
+            assert first.finish is None
+            await trio.sleep(0.02)  # decode steps: their tokens wait out the linger
+            other = model.insert(2)
+            held = await lingering.receive(linger=3600)
+            assert held.finish is None, "the linger held the output until the sequence ended"
+            assert first.new_tokens + held.new_tokens < 300
+            assert await finish(other) == ("length", 4)
+            assert await finish(lingering) == ("length", 300 - first.new_tokens - held.new_tokens)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,10 +1,11 @@
 """SequenceSlot: a real producer thread, a Trio consumer, arbitrary pushes, consumer delays and
 lingers (issue 12: a run under load lets its tokens pile up between receives).
 
-Lingers and delays run on Trio's ``MockClock``: the slot reads only Trio's clock, so a test moves
-time itself (``jump``) or lets it jump whenever every task waits (autojump), and no outcome
-depends on how fast this machine is. The producer is still a real thread; since a deadline on a
-MockClock would jump too, waits on it are bounded on the wall clock (``wall_deadline``)."""
+A linger ends on the producer's first push after its tick, on the clock the slot is given: the
+tests give it a ``ManualClock`` and move it themselves, so no outcome depends on how fast this
+machine is. Consumer delays run on Trio's ``MockClock``. The producer is still a real thread;
+since a deadline on a MockClock would jump too, waits on it are bounded on the wall clock
+(``wall_deadline``)."""
 
 from __future__ import annotations
 
@@ -125,18 +126,29 @@ class CountingToken:
         self._token.run_sync_soon(fn)
 
 
-async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_wakeup(
-    mock_clock: trio.testing.MockClock,
-) -> None:
-    token = CountingToken()
-    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token))
+class ManualClock:
+    """The slot's clock, moved by the test (read by the producer thread and the consumer)."""
 
-    def produce() -> None:
-        for i in range(200):  # 200 decode steps while the consumer lingers
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_output() -> None:
+    """200 decode steps' pushes while the consumer lingers wake nobody; the first push on the
+    tick wakes it once, with all of them."""
+    token = CountingToken()
+    clock = ManualClock(0.0)
+    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token), clock)
+
+    def produce(count: int) -> None:
+        for i in range(count):
             slot.push(str(i % 10), 1)
 
     result: list[SequenceOutput] = []
-    with wall_deadline(10):
+    with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
 
             async def consumer() -> None:
@@ -144,25 +156,28 @@ async def test_a_lingering_consumer_gets_every_push_in_one_output_and_costs_no_w
 
             nursery.start_soon(consumer)
             await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
-            await trio.to_thread.run_sync(produce)
+            clock.now = 0.49
+            await trio.to_thread.run_sync(produce, 200)
             await trio.testing.wait_all_tasks_blocked()
-            assert result == []  # the Trio clock stands still: the linger holds every push
-            mock_clock.jump(tick_after(trio.current_time(), 0.5) - trio.current_time())
-    assert result[0].new_tokens == 200
-    assert result[0].text == "".join(str(i % 10) for i in range(200))
-    assert token.wakeups == 0  # nobody waited for plain text: no wake-up was scheduled
+            assert result == []  # before the tick: every push waits in the slot
+            assert token.wakeups == 0  # and none scheduled a wake-up
+            clock.now = 0.5
+            await trio.to_thread.run_sync(produce, 1)  # the step on the tick
+    assert result[0].new_tokens == 201
+    assert result[0].text == "".join(str(i % 10) for i in range(200)) + "0"
+    assert token.wakeups == 1
 
 
-async def test_a_finish_ends_a_linger_at_once(mock_clock: trio.testing.MockClock) -> None:
-    slot = SequenceSlot(trio.lowlevel.current_trio_token())
+async def test_a_finish_ends_a_linger_at_once() -> None:
+    clock = ManualClock(0.0)  # stands still: the tick never comes
+    slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
 
     def produce() -> None:
         slot.push("last words", 2)
         slot.push(finish="stop")
 
     outputs: list[SequenceOutput] = []
-    began = trio.current_time()
-    with wall_deadline(10):
+    with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
 
             async def consumer() -> None:
@@ -171,12 +186,38 @@ async def test_a_finish_ends_a_linger_at_once(mock_clock: trio.testing.MockClock
             nursery.start_soon(consumer)
             await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
             await trio.to_thread.run_sync(produce)
-            await trio.testing.wait_all_tasks_blocked()
-            # No time passed on the Trio clock: the finish, not the tick, ended the linger.
-            assert trio.current_time() == began
-            assert outputs, "the finish did not end the linger"
     assert outputs[0].text == "last words"
     assert outputs[0].finish == "stop"
+
+
+async def test_a_flush_ends_a_linger_and_sends_what_waits() -> None:
+    """Before a step that may be long (a prefill), the producer flushes: output that waits out
+    a linger goes at once; an empty slot wakes nobody, and its next push goes at once."""
+    token = CountingToken()
+    clock = ManualClock(0.0)  # stands still: only the flush ends the linger
+    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token), clock)
+    outputs: list[SequenceOutput] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def consumer() -> None:
+                for _ in range(2):
+                    outputs.append(await slot.receive(linger=3600))
+
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.to_thread.run_sync(slot.push, "held", 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert outputs == []
+            await trio.to_thread.run_sync(slot.flush)
+            await trio.testing.wait_all_tasks_blocked()
+            assert [o.text for o in outputs] == ["held"]
+            await trio.to_thread.run_sync(slot.flush)  # nothing waits: no wake-up
+            await trio.testing.wait_all_tasks_blocked()
+            assert token.wakeups == 1
+            await trio.to_thread.run_sync(slot.push, "next", 1)
+    assert [o.text for o in outputs] == ["held", "next"]
+    assert token.wakeups == 2
 
 
 async def test_a_cancelled_linger_leaves_the_output_for_the_next_receive(
@@ -205,26 +246,34 @@ def test_a_linger_ends_on_the_next_tick_within_one_interval(now: float, interval
     assert tick_after(later, interval) == tick  # a later start before the tick: the same tick
 
 
-async def test_streams_that_begin_lingering_apart_wake_together_on_the_tick(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """Two consumers start their lingers 27 ms apart and both wake on the 100 ms tick (one
-    pass of the event loop for both), then keep waking on the same ticks."""
-    woke: dict[str, list[float]] = {"a": [], "b": []}
+async def test_streams_that_begin_lingering_apart_wake_together_on_the_tick() -> None:
+    """Two consumers start their lingers 27 ms apart; the pushes of the steps before the 100 ms
+    tick wake neither, the step on the tick wakes both, with everything since."""
+    clock = ManualClock(0.013)
     token = trio.lowlevel.current_trio_token()
-    origin = trio.current_time()
+    slots = {"a": SequenceSlot(token, clock), "b": SequenceSlot(token, clock)}
+    outputs: dict[str, list[SequenceOutput]] = {"a": [], "b": []}
 
-    async def stream(name: str, start: float) -> None:
-        slot = SequenceSlot(token)
-        await trio.sleep_until(start)
-        for _ in range(3):
+    async def stream(name: str) -> None:
+        outputs[name].append(await slots[name].receive(linger=0.1))
+
+    def step() -> None:
+        for slot in slots.values():
             slot.push("x", 1)
-            await slot.receive(linger=0.1)
-            woke[name].append(trio.current_time())
 
-    first_tick = tick_after(origin + 0.1, 0.1)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stream, "a", first_tick - 0.087)
-        nursery.start_soon(stream, "b", first_tick - 0.060)
-    assert woke["a"] == woke["b"]
-    assert [round(t - first_tick, 6) for t in woke["a"]] == [0.0, 0.1, 0.2]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            clock.now = 0.040
+            nursery.start_soon(stream, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            for now in (0.05, 0.07, 0.099):
+                clock.now = now
+                await trio.to_thread.run_sync(step)
+            await trio.testing.wait_all_tasks_blocked()
+            assert outputs == {"a": [], "b": []}
+            clock.now = 0.1
+            await trio.to_thread.run_sync(step)
+    assert [o.new_tokens for o in outputs["a"]] == [4]
+    assert [o.new_tokens for o in outputs["b"]] == [4]

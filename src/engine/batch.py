@@ -66,6 +66,9 @@ class _Discard:
     def report_cache(self, _tokens: int) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
 
 @dataclass(slots=True)
 class _Live:
@@ -188,6 +191,7 @@ class Batch:
         """``message`` met with the prompt cache before it is recorded or broadcast: without
         the pixels of the images its reused prefix holds (``vision_prefill.match_cache``);
         ``admit`` then inserts it with that reuse."""
+        self._flush()  # the prompt cache may read the disk
         spec = message.spec
         reuse = self._prompt_cache.fetch(spec.owner, spec.prompt, message.disk_key)
         with self._mx.stream(self._stream):
@@ -308,6 +312,7 @@ class Batch:
             self._threads.before_step(prefilling)
         totals = self.totals
         if prefilling:  # mlx-lm's counters (~15 us a read) only where a prompt is in the step
+            self._flush()
             with generator.stats() as stats:
                 prompt_responses, generation_responses = generator.next()
             totals.prompt_tokens += stats.prompt_tokens
@@ -359,6 +364,14 @@ class Batch:
             if entry.uid in self._by_uid:
                 generator.remove([entry.uid])
             self._end(entry, "error", repr(entry.fault.error))
+
+    def _flush(self) -> None:
+        """Before work that may outlast a decode step: the decoding sequences' output waiting
+        out a linger goes to their consumers now (``SequenceSlot.flush``)."""
+        if self._decoding:
+            for entry in self._live.values():
+                if entry.phase == "decoding":
+                    entry.slot.flush()
 
     def _decodes(self, entry: _Live) -> None:
         """``entry`` has its whole prompt in the cache: it decodes from now on."""

@@ -8,11 +8,16 @@ Invariants:
 - Deltas coalesce: however slow the consumer, it receives everything produced since its last
   ``receive`` as one ``SequenceOutput`` (text joined, token counts summed). Nothing is dropped;
   the buffer is bounded by the sequence's own ``max_tokens``.
-- The producer wakes the consumer only when it waits: a push while the consumer is busy, or
-  lingers (``receive(linger=...)``: it lets output pile up under load), costs no
-  wake-up, except a finish, which always ends a linger at once.
-- A linger ends on a tick of the Trio clock shared by every slot (``tick_after``), not a
-  linger's length after it began: consumers lingering with the same interval wake together, in
+- The producer wakes the consumer only when it waits: a push while the consumer is busy costs
+  no wake-up. A consumer that lingers (``receive(linger=...)``: it lets output pile up under
+  load) is woken by the first push on or after its linger's end, or by a finish at once; the
+  producer reads the clock (``time.perf_counter``) for it. No Trio timer runs for a linger (a
+  timer's expiry is a cancellation: a cancel scope entered, expired and unwound per delta).
+  Output waits past a linger's end at most until the producer's next push, one step; before
+  work that may take longer than a decode step (a step that prefills, an admission) the
+  producer ``flush``es, which ends a linger that has output at once.
+- A linger ends on a tick of the clock shared by every slot (``tick_after``), not a linger's
+  length after it began: consumers lingering with the same interval wake on the same step, in
   one pass of the event loop, so N streams cost one wake-up of the loop (and of a client that
   reads them all) per tick instead of N spread over it.
 - The cache report (``report_cache``) is written and read under the same lock as the output.
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,8 +64,13 @@ def tick_after(now: float, interval: float) -> float:
 class SequenceSlot:
     """Coalescing, thread-safe outbox for one sequence (producer: generation thread)."""
 
-    def __init__(self, trio_token: trio.lowlevel.TrioToken) -> None:
+    def __init__(
+        self,
+        trio_token: trio.lowlevel.TrioToken,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._token = trio_token
+        self._clock = clock
         self._lock = threading.Lock()
         self._text: list[str] = []
         self._tokens = 0
@@ -71,9 +82,10 @@ class SequenceSlot:
         self._stop_sequence: str | None = None
         self._finish_delivered = False
         self._wake_scheduled = False
-        # What the consumer waits for (under the lock): "any" output, only a "finish" (while it
-        # lingers), or nothing (None: it is busy, or about to take what is there).
-        self._waiting: Literal["any", "finish"] | None = None
+        # Whether the consumer waits (under the lock; False: it is busy, or about to take what
+        # is there), and until when on ``clock`` it lingers: output before then wakes nobody.
+        self._waiting = False
+        self._until = -math.inf
         # Prompt tokens served from the prompt cache (``report_cache``, before the first push).
         self._cached_tokens = 0
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
@@ -104,11 +116,24 @@ class SequenceSlot:
             if finish is not None:
                 self._finish = finish
                 self._error = error
-            if self._wake_scheduled or self._waiting is None:
+            if self._wake_scheduled or not self._waiting:
                 return
-            if self._waiting == "finish" and finish is None:
+            if finish is None and self._clock() < self._until:
+                return  # it lingers: the first push after the tick wakes it
+            self._wake_scheduled = True
+        self._schedule_wake()
+
+    def flush(self) -> None:
+        """End a linger now if output waits in the slot: the producer is about to do work that
+        may outlast a decode step, and the output should not wait for its end."""
+        with self._lock:
+            self._until = -math.inf
+            if self._wake_scheduled or not self._waiting or not self._has_output():
                 return
             self._wake_scheduled = True
+        self._schedule_wake()
+
+    def _schedule_wake(self) -> None:
         try:
             self._token.run_sync_soon(self._wake)
         except trio.RunFinishedError:
@@ -134,62 +159,57 @@ class SequenceSlot:
     def _wake(self) -> None:
         self._event.set()
 
-    def _take(self) -> SequenceOutput | None:
-        with self._lock:
-            self._wake_scheduled = False
-            new_prefill = self._prefill_done and not self._prefill_reported
-            finish = None if self._finish_delivered else self._finish
-            if not self._text and not self._tokens and not new_prefill and finish is None:
-                return None
-            out = SequenceOutput(
-                text="".join(self._text),
-                new_tokens=self._tokens,
-                prefill_done=self._prefill_done,
-                finish=finish,
-                error=self._error if finish is not None else None,
-                logprobs=tuple(self._logprobs),
-                stop_sequence=self._stop_sequence if finish is not None else None,
-            )
-            self._text.clear()
-            self._logprobs.clear()
-            self._tokens = 0
-            self._prefill_reported = self._prefill_done
-            self._finish_delivered = finish is not None or self._finish_delivered
-            return out
+    def _take(self) -> SequenceOutput:
+        """Everything in the slot, as one output (under the lock; there is something)."""
+        finish = None if self._finish_delivered else self._finish
+        out = SequenceOutput(
+            text="".join(self._text),
+            new_tokens=self._tokens,
+            prefill_done=self._prefill_done,
+            finish=finish,
+            error=self._error if finish is not None else None,
+            logprobs=tuple(self._logprobs),
+            stop_sequence=self._stop_sequence if finish is not None else None,
+        )
+        self._text.clear()
+        self._logprobs.clear()
+        self._tokens = 0
+        self._prefill_reported = self._prefill_done
+        self._finish_delivered = finish is not None or self._finish_delivered
+        return out
+
+    def _ready(self) -> bool:
+        """Whether a receive takes the output now (under the lock): an undelivered finish, or
+        output once the linger ended."""
+        if self._finish is not None and not self._finish_delivered:
+            return True
+        if not self._has_output():
+            return False
+        return self._until == -math.inf or self._clock() >= self._until
 
     async def receive(self, linger: float = 0.0) -> SequenceOutput:
         """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered.
 
-        With ``linger`` > 0, first let output pile up until the clock's next ``linger`` tick
-        (at most that many seconds; sooner if the sequence finishes), so that one receive
+        With ``linger`` > 0, output waits in the slot until the clock's next ``linger`` tick
+        (the first push on or after it; a finish or a ``flush`` at once), so that one receive
         carries several steps' tokens."""
-        if linger > 0:
-            await self._wait_for("finish", tick_after(trio.current_time(), linger))
-        while True:
-            out = self._take()
-            if out is not None:
-                return out
-            if self._finish_delivered:
-                raise trio.EndOfChannel
-            await self._wait_for("any", math.inf)
-
-    async def _wait_for(self, what: Literal["any", "finish"], deadline: float) -> None:
-        """Sleep until the producer pushes ``what`` (at once if it already has) or the Trio
-        clock reaches ``deadline``. A wake-up may be spurious; callers re-check."""
         with self._lock:
-            if self._finish is not None or (what == "any" and self._has_output()):
-                return
-            self._event = trio.Event()
-            self._waiting = what
-        try:
-            if deadline == math.inf:
-                await self._event.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await self._event.wait()
-        finally:
+            self._until = tick_after(self._clock(), linger) if linger > 0 else -math.inf
+        while True:
             with self._lock:
-                self._waiting = None
+                if self._ready():
+                    return self._take()
+                if self._finish_delivered:
+                    raise trio.EndOfChannel
+                # A wake-up still pending sets this new event: at worst a spurious wake-up.
+                self._event = trio.Event()
+                self._waiting = True
+                self._wake_scheduled = False
+            try:
+                await self._event.wait()
+            finally:
+                with self._lock:
+                    self._waiting = False
 
     def _has_output(self) -> bool:
         return bool(self._text or self._tokens) or (
