@@ -377,6 +377,10 @@ class Receiver:
     def get_nowait(self) -> Inbound:
         return self.get()
 
+    def empty(self) -> bool:
+        """Never: a follower's next message is always coming (``get`` blocks for it)."""
+        return False
+
     def put(self, message: Inbound) -> None:
         """Nothing local reaches a follower's thread: everything comes from rank 0."""
 

@@ -36,7 +36,6 @@ import math
 import queue
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, assert_never
@@ -104,6 +103,8 @@ class Inbox(Protocol):
     def get(self, block: bool = True, timeout: float | None = None) -> Inbound: ...
 
     def get_nowait(self) -> Inbound: ...
+
+    def empty(self) -> bool: ...
 
 
 class Journal(Protocol):
@@ -337,9 +338,11 @@ class GenerationThread:
     def _step(self, batch: Batch) -> None:
         if self._journal is not None:
             self._journal.put(Step())
-        # A step of a sharded model waits on every rank; a silent one is timed.
-        with nullcontext() if self._link is None else self._link.guard():
+        if self._link is None:
             batch.step()
+        else:  # a step of a sharded model waits on every rank; a silent one is timed
+            with self._link.guard():
+                batch.step()
         self._publish(batch, every_time=False)
         if self._link is not None:  # what the next header tells the other ranks
             self._link.batch = RankBatch(batch.totals.steps, batch.sequences, batch.cached_tokens)
@@ -414,7 +417,8 @@ class GenerationThread:
                 if timeout <= 0:
                     return None
                 return self._inbox.get(timeout=timeout)
-            return self._inbox.get_nowait()
+            # Most steps find nothing: no ``queue.Empty`` raised and caught for them.
+            return None if self._inbox.empty() else self._inbox.get_nowait()
         except queue.Empty:
             if block and self._link is not None:
                 self._link.beat()  # idle rank 0, alive (distributed.py)
