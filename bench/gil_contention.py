@@ -14,6 +14,13 @@ server sets, ``GIL_SWITCH_INTERVAL_SECONDS`` in src/server.py). Conditions inter
 rotating every repeat; medians are reported, with ratios to "alone" at the same switch interval
 (paired per repeat: the two ran within seconds of each other).
 
+``--where thread,process`` adds the same work in a second *process* (``BusyProcess``: its own
+interpreter and GIL, on the same cores) at the server's switch interval: if the second process
+costs decode as much as the second thread does, the cost is the cores, not the GIL, and moving
+the engine into a process of its own would not remove it. ``--period`` sets the cycle (2 ms by
+default; the server's Trio thread works in bursts of ~0.5-0.7 ms per text delta, one delta per
+25 ms linger at one stream: ``--duty 0.024 --period 0.025``).
+
 Per run: decode tok/s (tokens after the first, over the time from the first token to the last)
 and time to first token (from ``insert``, prefill included). The busy thread's achieved duty
 (its CPU time over the run's wall time) is printed too: under contention it gets less than asked.
@@ -28,7 +35,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -64,17 +73,22 @@ EVENT = {
 
 
 class BusyThread(threading.Thread):
-    """Pure-Python work for ``duty`` of every PERIOD_S, sleeping the rest."""
+    """Pure-Python work for ``duty`` of every ``period`` seconds, sleeping the rest."""
 
-    def __init__(self, duty: float) -> None:
+    def __init__(self, duty: float, period: float = PERIOD_S) -> None:
         super().__init__(name="busy", daemon=True)
         self.duty = duty
+        self.period = period
         self.stopping = threading.Event()
         self.cpu_s = 0.0
         self.wall_s = 0.0
 
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
     def run(self) -> None:
-        busy, idle = self.duty * PERIOD_S, (1 - self.duty) * PERIOD_S
+        busy, idle = self.duty * self.period, (1 - self.duty) * self.period
         cpu, start = time.thread_time(), time.perf_counter()
         while not self.stopping.is_set():
             until = time.perf_counter() + busy
@@ -85,14 +99,58 @@ class BusyThread(threading.Thread):
         self.cpu_s, self.wall_s = time.thread_time() - cpu, time.perf_counter() - start
 
 
+# The same loop in a process of its own; SIGTERM ends it and it prints its CPU and wall seconds.
+_BUSY_PROCESS = """
+import json, signal, sys, time
+duty, period, event = float(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+busy, idle = duty * period, (1 - duty) * period
+cpu, start = time.process_time(), time.perf_counter()
+print("ready", flush=True)
+while not stopping:
+    until = time.perf_counter() + busy
+    while time.perf_counter() < until:
+        json.dumps(event)
+    if idle > 0:
+        time.sleep(idle)
+print(time.process_time() - cpu, time.perf_counter() - start, flush=True)
+"""
+
+
+class BusyProcess:
+    """``BusyThread``'s work in a second process: the same cores, another GIL."""
+
+    def __init__(self, duty: float, period: float = PERIOD_S) -> None:
+        self.args = [sys.executable, "-c", _BUSY_PROCESS, str(duty), str(period)]
+        self.process: subprocess.Popen[str] | None = None
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [*self.args, json.dumps(EVENT)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        self.process.stdout.readline()  # "ready": its interpreter's start is not measured
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=30)
+        cpu, wall = out.split()
+        self.cpu_s, self.wall_s = float(cpu), float(wall)
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     switch_s: float
     duty: float  # 0: alone
+    where: str = "thread"  # or "process"
 
     @property
     def label(self) -> str:
-        who = "alone" if self.duty == 0 else f"busy {self.duty:.0%}"
+        who = "alone" if self.duty == 0 else f"{self.where} busy {self.duty:.1%}"
         return f"switch {self.switch_s * 1e3:g} ms, {who}"
 
 
@@ -103,17 +161,20 @@ class Sample:
     achieved_duty: float
 
 
-def run_once(direct: DirectRunner, condition: Condition, max_tokens: int) -> Sample:
+def run_once(
+    direct: DirectRunner, condition: Condition, max_tokens: int, period: float = PERIOD_S
+) -> Sample:
     sys.setswitchinterval(condition.switch_s)
-    busy = BusyThread(condition.duty) if condition.duty > 0 else None
-    if busy is not None:
+    busy: BusyThread | BusyProcess | None = None
+    if condition.duty > 0:
+        kind = BusyProcess if condition.where == "process" else BusyThread
+        busy = kind(condition.duty, period)
         busy.start()
     try:
         m = direct.run(1, max_tokens)
     finally:
         if busy is not None:
-            busy.stopping.set()
-            busy.join()
+            busy.stop()
     first = m.first_token_s[0]
     decode = (m.tokens - 1) / (m.seconds - first) if m.tokens > 1 and m.seconds > first else 0.0
     achieved = busy.cpu_s / busy.wall_s if busy is not None and busy.wall_s else 0.0
@@ -181,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=str(ROOT / "src" / "engine" / "bundled"))
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--duty", default="0.1,0.3,1.0", help="busy shares of every 2 ms")
+    parser.add_argument("--duty", default="0.1,0.3,1.0", help="busy shares of every period")
+    parser.add_argument("--period", type=float, default=PERIOD_S, help="the busy cycle, seconds")
+    parser.add_argument(
+        "--where",
+        default="thread",
+        help="where the busy work runs: thread, process or both (comma-separated)",
+    )
     parser.add_argument("--throughput-json", type=Path, default=None)
     args = parser.parse_args(argv)
     preloaded = preload_openblas()
@@ -192,7 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"OpenBLAS: preloaded {preloaded}, mapped {openblas_mapped()}")
     duties = [0.0, *(float(d) for d in args.duty.split(",") if d.strip())]
     switches = [PYTHON_DEFAULT_SWITCH_S, GIL_SWITCH_INTERVAL_SECONDS]
-    conditions = [Condition(s, d) for s in switches for d in duties]
+    wheres = [w.strip() for w in args.where.split(",") if w.strip()]
+    # Alone at each switch interval; a busy thread at each; a busy process (its own GIL: the
+    # switch interval of this one does not touch it) at the server's only.
+    conditions = [
+        Condition(s, d, w)
+        for s in switches
+        for w in ("thread", "process")
+        for d in duties
+        if (d == 0 and w == "thread")
+        or (d > 0 and w in wheres and (w == "thread" or s == GIL_SWITCH_INTERVAL_SECONDS))
+    ]
     samples: dict[Condition, list[Sample]] = {c: [] for c in conditions}
     original = sys.getswitchinterval()
     try:
@@ -201,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             shift = repeat % len(conditions)
             for c in conditions[shift:] + conditions[:shift]:
                 time.sleep(SETTLE_S)
-                samples[c].append(run_once(direct, c, args.max_tokens))
+                samples[c].append(run_once(direct, c, args.max_tokens, args.period))
             print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     finally:
         sys.setswitchinterval(original)
@@ -219,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "switch_s": c.switch_s,
                 "duty": c.duty,
+                "where": c.where,
+                "period_s": args.period,
                 "samples": [dataclasses.asdict(x) for x in samples[c]],
             }
             for c in conditions

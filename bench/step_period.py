@@ -18,6 +18,13 @@ no prompt progress, after another such call) it prints, per side, the medians of
 - the period (their sum), and direct's period over the server's: the steady decode ratio, what
   the per-token work costs apart from each request's own start and end.
 
+Medians hide what happens on few steps. So, per run (each side's whole timed window), it also
+splits the wall time into the time inside ``next()`` and the time outside it, and sorts the
+gaps between calls by size (under 30 us: the loop's own work; 2 ms and up: mostly the time
+between a turn's end and the next turn's first step, a request's round trip on the server),
+medians over the rounds. What the server adds is the difference of the two sides: inside
+``next()`` (the same steps, slowed by whatever else took the cores) and outside it.
+
 Also the runs' tok/s and their median ratio, as ``throughput.py`` reports them. Results go to
 ``bench/results/step-period-<timestamp>.json``.
 """
@@ -83,6 +90,69 @@ def decode_figures(records: Sequence[Sequence[float]]) -> StepFigures | None:
     )
 
 
+GAP_BOUNDS_US = (30.0, 100.0, 500.0, 2000.0, 10000.0)
+
+
+def gap_label(index: int) -> str:
+    """The name of gap class ``index`` of ``GAP_BOUNDS_US`` (the last: above every bound)."""
+    bounds = GAP_BOUNDS_US
+    if index == 0:
+        return f"<{bounds[0]:g}us"
+    if index == len(bounds):
+        return f">={bounds[-1] / 1000:g}ms"
+    low, high = bounds[index - 1], bounds[index]
+    return f"{low:g}-{high:g}us" if high < 1000 else f"{low / 1000:g}-{high / 1000:g}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSplit:
+    """One run's window: its wall time, the part inside ``next()`` and the rest, in ms; the
+    gaps between consecutive calls per class of ``GAP_BOUNDS_US`` (count, total ms)."""
+
+    wall_ms: float
+    next_ms: float
+    outside_ms: float
+    steps: int
+    gaps: tuple[tuple[int, float], ...]
+
+
+def run_split(records: Sequence[Sequence[float]], began: float, ended: float) -> RunSplit:
+    """``records`` (``step_recorder``'s) of the calls that began in ``[began, ended]``."""
+    mine = [r for r in records if began <= r[0] <= ended]
+    inside = sum(r[1] - r[0] for r in mine)
+    gaps = [[0, 0.0] for _ in range(len(GAP_BOUNDS_US) + 1)]
+    for before, after in itertools.pairwise(mine):
+        gap_us = (after[0] - before[1]) * 1e6
+        index = sum(gap_us >= bound for bound in GAP_BOUNDS_US)
+        gaps[index][0] += 1
+        gaps[index][1] += gap_us / 1e3
+    wall = ended - began
+    return RunSplit(
+        wall * 1e3,
+        inside * 1e3,
+        (wall - inside) * 1e3,
+        len(mine),
+        tuple((int(n), ms) for n, ms in gaps),
+    )
+
+
+def median_split(splits: Sequence[RunSplit]) -> RunSplit:
+    """Field by field medians of ``splits`` (not empty)."""
+    return RunSplit(
+        statistics.median(s.wall_ms for s in splits),
+        statistics.median(s.next_ms for s in splits),
+        statistics.median(s.outside_ms for s in splits),
+        int(statistics.median(s.steps for s in splits)),
+        tuple(
+            (
+                int(statistics.median(s.gaps[i][0] for s in splits)),
+                statistics.median(s.gaps[i][1] for s in splits),
+            )
+            for i in range(len(GAP_BOUNDS_US) + 1)
+        ),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model folder (default: the bench model, made if missing)")
@@ -117,20 +187,28 @@ def main(argv: list[str] | None = None) -> int:
             # clock on Linux, so the server's records are cut at the same instant.
             rounds_began = time.perf_counter()
             rates: dict[str, list[float]] = {"direct": [], "server": []}
+            windows: dict[str, list[tuple[float, float]]] = {"direct": [], "server": []}
             for round_index in range(args.rounds):
                 order = ("direct", "server") if round_index % 2 == 0 else ("server", "direct")
                 for side in order:
                     time.sleep(throughput.SETTLE_SECONDS)
+                    began = time.perf_counter()
                     if side == "direct":
                         m = direct.run(c, max_tokens, turns)
                     else:
                         m = trio.run(throughput.server_run, server.base_url, c, max_tokens, turns)
+                    windows[side].append((began, time.perf_counter()))
                     rates[side].append(m.tokens / m.seconds)
                     print(f"round {round_index + 1} {side:6s} {m.tokens / m.seconds:8.1f} tok/s")
         server_records = json.loads(out.read_text()) if out.is_file() else []
     figures = {
         side: decode_figures([r for r in records if r[0] >= rounds_began])
         for side, records in (("direct", direct_records), ("server", server_records))
+    }
+    records_of = {"direct": direct_records, "server": server_records}
+    splits = {
+        side: median_split([run_split(records_of[side], a, b) for a, b in windows[side]])
+        for side in windows
     }
     ratios = [s / d for d, s in zip(rates["direct"], rates["server"], strict=True)]
     print(f"\n{c} stream(s), {turns} turns, max_tokens {max_tokens}, {args.rounds} rounds")
@@ -145,6 +223,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{side:8s} {found.steps:12d} {found.next_us:10.0f} {found.between_us:11.1f}"
             f" {found.period_us:10.0f}"
         )
+    print("\nper run (medians over the rounds), ms: wall = inside next() + outside it")
+    labels = [gap_label(i) for i in range(len(GAP_BOUNDS_US) + 1)]
+    print(f"{'side':8s} {'wall':>8s} {'next()':>8s} {'outside':>8s}  gaps: count / ms")
+    for side, split in splits.items():
+        gaps = "  ".join(
+            f"{label} {n}/{ms:.1f}" for label, (n, ms) in zip(labels, split.gaps, strict=True)
+        )
+        print(
+            f"{side:8s} {split.wall_ms:8.1f} {split.next_ms:8.1f} {split.outside_ms:8.1f}  {gaps}"
+        )
     report: dict[str, Any] = {
         "model": model,
         "concurrency": c,
@@ -155,6 +243,18 @@ def main(argv: list[str] | None = None) -> int:
         "server_blas": blas,
         "steps": {k: None if v is None else v.to_json() for k, v in figures.items()},
         "tok_s": rates,
+        "per_run_ms": {
+            side: {
+                "wall": round(split.wall_ms, 2),
+                "next": round(split.next_ms, 2),
+                "outside": round(split.outside_ms, 2),
+                "gaps": {
+                    label: {"count": n, "ms": round(ms, 2)}
+                    for label, (n, ms) in zip(labels, split.gaps, strict=True)
+                },
+            }
+            for side, split in splits.items()
+        },
         "run_ratio_median": statistics.median(ratios),
     }
     if figures["direct"] and figures["server"]:
