@@ -18,7 +18,8 @@ no prompt progress, after another such call) it prints, per side, the medians of
 - the period (their sum), and direct's period over the server's: the steady decode ratio, what
   the per-token work costs apart from each request's own start and end.
 
-Medians hide what happens on few steps. So, per run (each side's whole timed window), it also
+Medians hide what happens on few steps. So, per run (each side's measured window: from the
+first request to the last token, as the tok/s count it), it also
 splits the wall time into the time inside ``next()`` and the time outside it, and sorts the
 gaps between calls by size (under 30 us: the loop's own work; 2 ms and up: mostly the time
 between a turn's end and the next turn's first step, a request's round trip on the server),
@@ -192,12 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("direct", "server") if round_index % 2 == 0 else ("server", "direct")
                 for side in order:
                     time.sleep(throughput.SETTLE_SECONDS)
-                    began = time.perf_counter()
                     if side == "direct":
                         m = direct.run(c, max_tokens, turns)
                     else:
                         m = trio.run(throughput.server_run, server.base_url, c, max_tokens, turns)
-                    windows[side].append((began, time.perf_counter()))
+                    windows[side].append((m.started_at, m.started_at + m.seconds))
                     rates[side].append(m.tokens / m.seconds)
                     print(f"round {round_index + 1} {side:6s} {m.tokens / m.seconds:8.1f} tok/s")
         server_records = json.loads(out.read_text()) if out.is_file() else []

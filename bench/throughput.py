@@ -115,6 +115,8 @@ class Measurement:
     # Server runs: the CPU seconds of the server's main thread alone (the Trio loop: HTTP,
     # events, JSON), the part of the server's work that is not the model's.
     trio_cpu_s: float = 0.0
+    # Where the measured window began (``time.perf_counter``): it ends ``seconds`` later.
+    started_at: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -202,7 +204,7 @@ class DirectRunner:
         )
         tokens = sum(len(v) for v in generated.values())
         spread = (min(first.values()), max(first.values()))
-        return Measurement(concurrency, tokens, end - start, texts, spread)
+        return Measurement(concurrency, tokens, end - start, texts, spread, started_at=start)
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text as the server streams it (mlx-lm's streaming detokenizer, which differs from
@@ -470,6 +472,7 @@ async def server_run(
         end - start,
         tuple("".join(r.text for r in stream) for stream in results),
         (min(firsts) - start, max(firsts) - start),
+        started_at=start,
     )
 
 
