@@ -137,14 +137,15 @@ class ManualClock:
 
 
 async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_output() -> None:
-    """200 decode steps' pushes while the consumer lingers wake nobody; the first push on the
-    tick wakes it once, with all of them."""
+    """200 decode steps of 1 ms while the consumer lingers wake nobody; the last push before
+    the tick (its next is due after it) wakes it once, with all of them."""
     token = CountingToken()
     clock = ManualClock(0.0)
     slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token), clock)
 
-    def produce(count: int) -> None:
-        for i in range(count):
+    def produce(steps: int) -> None:
+        for i in range(steps):
+            clock.now += 0.001
             slot.push(str(i % 10), 1)
 
     result: list[SequenceOutput] = []
@@ -156,16 +157,34 @@ async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_outpu
 
             nursery.start_soon(consumer)
             await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
-            clock.now = 0.49
             await trio.to_thread.run_sync(produce, 200)
             await trio.testing.wait_all_tasks_blocked()
             assert result == []  # before the tick: every push waits in the slot
             assert token.wakeups == 0  # and none scheduled a wake-up
-            clock.now = 0.5
-            await trio.to_thread.run_sync(produce, 1)  # the step on the tick
+            clock.now = 0.499
+            await trio.to_thread.run_sync(produce, 1)  # the last step before the tick
     assert result[0].new_tokens == 201
     assert result[0].text == "".join(str(i % 10) for i in range(200)) + "0"
     assert token.wakeups == 1
+
+
+async def test_a_step_that_would_end_past_the_tick_does_not_hold_the_output() -> None:
+    """A slow model: steps of 300 ms against a 500 ms linger. The push at 300 ms wakes the
+    consumer, since the next one is due after the tick; its token is not held a step."""
+    clock = ManualClock(0.0)
+    slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
+    outputs: list[SequenceOutput] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def consumer() -> None:
+                outputs.append(await slot.receive(linger=0.5))
+
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            clock.now = 0.3
+            await trio.to_thread.run_sync(slot.push, "slow", 1)
+    assert [o.text for o in outputs] == ["slow"]
 
 
 async def test_a_finish_ends_a_linger_at_once() -> None:
@@ -268,7 +287,7 @@ async def test_streams_that_begin_lingering_apart_wake_together_on_the_tick() ->
             clock.now = 0.040
             nursery.start_soon(stream, "b")
             await trio.testing.wait_all_tasks_blocked()
-            for now in (0.05, 0.07, 0.099):
+            for now in (0.05, 0.06, 0.07):  # 10 ms steps: the next one is due before 0.1
                 clock.now = now
                 await trio.to_thread.run_sync(step)
             await trio.testing.wait_all_tasks_blocked()

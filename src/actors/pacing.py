@@ -9,8 +9,8 @@ from __future__ import annotations
 # waits at most ``delta_interval`` (the first one and the finish not at all), which grows with
 # the sequences decoding; on a model slower than that per step nothing changes (each receive
 # has one step's token anyway). The generation thread never waits on it. Runs linger to the
-# same ticks of one clock (``SequenceSlot.receive``), and the generation thread's first push
-# after a tick wakes them (no Trio timer per delta), so all the streams' deltas of a tick go
+# same ticks of one clock (``SequenceSlot.receive``), and the generation thread's push
+# nearest a tick wakes them (no Trio timer per delta), so all the streams' deltas of a tick go
 # out in one pass of the event loop. Measured (A/B, 16 streams, 10M model): 15 ms per stream
 # gave the engine ~4 % more of the cores than 5 ms did; a stream of 16 still gets four deltas
 # a second.

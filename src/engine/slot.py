@@ -10,12 +10,14 @@ Invariants:
   the buffer is bounded by the sequence's own ``max_tokens``.
 - The producer wakes the consumer only when it waits: a push while the consumer is busy costs
   no wake-up. A consumer that lingers (``receive(linger=...)``: it lets output pile up under
-  load) is woken by the first push on or after its linger's end, or by a finish at once; the
-  producer reads the clock (``time.perf_counter``) for it. No Trio timer runs for a linger (a
-  timer's expiry is a cancellation: a cancel scope entered, expired and unwound per delta).
-  Output waits past a linger's end at most until the producer's next push, one step; before
-  work that may take longer than a decode step (a step that prefills, an admission) the
-  producer ``flush``es, which ends a linger that has output at once.
+  load) is woken by a push on or after its linger's end, or by the last push before it (one
+  whose next, a step's time away as the time since the previous push tells, would come after
+  it), or by a finish at once; the producer reads the clock (``time.perf_counter``) for it.
+  No Trio timer runs for a linger (a timer's expiry is a cancellation: a cancel scope entered,
+  expired and unwound per delta). So output never waits past a linger's end for a step that
+  was expected to end before it; before work that may take longer than a decode step (a step
+  that prefills, an admission) the producer ``flush``es, which ends a linger that has output
+  at once.
 - A linger ends on a tick of the clock shared by every slot (``tick_after``), not a linger's
   length after it began: consumers lingering with the same interval wake on the same step, in
   one pass of the event loop, so N streams cost one wake-up of the loop (and of a client that
@@ -86,6 +88,8 @@ class SequenceSlot:
         # is there), and until when on ``clock`` it lingers: output before then wakes nobody.
         self._waiting = False
         self._until = -math.inf
+        # When the producer last pushed (on ``clock``): the time since is its step's length.
+        self._pushed_at = clock()
         # Prompt tokens served from the prompt cache (``report_cache``, before the first push).
         self._cached_tokens = 0
         # Touched only on the Trio thread (by ``receive`` and ``_wake``).
@@ -116,10 +120,13 @@ class SequenceSlot:
             if finish is not None:
                 self._finish = finish
                 self._error = error
+            now = self._clock()
+            step, self._pushed_at = now - self._pushed_at, now
             if self._wake_scheduled or not self._waiting:
                 return
-            if finish is None and self._clock() < self._until:
-                return  # it lingers: the first push after the tick wakes it
+            if finish is None and now + step < self._until:
+                return  # it lingers, and the next push is due before the tick
+            self._until = -math.inf  # the linger is over: the consumer takes what is here
             self._wake_scheduled = True
         self._schedule_wake()
 
@@ -191,8 +198,8 @@ class SequenceSlot:
         """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered.
 
         With ``linger`` > 0, output waits in the slot until the clock's next ``linger`` tick
-        (the first push on or after it; a finish or a ``flush`` at once), so that one receive
-        carries several steps' tokens."""
+        (the push nearest it, see the module's header; a finish or a ``flush`` at once), so
+        that one receive carries several steps' tokens."""
         with self._lock:
             self._until = tick_after(self._clock(), linger) if linger > 0 else -math.inf
         while True:
