@@ -296,3 +296,39 @@ async def test_streams_that_begin_lingering_apart_wake_together_on_the_tick() ->
             await trio.to_thread.run_sync(step)
     assert [o.new_tokens for o in outputs["a"]] == [4]
     assert [o.new_tokens for o in outputs["b"]] == [4]
+
+
+async def test_a_consumer_that_does_not_want_the_prefill_end_wakes_for_the_first_token() -> None:
+    """A response already in progress: the prefill's end wakes nobody; it comes with the first
+    token, one wake-up for both. A consumer that wants it (a background response still
+    queued) is woken by it alone."""
+    token = CountingToken()
+    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token))
+    outputs: list[SequenceOutput] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def consumer() -> None:
+                outputs.append(await slot.receive(prefill=False))
+
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.to_thread.run_sync(lambda: slot.push(prefill_done=True))
+            await trio.testing.wait_all_tasks_blocked()
+            assert outputs == []
+            assert token.wakeups == 0
+            await trio.to_thread.run_sync(lambda: slot.push("first", 1, prefill_done=True))
+    assert [(o.text, o.prefill_done) for o in outputs] == [("first", True)]
+    assert token.wakeups == 1
+
+    wanting = SequenceSlot(trio.lowlevel.current_trio_token())
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def queued() -> None:
+                outputs.append(await wanting.receive())
+
+            nursery.start_soon(queued)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.to_thread.run_sync(lambda: wanting.push(prefill_done=True))
+    assert (outputs[-1].text, outputs[-1].prefill_done, outputs[-1].new_tokens) == ("", True, 0)

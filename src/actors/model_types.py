@@ -105,10 +105,12 @@ class GenerationSequence:
         """The thread reported the sequence's finish (it holds nothing of it any more)."""
         return self._slot.finished
 
-    async def receive(self, linger: float = 0.0) -> SequenceOutput:
+    async def receive(self, linger: float = 0.0, *, prefill: bool = True) -> SequenceOutput:
         """The next coalesced output; ``trio.EndOfChannel`` after the finish was received.
-        ``linger``: let output pile up for that long first (a finish ends it at once)."""
-        return await self._slot.receive(linger)
+        ``linger``: let output pile up for that long first (a finish ends it at once).
+        ``prefill`` False: the prefill's end alone wakes nobody (it comes with the first
+        token)."""
+        return await self._slot.receive(linger, prefill=prefill)
 
     async def cancel(self) -> None:
         """Remove the sequence from the batch at the next step (no-op once it ended)."""

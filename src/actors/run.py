@@ -249,7 +249,10 @@ class ResponseRun:
         while self.phase in (Phase.PREFILLING, Phase.DECODING):
             current = self._admission  # a server tool's continuation replaces it
             assert current is not None
-            output = await current.sequence.receive(linger)
+            # A response in progress wants the first token, not the prefill's end before it
+            # (waking for that would take the loop's turn on the first token's step); a
+            # background one still queued starts on it.
+            output = await current.sequence.receive(linger, prefill=not announced(self.phase))
             await self._apply(output)
             linger = next_linger(linger, output.new_tokens, model.decoding)
 

@@ -88,6 +88,8 @@ class SequenceSlot:
         # is there), and until when on ``clock`` it lingers: output before then wakes nobody.
         self._waiting = False
         self._until = -math.inf
+        # Whether a prefill's end alone is output the consumer wants (``receive(prefill=...)``).
+        self._prefill_wakes = True
         # When the producer last pushed (on ``clock``): the time since is its step's length.
         self._pushed_at = clock()
         # Prompt tokens served from the prompt cache (``report_cache``, before the first push).
@@ -124,6 +126,8 @@ class SequenceSlot:
             step, self._pushed_at = now - self._pushed_at, now
             if self._wake_scheduled or not self._waiting:
                 return
+            if self._finish is None and not self._has_output():
+                return  # nothing the consumer waits for (a prefill's end it did not ask for)
             if finish is None and now + step < self._until:
                 return  # it lingers, and the next push is due before the tick
             self._until = -math.inf  # the linger is over: the consumer takes what is here
@@ -194,14 +198,17 @@ class SequenceSlot:
             return False
         return self._until == -math.inf or self._clock() >= self._until
 
-    async def receive(self, linger: float = 0.0) -> SequenceOutput:
+    async def receive(self, linger: float = 0.0, *, prefill: bool = True) -> SequenceOutput:
         """Wait for output; raises ``trio.EndOfChannel`` once the finish was delivered.
 
         With ``linger`` > 0, output waits in the slot until the clock's next ``linger`` tick
         (the push nearest it, see the module's header; a finish or a ``flush`` at once), so
-        that one receive carries several steps' tokens."""
+        that one receive carries several steps' tokens. With ``prefill`` False the end of
+        the prompt's prefill alone is not output: it comes with the first token (one step
+        later), and the consumer is not woken between the two."""
         with self._lock:
             self._until = tick_after(self._clock(), linger) if linger > 0 else -math.inf
+            self._prefill_wakes = prefill
         while True:
             with self._lock:
                 if self._ready():
@@ -220,5 +227,5 @@ class SequenceSlot:
 
     def _has_output(self) -> bool:
         return bool(self._text or self._tokens) or (
-            self._prefill_done and not self._prefill_reported
+            self._prefill_wakes and self._prefill_done and not self._prefill_reported
         )
