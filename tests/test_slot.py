@@ -10,9 +10,9 @@ since a deadline on a MockClock would jump too, waits on it are bounded on the w
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import cast
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, cast
 
 import pytest
 import trio
@@ -126,6 +126,22 @@ class CountingToken:
         self._token.run_sync_soon(fn)
 
 
+@asynccontextmanager
+async def receiving(
+    slot: SequenceSlot, outputs: list[SequenceOutput], **receive: Any
+) -> AsyncIterator[None]:
+    """A consumer in one ``slot.receive(**receive)``, already waiting when the body runs; what
+    it receives is appended to ``outputs``. The block ends once it has received."""
+    async with trio.open_nursery() as nursery:
+
+        async def consumer() -> None:
+            outputs.append(await slot.receive(**receive))
+
+        nursery.start_soon(consumer)
+        await trio.testing.wait_all_tasks_blocked()
+        yield
+
+
 class ManualClock:
     """The slot's clock, moved by the test (read by the producer thread and the consumer)."""
 
@@ -150,13 +166,7 @@ async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_outpu
 
     result: list[SequenceOutput] = []
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def consumer() -> None:
-                result.append(await slot.receive(linger=0.5))
-
-            nursery.start_soon(consumer)
-            await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
+        async with receiving(slot, result, linger=0.5):  # the consumer is lingering
             await trio.to_thread.run_sync(produce, 200)
             await trio.testing.wait_all_tasks_blocked()
             assert result == []  # before the tick: every push waits in the slot
@@ -175,13 +185,7 @@ async def test_a_step_that_would_end_past_the_tick_does_not_hold_the_output() ->
     slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
     outputs: list[SequenceOutput] = []
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def consumer() -> None:
-                outputs.append(await slot.receive(linger=0.5))
-
-            nursery.start_soon(consumer)
-            await trio.testing.wait_all_tasks_blocked()
+        async with receiving(slot, outputs, linger=0.5):
             clock.now = 0.3
             await trio.to_thread.run_sync(slot.push, "slow", 1)
     assert [o.text for o in outputs] == ["slow"]
@@ -197,13 +201,7 @@ async def test_a_finish_ends_a_linger_at_once() -> None:
 
     outputs: list[SequenceOutput] = []
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def consumer() -> None:
-                outputs.append(await slot.receive(linger=3600))
-
-            nursery.start_soon(consumer)
-            await trio.testing.wait_all_tasks_blocked()  # the consumer is lingering
+        async with receiving(slot, outputs, linger=3600):  # the consumer is lingering
             await trio.to_thread.run_sync(produce)
     assert outputs[0].text == "last words"
     assert outputs[0].finish == "stop"
@@ -306,13 +304,7 @@ async def test_a_consumer_that_does_not_want_the_prefill_end_wakes_for_the_first
     slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token))
     outputs: list[SequenceOutput] = []
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def consumer() -> None:
-                outputs.append(await slot.receive(prefill=False))
-
-            nursery.start_soon(consumer)
-            await trio.testing.wait_all_tasks_blocked()
+        async with receiving(slot, outputs, prefill=False):
             await trio.to_thread.run_sync(lambda: slot.push(prefill_done=True))
             await trio.testing.wait_all_tasks_blocked()
             assert outputs == []
@@ -323,12 +315,6 @@ async def test_a_consumer_that_does_not_want_the_prefill_end_wakes_for_the_first
 
     wanting = SequenceSlot(trio.lowlevel.current_trio_token())
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def queued() -> None:
-                outputs.append(await wanting.receive())
-
-            nursery.start_soon(queued)
-            await trio.testing.wait_all_tasks_blocked()
+        async with receiving(wanting, outputs):
             await trio.to_thread.run_sync(lambda: wanting.push(prefill_done=True))
     assert (outputs[-1].text, outputs[-1].prefill_done, outputs[-1].new_tokens) == ("", True, 0)
