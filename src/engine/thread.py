@@ -62,6 +62,7 @@ from .prompt_cache import DEFAULT_MAX_ENTRIES, PromptCache, default_max_bytes
 from .sizing import SizeFlags, Sizes, choose_sizes, detect_device
 from .slot import FinishReason
 from .topology import RankBatch, Sharding
+from .warm_up import warm_up
 
 __all__ = ["GenerationThread", "ModelStatistics", "ThreadSettings", "gather_bound"]
 
@@ -206,6 +207,10 @@ class GenerationThread:
                 self._facts.put(Loaded(None, exc))
                 error = exc
                 return
+            if self._link is None:  # a split model's steps are every rank's (warm_up.py)
+                seconds = warm_up(loaded)
+                if seconds is not None:
+                    log.info("warm-up: %.0f ms", seconds * 1000)
             self._attach_disk(loaded)
             self._facts.put(Loaded(loaded))
             self._serve(loaded)
