@@ -15,8 +15,9 @@ Three things are measured in one run, interleaved round by round, the CPU of one
   same number of chunks of a text delta's size over the same time, each chunk handed to the loop
   from a producer thread with ``TrioToken.run_sync_soon`` as the generation thread hands its
   tokens over: nothing of ours but the framework and the wake-ups;
-- **wake-up**: a bare ``trio.sleep`` loop with the same period in this process: what one wake-up
-  of an idle Trio loop costs on this machine (on a VM it is far from free).
+- **wake-up**: a bare Trio loop in this process, woken at the same period by a thread with
+  ``run_sync_soon`` and doing nothing else: what one wake-up of an idle loop costs on this
+  machine (on a VM it is far from free).
 
 It prints the medians per chunk and per request and ours over the floor. What ours spends above
 the floor is its own work per delta (the event machine, the log, encoding) and per request
@@ -117,13 +118,24 @@ def read_chunks(client: httpx.Client, url: str, body: dict[str, Any] | None) -> 
 
 
 def wake_up_cpu(period: float, count: int) -> float:
-    """CPU seconds of this thread per ``trio.sleep(period)`` of an otherwise idle loop."""
+    """CPU seconds of this thread per wake-up of an otherwise idle Trio loop, woken every
+    ``period`` by another thread with ``TrioToken.run_sync_soon`` (as the generation thread
+    wakes the server's loop), the loop doing nothing else."""
     import trio
 
     async def loop() -> float:
+        token = trio.lowlevel.current_trio_token()
+        send, receive = trio.open_memory_channel[int](count + 1)
+
+        def produce() -> None:
+            for index in range(count):
+                time.sleep(period)
+                token.run_sync_soon(send.send_nowait, index)
+
+        threading.Thread(target=produce, daemon=True).start()
         began = time.thread_time()
         for _ in range(count):
-            await trio.sleep(period)
+            await receive.receive()
         return (time.thread_time() - began) / count
 
     return trio.run(loop)
