@@ -42,6 +42,7 @@ from .storage.choice import default_data_dir, parse_store
 from .storage.files import FileLimits
 from .storage.interface import StoreLimits
 from .storage.sqlite import StoreError
+from .temp_folder import temp_folder_problem
 
 # The flags table lives in cli_flags.py; its names stay importable from here.
 __all__ = [
@@ -282,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = settings_from_args(args)
+    temp_problem = temp_folder_problem(os.environ)
+    if temp_problem is not None:  # else every compiled kernel would fail (temp_folder.py)
+        raise SystemExit(f"mlx-responses: {temp_problem}")
     try:  # a folder that is not a model, or a hub id that cannot be had, stops here
         model = dataclasses.replace(
             settings.model, model_path=locate_model(settings.model.model_path)
