@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 import trio
@@ -17,8 +14,8 @@ from mlx_responses.cli import SERVE_FLAGS, build_parser
 from tests.conformance import assert_stream_invariants, parse_sse
 
 from .conftest import MODEL
+from .console import SCRIPT, serving
 
-SCRIPT = Path(sys.executable).with_name("mlx-responses")
 DEADLINE = 90
 
 
@@ -40,17 +37,6 @@ def test_environment_sets_flags_and_command_line_wins() -> None:
     assert args.port == 9292
 
 
-async def _read_base_url(stream: Any) -> tuple[str, bytes]:
-    seen = b""
-    while True:
-        chunk = await stream.receive_some(4096)
-        assert chunk, f"server exited before serving: {seen.decode(errors='replace')}"
-        seen += chunk
-        found = re.search(rb"serving \S+ at (http://[\d.:]+)", seen)
-        if found:
-            return found.group(1).decode(), seen
-
-
 async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0(
     tmp_path: Path,
 ) -> None:
@@ -61,12 +47,7 @@ async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0(
         "MLX_RESPONSES_DATA_DIR": str(tmp_path),  # the default, durable store, in a fresh folder
     }
     with trio.fail_after(DEADLINE):
-        process = await trio.lowlevel.open_process(
-            [str(SCRIPT), "serve"], env=env, stderr=subprocess.PIPE
-        )
-        try:
-            assert process.stderr is not None
-            base_url, _ = await _read_base_url(process.stderr)
+        async with serving(env) as (process, base_url):
             raw = b""
             async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
                 async with http.stream(
@@ -82,10 +63,6 @@ async def test_sigterm_ends_running_streams_with_a_terminal_event_and_exits_0(
                             process.send_signal(signal.SIGTERM)
                             signalled = True
             code = await process.wait()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
     events = parse_sse(raw)
     final = assert_stream_invariants(events)
     assert events[-1][0] == "response.failed"

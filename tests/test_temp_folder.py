@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_responses.temp_folder import FALLBACK, TEMP_VARIABLES, temp_folder_problem
+
+from .console import SCRIPT
 
 FOLDERS = {"/srv/tmp", "/var/tmp", FALLBACK}
 VALUES = st.sampled_from(["/srv/tmp", "/var/tmp", "", "/no/such/folder", "/etc/hostname"])
@@ -33,9 +34,6 @@ def test_the_first_variable_set_decides_as_cplusplus_reads_them(
     else:
         assert problem is not None
         assert problem.startswith(f"{first}={environ[first]!r} is not a folder")
-
-
-SCRIPT = Path(sys.executable).with_name("mlx-responses")
 
 
 @pytest.mark.parametrize("value", ["", "missing"])

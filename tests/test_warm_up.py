@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -25,8 +22,8 @@ from mlx_responses.engine.sizing import DeviceFacts, SizeFlags, choose_sizes
 from mlx_responses.engine.warm_up import warm_up
 
 from .conftest import MODEL
+from .console import serving
 
-SCRIPT = Path(sys.executable).with_name("mlx-responses")
 DEADLINE = 120
 
 
@@ -41,17 +38,6 @@ def _metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-async def _base_url(stream: Any) -> str:
-    seen = b""
-    while True:
-        chunk = await stream.receive_some(4096)
-        assert chunk, f"server exited before serving: {seen.decode(errors='replace')}"
-        seen += chunk
-        found = re.search(rb"serving \S+ at (http://[\d.:]+)", seen)
-        if found:
-            return found.group(1).decode()
-
-
 async def test_the_first_requests_compile_nothing_and_find_no_trace_of_the_warm_up(
     tmp_path: Path,
 ) -> None:
@@ -64,12 +50,7 @@ async def test_the_first_requests_compile_nothing_and_find_no_trace_of_the_warm_
         "MLX_RESPONSES_STORE": "memory",
     }
     with trio.fail_after(DEADLINE):
-        process = await trio.lowlevel.open_process(
-            [str(SCRIPT), "serve"], env=env, stderr=subprocess.PIPE
-        )
-        try:
-            assert process.stderr is not None
-            base_url = await _base_url(process.stderr)
+        async with serving(env) as (_, base_url):
             compiled = _kernels(temp)
             async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
                 metrics = (await http.get("/metrics")).text
@@ -83,13 +64,6 @@ async def test_the_first_requests_compile_nothing_and_find_no_trace_of_the_warm_
                 ):
                     reply = await http.post("/v1/responses", json=body)
                     assert reply.status_code == 200, reply.text
-        finally:
-            process.send_signal(2)
-            with trio.move_on_after(30):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
     assert compiled  # the start compiled the kernels ...
     assert _kernels(temp) == compiled  # ... and the first requests needed no other
 
