@@ -5,8 +5,9 @@ Invariants:
   kernels with the system's C++ compiler and keeps them in its temp folder (``/tmp/mlx``), so
   on a machine whose temp folder does not hold them yet (a fresh install, a reboot that
   cleared ``/tmp``) the first request waited for the compiler: 2.3 s to the first delta on
-  the bundled model against ~10 ms after it. The warm-up runs a prefill and a few decode
-  steps, with the API's default sampling (temperature 1) and greedy, at start instead.
+  the bundled model against ~10 ms after it. The warm-up runs one short sequence's prefill
+  and a decode step with the API's default sampling (temperature 1) at start instead: what it
+  compiles covers a greedy request too (``tests/test_warm_up.py``).
 - It leaves nothing behind: its batch has its own prompt cache that holds nothing and its
   own counters, and its sequences' output goes nowhere; the serving batch starts empty, and
   OpenBLAS is left on the prefill's thread count, as the load leaves it.
@@ -28,13 +29,13 @@ from .prompt_cache import PromptCache
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello, how are you today?"
-WARM_UP_TOKENS = 3  # decode steps after the prefill, per sequence
-# The Responses API's default temperature, and greedy (a request's ``temperature: 0``).
-WARM_UP_TEMPERATURES = (1.0, 0.0)
+WARM_UP_TOKENS = 2  # the prefill's token and one decode step's
+# The Responses API's default temperature (greedy compiles nothing more).
+WARM_UP_TEMPERATURES = (1.0,)
 
 
 def warm_up(loaded: LoadedModel) -> float | None:
-    """Run the warm-up sequences on ``loaded``; its seconds, or None when it could not run."""
+    """Run the warm-up on ``loaded``; its seconds, or None when it could not run."""
     sizes = loaded.sizes
     assert sizes is not None  # chosen at load, before this runs
     began = time.perf_counter()
