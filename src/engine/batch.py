@@ -133,6 +133,9 @@ class Batch:
         self._live: dict[int, _Live] = {}
         self._by_uid: dict[int, _Live] = {}
         self._ended: list[int] = []
+        # Ended sequences' finishes, given to their slots only once the thread has published
+        # the statistics without them (``release_finishes``).
+        self._finishing: list[tuple[SequenceSlot | _Discard, FinishReason, str | None]] = []
         self._found: CacheMatch | None = None  # ``lookup``'s, for the Admit about to be applied
         self.totals = _Totals()
         # Whether a sequence came, went or changed phase since ``take_changed`` (the thread
@@ -181,9 +184,18 @@ class Batch:
         return changed
 
     def take_ended(self) -> tuple[int, ...]:
-        """The sequences that received their finish since the last call."""
+        """The sequences that ended since the last call (their finish follows with
+        ``release_finishes``)."""
         ended, self._ended = tuple(self._ended), []
         return ended
+
+    def release_finishes(self) -> None:
+        """Give the ended sequences' slots their finish. The thread calls it after publishing
+        the statistics those sequences left, so that a response that has ended (its consumer
+        woken by the finish) is never still counted in its model's statistics."""
+        finishing, self._finishing = self._finishing, []
+        for slot, reason, error in finishing:
+            slot.push(finish=reason, error=error)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -447,7 +459,7 @@ class Batch:
         )
 
     def _end(self, entry: _Live, reason: FinishReason, error: str | None = None) -> None:
-        """Take ``entry`` out of the books and give its slot its finish."""
+        """Take ``entry`` out of the books; its slot gets its finish with ``release_finishes``."""
         if self._live.pop(entry.seq_id, None) is not None and entry.phase == "decoding":
             self._decoding -= 1
         self._by_uid.pop(entry.uid, None)
@@ -461,7 +473,7 @@ class Batch:
                 self.totals.finished += 1
             case _:
                 assert_never(reason)
-        entry.slot.push(finish=reason, error=error)
+        self._finishing.append((entry.slot, reason, error))
         self._ended.append(entry.seq_id)
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:

@@ -357,16 +357,21 @@ class GenerationThread:
         """The ended sequences, and the statistics: after a step (``every_time`` False) only
         when a sequence came, went or changed phase, or the last ones are
         ``STATISTICS_INTERVAL_SECONDS`` old (the counters may lag that much; the members and
-        phases never do): building them is the batch's size in work, most steps change nothing."""
-        ended = batch.take_ended()
-        if ended:
-            self._facts.put(Ended(ended))
-        changed = batch.take_changed()
-        now = time.monotonic()
-        if every_time or changed or ended or now >= self._statistics_due:
-            self._statistics = batch.statistics(self._statistics)
-            self._facts.publish(self._statistics)
-            self._statistics_due = now + STATISTICS_INTERVAL_SECONDS
+        phases never do): building them is the batch's size in work, most steps change nothing.
+        The ended sequences' slots get their finish last, so their consumers never see
+        statistics that still count them."""
+        try:
+            ended = batch.take_ended()
+            if ended:
+                self._facts.put(Ended(ended))
+            changed = batch.take_changed()
+            now = time.monotonic()
+            if every_time or changed or ended or now >= self._statistics_due:
+                self._statistics = batch.statistics(self._statistics)
+                self._facts.publish(self._statistics)
+                self._statistics_due = now + STATISTICS_INTERVAL_SECONDS
+        finally:
+            batch.release_finishes()
 
     # -- intake: one function per mode, the journal and the messages' effects written once ----
 
