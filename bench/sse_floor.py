@@ -61,6 +61,25 @@ FLOOR_CHUNK = (
 ).encode()
 
 
+def start_producer(count: int, period: float) -> Any:
+    """A thread that hands ``count`` items to this Trio loop, one per ``period`` seconds, with
+    ``TrioToken.run_sync_soon`` (as the generation thread hands over tokens), then closes the
+    channel; the channel's receiving end. Call from the loop."""
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+    send, receive = trio.open_memory_channel[int](count + 1)
+
+    def produce() -> None:
+        for index in range(count):
+            time.sleep(period)
+            token.run_sync_soon(send.send_nowait, index)
+        token.run_sync_soon(send.close)
+
+    threading.Thread(target=produce, daemon=True).start()
+    return receive
+
+
 def serve_floor(port: int) -> None:
     """The floor app: ``POST /stream?chunks=N&period=S`` streams N chunks, one per S seconds,
     each handed over from a producer thread (as the generation thread hands over tokens)."""
@@ -77,17 +96,9 @@ def serve_floor(port: int) -> None:
         await request.get_data()
         chunks = int(request.args["chunks"])
         period = float(request.args["period"])
-        token = trio.lowlevel.current_trio_token()
-        send, receive = trio.open_memory_channel[int](chunks + 1)
-
-        def produce() -> None:
-            for index in range(chunks):
-                time.sleep(period)
-                token.run_sync_soon(send.send_nowait, index)
-            token.run_sync_soon(send.close)
 
         async def body() -> Any:
-            threading.Thread(target=produce, daemon=True).start()
+            receive = start_producer(chunks, period)
             async with receive:
                 async for _ in receive:
                     yield FLOOR_CHUNK
@@ -124,15 +135,7 @@ def wake_up_cpu(period: float, count: int) -> float:
     import trio
 
     async def loop() -> float:
-        token = trio.lowlevel.current_trio_token()
-        send, receive = trio.open_memory_channel[int](count + 1)
-
-        def produce() -> None:
-            for index in range(count):
-                time.sleep(period)
-                token.run_sync_soon(send.send_nowait, index)
-
-        threading.Thread(target=produce, daemon=True).start()
+        receive = start_producer(count, period)
         began = time.thread_time()
         for _ in range(count):
             await receive.receive()
