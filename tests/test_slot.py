@@ -178,6 +178,66 @@ async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_outpu
     assert token.wakeups == 1
 
 
+async def test_a_consumer_woken_just_before_its_tick_lingers_to_the_next_one() -> None:
+    """Steps of 1 ms against a 25 ms linger: the push at 24.5 ms wakes the consumer (its next
+    is due after the tick), which begins its next linger at 24.7 ms, before that tick. The push
+    on the tick and the 24 after it wake nobody; the one before the 50 ms tick wakes it with
+    all 25. Before, that linger ended on the 25 ms tick again: the push on it woke the
+    consumer with one token alone, a third of a lone stream's deltas."""
+    token = CountingToken()
+    clock = ManualClock(0.0005)
+    slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token), clock)
+
+    def step(at: float) -> None:
+        clock.now = at
+        slot.push("x", 1)
+
+    outputs: list[SequenceOutput] = []
+    with trio.fail_after(10):
+        async with receiving(slot, outputs, linger=0.025):
+            for at in range(1, 25):  # 1 ms .. 24 ms: the last one's next is due on the tick
+                await trio.to_thread.run_sync(step, at / 1000 + 0.0005)
+        assert [o.new_tokens for o in outputs] == [24]
+        clock.now = 0.0247  # the consumer has sent its delta: still before the tick
+        async with receiving(slot, outputs, linger=0.025):
+            for at in range(25, 49):  # 25 ms (on the tick) .. 48 ms: nobody is woken
+                await trio.to_thread.run_sync(step, at / 1000 + 0.0005)
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(outputs) == 1, f"woken by the push at {at} ms"
+            await trio.to_thread.run_sync(step, 0.0495)  # the last push before the 50 ms tick
+    assert [o.new_tokens for o in outputs] == [24, 25]
+    assert token.wakeups == 2
+
+
+async def test_a_flush_forgets_the_tick_the_next_linger_ends_on_it() -> None:
+    """A flush (before a prefill) wakes the consumer 5.5 ms before its 25 ms tick; its next
+    linger, begun before that tick, still ends on it, not on the next one."""
+    clock = ManualClock(0.0)
+    slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
+
+    def step(at: float) -> None:
+        clock.now = at
+        slot.push("x", 1)
+
+    outputs: list[SequenceOutput] = []
+    with trio.fail_after(10):
+        async with receiving(slot, outputs, linger=0.025):
+            for at in range(1, 20):  # 1 ms .. 19 ms: all due before the tick
+                await trio.to_thread.run_sync(step, at / 1000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert outputs == []
+            clock.now = 0.0195
+            await trio.to_thread.run_sync(slot.flush)
+        clock.now = 0.0197
+        async with receiving(slot, outputs, linger=0.025):
+            for at in range(20, 24):
+                await trio.to_thread.run_sync(step, at / 1000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(outputs) == 1
+            await trio.to_thread.run_sync(step, 0.024)  # its next is due on the tick
+    assert [o.new_tokens for o in outputs] == [19, 5]
+
+
 async def test_a_step_that_would_end_past_the_tick_does_not_hold_the_output() -> None:
     """A slow model: steps of 300 ms against a 500 ms linger. The push at 300 ms wakes the
     consumer, since the next one is due after the tick; its token is not held a step."""

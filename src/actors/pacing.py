@@ -6,7 +6,8 @@ from __future__ import annotations
 # client read per delta) competes with the generation thread for the GIL and the cores, most
 # when the engine is fast. A run that lets its sequence's tokens pile up between receives turns
 # many one-token deltas into fewer, fuller ones: the same text and logprobs, in order. A delta
-# waits at most ``delta_interval`` (the first one and the finish not at all), which grows with
+# waits about ``delta_interval``, at most one and a half of it (the first one and the finish
+# not at all; ``SequenceSlot``'s header says when it waits longer than one), which grows with
 # the sequences decoding; on a model slower than that per step nothing changes (each receive
 # has one step's token anyway). The generation thread never waits on it. Runs linger to the
 # same ticks of one clock (``SequenceSlot.receive``), and the generation thread's push
