@@ -224,6 +224,14 @@ def test_an_arrival_counts_once_until_done() -> None:
     second.done()
     assert engine.arriving == 0
     assert sent == [Arrivals(0)]
+    # The last of a burst, admitted: its Admit (sent next) carries the count, nothing before it.
+    first, second = Arrival(engine), Arrival(engine)
+    assert engine.admitting() == 2
+    first.admitted()
+    second.admitted()
+    second.done()
+    assert engine.arriving == 0
+    assert sent == [Arrivals(0)]
 
 
 async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_thread(
@@ -258,3 +266,68 @@ async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_t
                 assert (await http.post("/v1/responses", json=body)).status_code == 200
         server.shutdown()
     assert sent == ["Admit(0)"]
+
+
+async def test_a_request_whose_body_is_still_arriving_counts_as_on_its_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the real server: a create counts as on its way from its route's first line, not
+    from once its body is read and parsed. A second client has sent its headers and half its
+    body; a first request sent then reaches the thread telling it one more is coming (the
+    thread gathers for it, as it would for a burst whose rest the event loop is still reading),
+    and the second's ``Admit`` follows with nothing sent between. Before, the first told the
+    thread none was coming, and a burst's first request prefilled alone."""
+    import json
+
+    import httpx2 as httpx
+
+    from mlx_responses.actors import model_port
+    from mlx_responses.server import ServerHandle, serve
+
+    from .conftest import MODEL, START_DEADLINE, server_settings
+
+    sent: list[str] = []
+    send = GenerationThread.send
+
+    def recording(self: GenerationThread, message: Inbound) -> None:
+        if isinstance(message, Arrivals):
+            sent.append(f"Arrivals({message.count})")
+        elif isinstance(message, Admit):
+            sent.append(f"Admit({message.arriving})")
+        send(self, message)
+
+    counted = trio.Event()
+    arrival_init = model_port.Arrival.__init__
+
+    def counting(self: Arrival, engine: _Engine) -> None:
+        arrival_init(self, engine)
+        counted.set()
+
+    monkeypatch.setattr(GenerationThread, "send", recording)
+    monkeypatch.setattr(model_port.Arrival, "__init__", counting)
+    body = json.dumps({"model": MODEL, "input": "Say hello.", "max_output_tokens": 2}).encode()
+    head = (
+        "POST /v1/responses HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(START_DEADLINE):
+            server: ServerHandle = await nursery.start(serve, server_settings())
+        with trio.fail_after(60):
+            host, port = server.base_url.removeprefix("http://").split(":")
+            second = await trio.open_tcp_stream(host, int(port))
+            async with second:
+                await second.send_all(head + body[:10])
+                with trio.move_on_after(5):
+                    await counted.wait()
+                assert counted.is_set(), "a request reading its body is not counted as arriving"
+                async with httpx.AsyncClient(base_url=server.base_url) as http:
+                    first = {"model": MODEL, "input": "Say hi.", "max_output_tokens": 2}
+                    assert (await http.post("/v1/responses", json=first)).status_code == 200
+                await second.send_all(body[10:])
+                answer = b""
+                while b'"usage"' not in answer:  # the response object's last member
+                    answer += await second.receive_some()
+            assert answer.startswith(b"HTTP/1.1 200")
+        server.shutdown()
+    assert sent == ["Admit(1)", "Admit(0)"]

@@ -167,12 +167,14 @@ class ModelHandle:
         return replace(self._engine.latest(), admitted=self._engine.admitted)
 
     @contextlib.contextmanager
-    def arriving(self) -> Iterator[Arrival]:
+    def arriving(self, counted: Arrival | None = None) -> Iterator[Arrival]:
         """Count a request as on its way to the model while the block runs (preparing its
         prompt, up to its ``submit``), or until the block calls ``done`` on it: an idle batch
         that gets a sequence waits briefly for the requests counted here, so that a burst is
-        prefilled together (``thread.gather_bound``)."""
-        arrival = Arrival(self._engine)
+        prefilled together (``thread.gather_bound``). A request its transport already
+        counted (``counted``, from its route's first line) is not counted again: the block
+        ends that count."""
+        arrival = Arrival(self._engine) if counted is None else counted
         try:
             yield arrival
         finally:
@@ -316,7 +318,7 @@ class _ModelState:
                     )
                 else:
                     if arrival is not None:  # no longer on its way: its Admit follows
-                        arrival.done()
+                        arrival.admitted()
                     reply.send(self._admit(request, handle))
             case Cancel(seq_id):
                 if seq_id in self.admitted:

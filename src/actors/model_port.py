@@ -49,13 +49,15 @@ class _Engine:
     def send(self, message: Inbound) -> None:
         self.worker.thread.send(message)
 
-    def arrive(self, change: int) -> None:
+    def arrive(self, change: int, *, tell: bool = True) -> None:
         """Count requests on their way; tell the thread when the count it was told drops to
-        none (a lone request's arrival sends nothing)."""
+        none (a lone request's arrival sends nothing; nor does one whose ``Admit``, carrying
+        the count, is sent next: ``tell`` False)."""
         self.arriving += change
         if self.arriving == 0 and self._told:
             self._told = False
-            self.send(Arrivals(0))
+            if tell:
+                self.send(Arrivals(0))
 
     def admitting(self) -> int:
         """The count an ``Admit`` sent now carries."""
@@ -87,6 +89,14 @@ class Arrival:
         if self._counted:
             self._counted = False
             self._engine.arrive(-1)
+
+    def admitted(self) -> None:
+        """``done``, as the request's ``Admit`` is sent: that carries the new count, so the
+        thread is not told it apart (an ``Arrivals(0)`` just before the ``Admit`` could end a
+        gather with the last of a burst left out)."""
+        if self._counted:
+            self._counted = False
+            self._engine.arrive(-1, tell=False)
 
 
 def size_flags(settings: ModelSettings) -> SizeFlags:

@@ -43,6 +43,7 @@ from .admission import Admission, admit_ready
 from .compaction import compact_history, compact_now, compacted, plan
 from .event_log import EventLog
 from .kit import Reply, ask
+from .model import Arrival
 from .prompt import ReadyPrompt, prepare_response
 from .run import Ending, ResponseRun, refusal
 from .runtime import Actors, RunningResponses
@@ -110,6 +111,7 @@ async def respond(
     entry: TaskEntry,
     request: CreateRequest,
     presence: trio.MemoryReceiveChannel[None] | None,
+    arrival: Arrival | None,
     opened: Reply[EventLog],
     actors: Actors,
     running: RunningResponses,
@@ -125,7 +127,7 @@ async def respond(
                 async with trio.open_nursery() as nursery:
                     if presence is not None:
                         nursery.start_soon(_watch_presence, presence, entry)
-                    run = await _open(entry, request, opened, actors, running, mailbox)
+                    run = await _open(entry, request, arrival, opened, actors, running, mailbox)
                     if run is not None:
                         await _drive_published(entry, run, actors)
                     nursery.cancel_scope.cancel()
@@ -141,6 +143,7 @@ async def respond(
 async def _open(
     entry: TaskEntry,
     request: CreateRequest,
+    arrival: Arrival | None,
     opened: Reply[EventLog],
     actors: Actors,
     running: RunningResponses,
@@ -151,7 +154,7 @@ async def _open(
     opener; nothing is left)."""
     run: ResponseRun | None = None
     try:
-        run = await _exist(entry, request, actors, running, mailbox)
+        run = await _exist(entry, request, arrival, actors, running, mailbox)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
             await _persist_job(run, actors)  # a durable job row before the create answers
@@ -172,12 +175,14 @@ async def _open(
 async def _exist(
     entry: TaskEntry,
     request: CreateRequest,
+    counted: Arrival | None,
     actors: Actors,
     running: RunningResponses,
     mailbox: Mailbox,
 ) -> ResponseRun:
     """Prepared and, unless its route admits it later, admitted: the run. On its way to the
-    model until admitted or refused: an idle batch that gets another request's sequence
+    model until admitted or refused (counted from its transport's first line, ``counted``,
+    when the transport counted it): an idle batch that gets another request's sequence
     meanwhile waits for this one (a burst is prefilled together). A foreground create that
     compacts takes its own way: its summary generates first (not an arrival), registered
     under its own id, so it is listed and cancellable."""
@@ -185,7 +190,7 @@ async def _exist(
     async def register(summary: EventLog) -> None:
         await ask(mailbox, lambda reply: Register(entry, summary, reply))
 
-    with actors.model.arriving() as arrival:
+    with actors.model.arriving(counted) as arrival:
         ready = await prepare_response(request, actors, running)
         admitting: ReadyPrompt | None = ready
         if ready.compacting:  # its own route: not an arrival

@@ -31,6 +31,7 @@ from ..protocol.request import CompactRequest, CreateRequest
 from ..storage.interface import scoped
 from .event_log import EventLog
 from .kit import Reply, ask, open_mailbox
+from .model import Arrival
 from .prompt import PreparedPrompt
 from .response_task import (
     Ended,
@@ -54,11 +55,13 @@ class TooManyJobs(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Open:
     """Sender: a transport. Start a response; the reply is its log once it exists.
-    ``presence`` (foreground only) ends when the opener leaves."""
+    ``presence`` (foreground only) ends when the opener leaves. ``arrival``: the request's
+    count as on its way to the model, begun by the transport; the response task ends it."""
 
     request: CreateRequest
     presence: trio.MemoryReceiveChannel[None] | None
     reply: Reply[EventLog]
+    arrival: Arrival | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +209,15 @@ class ResponseSupervisorHandle:
         return self.max_jobs > 0
 
     async def open(
-        self, request: CreateRequest, presence: trio.MemoryReceiveChannel[None] | None
+        self,
+        request: CreateRequest,
+        presence: trio.MemoryReceiveChannel[None] | None,
+        arrival: Arrival | None = None,
     ) -> EventLog:
         """Start a response; its log once it exists. Raises ``ApiError`` (refused, nothing
-        left) or ``TooManyJobs``."""
-        return await ask(self._mailbox, lambda reply: Open(request, presence, reply))
+        left) or ``TooManyJobs``. ``arrival``: the transport's count of the request as on its
+        way to the model (``ModelHandle.arriving``), handed to the response task."""
+        return await ask(self._mailbox, lambda reply: Open(request, presence, reply, arrival))
 
     async def compact(
         self, request: CompactRequest, presence: trio.MemoryReceiveChannel[None] | None
@@ -282,11 +289,19 @@ async def run_response_supervisor(
         async for message in receive:
             state.prune(trio.current_time())
             match message:
-                case Open(request, presence, reply):
+                case Open(request, presence, reply, arrival):
                     entry = state.admit(request, reply)
                     if entry is not None:
                         nursery.start_soon(
-                            respond, entry, request, presence, reply, actors, handle, send.clone()
+                            respond,
+                            entry,
+                            request,
+                            presence,
+                            arrival,
+                            reply,
+                            actors,
+                            handle,
+                            send.clone(),
                         )
                 case OpenCompaction(compaction, presence, answer):
                     state.tasks += 1

@@ -19,6 +19,7 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
+from ..actors.model import Arrival
 from ..actors.prompt import persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.events.sse import encode_sse
@@ -28,7 +29,7 @@ from ..protocol.request import CreateRequest
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
 from .compact_schema import parse_compact_request
 from .lifetime import presence
-from .pipeline import final_object, follow, open_response, read_create_body
+from .pipeline import arriving, final_object, follow, open_response, read_create_body
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
 
@@ -80,17 +81,18 @@ def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
 
 
 async def create_response() -> Response:
-    create = _parse_create(await read_create_body())
-    if create.config.background:
-        return await _create_background(create)
-    log = await open_response(create)
+    with arriving() as arrival:
+        create = _parse_create(await read_create_body())
+        if create.config.background:
+            return await _create_background(create, arrival)
+        log = await open_response(create, arrival)
     g.response_id = log.response_id  # for the request log line
     if not create.stream:
         return json_response(await final_object(log))
     return sse_response(follow(log))
 
 
-async def _create_background(create: CreateRequest) -> Response:
+async def _create_background(create: CreateRequest, arrival: Arrival) -> Response:
     rt = runtime()
     store = rt.store
     if not store.enabled or store.limits.max_bytes == 0 or not rt.responses.jobs_enabled:
@@ -100,7 +102,7 @@ async def _create_background(create: CreateRequest) -> Response:
             "background",
         )
     # The supervisor's answer is the only job-limit check (a second one here could race it).
-    log = await open_response(create)
+    log = await open_response(create, arrival)
     return json_response(log.created)
 
 

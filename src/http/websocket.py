@@ -56,7 +56,7 @@ from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
 from .image_inputs import ImageSources, inline_image_inputs
-from .pipeline import open_response
+from .pipeline import arriving, open_response
 from .request_log import log_socket
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
@@ -332,12 +332,13 @@ class _Connection:
     async def _respond(self, order: _Order) -> None:
         started = time.perf_counter()
         try:
-            inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
-            inlined = await inline_image_inputs(inlined, self._image_sources())
-            assert isinstance(inlined, dict)
-            response_log = await open_response(
-                self._request(dataclasses.replace(order, body=inlined))
-            )
+            with arriving() as arrival:
+                inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
+                inlined = await inline_image_inputs(inlined, self._image_sources())
+                assert isinstance(inlined, dict)
+                response_log = await open_response(
+                    self._request(dataclasses.replace(order, body=inlined)), arrival
+                )
         except ApiError as error:
             previous = order.body.get("previous_response_id")
             if error.code == "previous_response_not_found" or (
