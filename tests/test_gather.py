@@ -11,6 +11,7 @@ import queue
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -268,66 +269,62 @@ async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_t
     assert sent == ["Admit(0)"]
 
 
-async def test_a_request_whose_body_is_still_arriving_counts_as_on_its_way(
+async def test_a_request_being_prepared_counts_as_on_its_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Through the real server: a create counts as on its way from its route's first line, not
-    from once its body is read and parsed. A second client has sent its headers and half its
-    body; a first request sent then reaches the thread telling it one more is coming (the
-    thread gathers for it, as it would for a burst whose rest the event loop is still reading),
-    and the second's ``Admit`` follows with nothing sent between. Before, the first told the
-    thread none was coming, and a burst's first request prefilled alone."""
-    import json
-
+    """Through the real server: a create counts as on its way to the model once its body has
+    been read, before its response task exists. The event loop prepares a burst's requests one
+    after another; here the second one's opening waits until the first has reached the
+    thread, which it tells that one more is coming (so it gathers for it), and the second's
+    ``Admit`` follows with nothing sent between. Before, a create counted only once its
+    response task began, and a burst's first request prefilled alone."""
     import httpx2 as httpx
 
-    from mlx_responses.actors import model_port
+    from mlx_responses.actors.supervisor import ResponseSupervisorHandle
     from mlx_responses.server import ServerHandle, serve
 
     from .conftest import MODEL, START_DEADLINE, server_settings
 
     sent: list[str] = []
+    first_sent, second_opening = trio.Event(), trio.Event()
     send = GenerationThread.send
+    token = trio.lowlevel.current_trio_token()
 
     def recording(self: GenerationThread, message: Inbound) -> None:
         if isinstance(message, Arrivals):
             sent.append(f"Arrivals({message.count})")
         elif isinstance(message, Admit):
             sent.append(f"Admit({message.arriving})")
+            token.run_sync_soon(first_sent.set)
         send(self, message)
 
-    counted = trio.Event()
-    arrival_init = model_port.Arrival.__init__
+    opening = ResponseSupervisorHandle.open
 
-    def counting(self: Arrival, engine: _Engine) -> None:
-        arrival_init(self, engine)
-        counted.set()
+    async def late_second(self: ResponseSupervisorHandle, request: Any, *args: Any) -> Any:
+        if "second" in repr(request.input):
+            second_opening.set()
+            await first_sent.wait()  # the loop is still busy with the first
+        return await opening(self, request, *args)
 
     monkeypatch.setattr(GenerationThread, "send", recording)
-    monkeypatch.setattr(model_port.Arrival, "__init__", counting)
-    body = json.dumps({"model": MODEL, "input": "Say hello.", "max_output_tokens": 2}).encode()
-    head = (
-        "POST /v1/responses HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    monkeypatch.setattr(ResponseSupervisorHandle, "open", late_second)
+    statuses: list[int] = []
     async with trio.open_nursery() as nursery:
         with trio.fail_after(START_DEADLINE):
             server: ServerHandle = await nursery.start(serve, server_settings())
         with trio.fail_after(60):
-            host, port = server.base_url.removeprefix("http://").split(":")
-            second = await trio.open_tcp_stream(host, int(port))
-            async with second:
-                await second.send_all(head + body[:10])
-                with trio.move_on_after(5):
-                    await counted.wait()
-                assert counted.is_set(), "a request reading its body is not counted as arriving"
-                async with httpx.AsyncClient(base_url=server.base_url) as http:
-                    first = {"model": MODEL, "input": "Say hi.", "max_output_tokens": 2}
-                    assert (await http.post("/v1/responses", json=first)).status_code == 200
-                await second.send_all(body[10:])
-                answer = b""
-                while b'"usage"' not in answer:  # the response object's last member
-                    answer += await second.receive_some()
-            assert answer.startswith(b"HTTP/1.1 200")
+            async with (
+                httpx.AsyncClient(base_url=server.base_url) as http,
+                trio.open_nursery() as both,
+            ):
+
+                async def create(text: str) -> None:
+                    body = {"model": MODEL, "input": text, "max_output_tokens": 2}
+                    statuses.append((await http.post("/v1/responses", json=body)).status_code)
+
+                both.start_soon(create, "Say hello, second.")
+                await second_opening.wait()  # its body is read; its opening waits
+                both.start_soon(create, "Say hello, first.")
         server.shutdown()
+    assert statuses == [200, 200]
     assert sent == ["Admit(1)", "Admit(0)"]

@@ -138,8 +138,9 @@ async def _message_body() -> object:
 
 @_anthropic_errors
 async def create_message() -> Response:
+    body = await _message_body()
     with arriving() as arrival:
-        request_ = parse_messages_request(await _message_body(), owner=tenant())
+        request_ = parse_messages_request(body, owner=tenant())
         request_ = with_default_temperature(request_)  # --default-temperature
         if request_.max_tokens == 0:
             arrival.done()  # nothing goes to the model

@@ -11,8 +11,9 @@ Invariants:
   whatever the writer does. Each write carries every event pending since the last one.
 - Refusals (``ApiError``, the job limits as 429) are raised before any byte of the answer,
   and nothing is left behind.
-- A create counts as on its way to the model from its route's first line (``arriving``) until
-  its sequence is admitted or it is refused, so that a burst's requests prefill together.
+- A create counts as on its way to the model from when its body has been read (``arriving``)
+  until its sequence is admitted or it is refused, so that a burst's requests prefill
+  together.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ async def read_create_body() -> object:
 
 
 def arriving() -> AbstractContextManager[Arrival]:
-    """Count a create as on its way to the model from its route's first line (before its body
-    is read), until its sequence goes to the model or it is refused: a burst's first request
-    reaches an idle model while the rest are still read and parsed one after another on this
-    thread, and the model waits for them (``thread.gather_bound``) instead of prefilling the
-    first alone. Give the count to ``open_response``; the block ends it in any case."""
+    """Count a create as on its way to the model from when its body has been read (and its
+    files and images inlined) until its sequence goes to the model or it is refused: a burst's
+    first request reaches an idle model while the rest are still parsed and prepared one after
+    another on this thread, and the model waits for them (``thread.gather_bound``) instead of
+    prefilling the first alone. Not before: a body still uploading, or an image still being
+    fetched, may take seconds, and an idle model would wait for it to its bound. Give the count
+    to ``open_response``; the block ends it in any case."""
     return runtime().model.arriving()
 
 

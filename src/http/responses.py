@@ -81,8 +81,9 @@ def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
 
 
 async def create_response() -> Response:
+    body = await read_create_body()
     with arriving() as arrival:
-        create = _parse_create(await read_create_body())
+        create = _parse_create(body)
         if create.config.background:
             return await _create_background(create, arrival)
         log = await open_response(create, arrival)

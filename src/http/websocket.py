@@ -332,10 +332,10 @@ class _Connection:
     async def _respond(self, order: _Order) -> None:
         started = time.perf_counter()
         try:
+            inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
+            inlined = await inline_image_inputs(inlined, self._image_sources())
+            assert isinstance(inlined, dict)
             with arriving() as arrival:
-                inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
-                inlined = await inline_image_inputs(inlined, self._image_sources())
-                assert isinstance(inlined, dict)
                 response_log = await open_response(
                     self._request(dataclasses.replace(order, body=inlined)), arrival
                 )
