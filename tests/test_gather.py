@@ -328,3 +328,25 @@ async def test_a_request_being_prepared_counts_as_on_its_way(
         server.shutdown()
     assert statuses == [200, 200]
     assert sent == ["Admit(1)", "Admit(0)"]
+
+
+async def test_a_burst_that_fills_a_prefill_does_not_wait_for_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The count says more requests are on their way and never drops, and no bound ends the
+    gathering; once a prefill's worth of sequences (``prefill_batch_size``) is in, the thread
+    steps: the rest would prefill after those anyway."""
+    long_bound(monkeypatch)
+    async with running() as model:
+        assert model.loaded is not None
+        assert model.loaded.sizes is not None
+        size = model.loaded.sizes.prefill_batch_size
+        with trio.fail_after(30):  # far below the gathering bound
+            slots = [model.insert(seq_id, arriving=size) for seq_id in range(1, size + 1)]
+            ends = [await finish(slot) for slot in slots]
+    assert all(reason in ("length", "stop") for reason, _ in ends), ends
+    applied = model.applied()
+    first_step = next(i for i, m in enumerate(applied) if isinstance(m, Step))
+    assert [m.seq_id for m in applied[:first_step] if isinstance(m, Admit)] == list(
+        range(1, size + 1)
+    )

@@ -118,6 +118,7 @@ class Batch:
         self._loaded = loaded
         self._mx = mx
         self._step = prefill_step_size
+        self._prefill_batch = prefill_batch_size
         self._stream = mx.new_stream(mx.default_device())
         self._generator = BatchGenerator(
             loaded.model,
@@ -177,6 +178,12 @@ class Batch:
         """Prompt tokens the prompt cache has served since start (each rank's figure,
         equal on every rank when they reuse alike)."""
         return self._prompt_cache.stats.tokens_reused
+
+    @property
+    def prefill_full(self) -> bool:
+        """Whether as many sequences wait for their prompt as one prefill takes in
+        (``prefill_batch_size``): a sequence admitted now would prefill after them anyway."""
+        return len(self._live) - self._decoding >= self._prefill_batch
 
     def take_changed(self) -> bool:
         """Whether the batch's members or their phases changed since the last call."""

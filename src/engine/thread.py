@@ -75,7 +75,8 @@ log = logging.getLogger(__name__)
 # prefill would take (``gather_bound``), but at least GATHER_FLOOR_SECONDS: a prefill step has a
 # fixed cost the per-token rate does not show (on the bundled model most of a 10-13 ms step),
 # and a 16-request burst reaches the model over 15-20 ms; never more than GATHER_SECONDS. A
-# lone request never waits: nothing else is on its way.
+# lone request never waits: nothing else is on its way. Nor does a burst once it fills a
+# prefill (``prefill_batch_size`` sequences): the rest of it would prefill after that one.
 GATHER_SECONDS = 0.05
 GATHER_FLOOR_SECONDS = 0.02
 
@@ -413,6 +414,8 @@ class GenerationThread:
                 gather_until = time.monotonic() + self._gather_bound(batch, message)
             if self._apply(batch, message):
                 return True
+            if gather_until != math.inf and batch.prefill_full:
+                return False  # the first prefill is full: the rest would wait for it anyway
         return False
 
     def _next_free(self, block: bool, gather_until: float) -> Inbound | None:
