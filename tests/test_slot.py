@@ -178,6 +178,16 @@ async def test_a_lingering_consumer_gets_every_push_before_the_tick_in_one_outpu
     assert token.wakeups == 1
 
 
+def stepper(slot: SequenceSlot, clock: ManualClock) -> Callable[[float], None]:
+    """A decode step ending at ``at`` on ``clock``: the producer pushes its one token."""
+
+    def step(at: float) -> None:
+        clock.now = at
+        slot.push("x", 1)
+
+    return step
+
+
 async def test_a_consumer_woken_just_before_its_tick_lingers_to_the_next_one() -> None:
     """Steps of 1 ms against a 25 ms linger: the push at 24.5 ms wakes the consumer (its next
     is due after the tick), which begins its next linger at 24.7 ms, before that tick. The push
@@ -187,10 +197,7 @@ async def test_a_consumer_woken_just_before_its_tick_lingers_to_the_next_one() -
     token = CountingToken()
     clock = ManualClock(0.0005)
     slot = SequenceSlot(cast(trio.lowlevel.TrioToken, token), clock)
-
-    def step(at: float) -> None:
-        clock.now = at
-        slot.push("x", 1)
+    step = stepper(slot, clock)
 
     outputs: list[SequenceOutput] = []
     with trio.fail_after(10):
@@ -214,10 +221,7 @@ async def test_a_flush_forgets_the_tick_the_next_linger_ends_on_it() -> None:
     linger, begun before that tick, still ends on it, not on the next one."""
     clock = ManualClock(0.0)
     slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
-
-    def step(at: float) -> None:
-        clock.now = at
-        slot.push("x", 1)
+    step = stepper(slot, clock)
 
     outputs: list[SequenceOutput] = []
     with trio.fail_after(10):
