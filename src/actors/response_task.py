@@ -104,19 +104,29 @@ TaskMessage = Register | Reserve | Ended
 Mailbox = trio.MemorySendChannel[TaskMessage]
 
 
+@dataclass(frozen=True, slots=True)
+class Opener:
+    """What a transport hands the response task it opens (``supervisor.Open``): its presence
+    (foreground only; it ends when the opener leaves), the request's count as on its way to
+    the model (ended by the task), and where the log goes once the response exists."""
+
+    presence: trio.MemoryReceiveChannel[None] | None
+    arrival: Arrival | None
+    reply: Reply[EventLog]
+
+
 # -- a response --------------------------------------------------------------------------------
 
 
 async def respond(
     entry: TaskEntry,
     request: CreateRequest,
-    presence: trio.MemoryReceiveChannel[None] | None,
-    arrival: Arrival | None,
-    opened: Reply[EventLog],
+    opener: Opener,
     actors: Actors,
     running: RunningResponses,
     mailbox: Mailbox,
 ) -> None:
+    presence = opener.presence
     async with mailbox:
         run: ResponseRun | None = None
         try:
@@ -127,7 +137,7 @@ async def respond(
                 async with trio.open_nursery() as nursery:
                     if presence is not None:
                         nursery.start_soon(_watch_presence, presence, entry)
-                    run = await _open(entry, request, arrival, opened, actors, running, mailbox)
+                    run = await _open(entry, request, opener, actors, running, mailbox)
                     if run is not None:
                         await _drive_published(entry, run, actors)
                     nursery.cancel_scope.cancel()
@@ -143,8 +153,7 @@ async def respond(
 async def _open(
     entry: TaskEntry,
     request: CreateRequest,
-    arrival: Arrival | None,
-    opened: Reply[EventLog],
+    opener: Opener,
     actors: Actors,
     running: RunningResponses,
     mailbox: Mailbox,
@@ -152,9 +161,10 @@ async def _open(
     """Preparing and waiting for admission: everything that can refuse the request. The run
     once its response exists (announced to the opener), or None after a refusal (told to the
     opener; nothing is left)."""
+    opened = opener.reply
     run: ResponseRun | None = None
     try:
-        run = await _exist(entry, request, arrival, actors, running, mailbox)
+        run = await _exist(entry, request, opener.arrival, actors, running, mailbox)
         await ask(mailbox, lambda reply: Register(entry, run.log, reply))
         if entry.background:
             await _persist_job(run, actors)  # a durable job row before the create answers

@@ -35,6 +35,7 @@ from .model import Arrival
 from .prompt import PreparedPrompt
 from .response_task import (
     Ended,
+    Opener,
     Register,
     Reserve,
     TaskEntry,
@@ -292,16 +293,9 @@ async def run_response_supervisor(
                 case Open(request, presence, reply, arrival):
                     entry = state.admit(request, reply)
                     if entry is not None:
+                        opener = Opener(presence, arrival, reply)
                         nursery.start_soon(
-                            respond,
-                            entry,
-                            request,
-                            presence,
-                            arrival,
-                            reply,
-                            actors,
-                            handle,
-                            send.clone(),
+                            respond, entry, request, opener, actors, handle, send.clone()
                         )
                 case OpenCompaction(compaction, presence, answer):
                     state.tasks += 1
