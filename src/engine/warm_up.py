@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 WARM_UP_TEXT = "Hello, how are you today?"
 WARM_UP_TOKENS = 2  # the prefill's token and one decode step's
 # The Responses API's default temperature (greedy compiles nothing more).
-WARM_UP_TEMPERATURES = (1.0,)
+WARM_UP_TEMPERATURE = 1.0
 
 
 def warm_up(loaded: LoadedModel) -> float | None:
@@ -51,10 +51,10 @@ def warm_up(loaded: LoadedModel) -> float | None:
             prefill_batch_size=sizes.prefill_batch_size,
         )
         try:
-            for seq_id, temperature in enumerate(WARM_UP_TEMPERATURES):  # one at a time
-                batch.admit(Admit(seq_id, SequenceSpec(prompt, WARM_UP_TOKENS, temperature, 1.0)))
-                while batch.live:
-                    batch.step()
+            spec = SequenceSpec(prompt, WARM_UP_TOKENS, WARM_UP_TEMPERATURE, 1.0)
+            batch.admit(Admit(0, spec))
+            while batch.live:
+                batch.step()
         finally:
             batch.close("shutdown", None)
             _leave_threads_for_prefill(loaded)
