@@ -172,8 +172,8 @@ class ModelHandle:
         prompt, up to its ``submit``), or until the block calls ``done`` on it: an idle batch
         that gets a sequence waits briefly for the requests counted here, so that a burst is
         prefilled together (``thread.gather_bound``). A request its transport already
-        counted (``counted``, once its body was read: ``http.pipeline.arriving``) is not
-        counted again: the block ends that count."""
+        counted (``counted``, as it opened the response: ``http.pipeline.open_response``) is
+        not counted again: the block ends that count."""
         arrival = Arrival(self._engine) if counted is None else counted
         try:
             yield arrival

@@ -191,7 +191,7 @@ async def _exist(
     mailbox: Mailbox,
 ) -> ResponseRun:
     """Prepared and, unless its route admits it later, admitted: the run. On its way to the
-    model until admitted or refused (counted by its transport once its body was read,
+    model until admitted or refused (counted by its transport as it opened the response,
     ``counted``, when the transport counted it): an idle batch that gets another request's sequence
     meanwhile waits for this one (a burst is prefilled together). A foreground create that
     compacts takes its own way: its summary generates first (not an arrival), registered

@@ -47,7 +47,7 @@ from ..protocol.ids import new_id
 from ..protocol.objects import JsonObject, Usage
 from .common import json_response, mount, runtime, sse_response, tenant
 from .image_inputs import inline_message_images
-from .pipeline import arriving, image_sources, open_response, read_body
+from .pipeline import image_sources, open_response, read_body
 from .server_defaults import with_default_temperature
 
 __all__ = ["PING_INTERVAL_SECONDS", "register_messages_routes"]
@@ -138,14 +138,11 @@ async def _message_body() -> object:
 
 @_anthropic_errors
 async def create_message() -> Response:
-    body = await _message_body()
-    with arriving() as arrival:
-        request_ = parse_messages_request(body, owner=tenant())
-        request_ = with_default_temperature(request_)  # --default-temperature
-        if request_.max_tokens == 0:
-            arrival.done()  # nothing goes to the model
-            return await _empty_message(request_)
-        log = await open_response(request_.create, arrival)
+    request_ = parse_messages_request(await _message_body(), owner=tenant())
+    request_ = with_default_temperature(request_)  # --default-temperature
+    if request_.max_tokens == 0:
+        return await _empty_message(request_)
+    log = await open_response(request_.create)
     encoder = _encoder_for(request_, log.prompt_tokens)
     if not request_.create.stream:
         await log.wait_closed()

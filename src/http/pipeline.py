@@ -11,20 +11,18 @@ Invariants:
   whatever the writer does. Each write carries every event pending since the last one.
 - Refusals (``ApiError``, the job limits as 429) are raised before any byte of the answer,
   and nothing is left behind.
-- A create counts as on its way to the model from when its body has been read (``arriving``)
-  until its sequence is admitted or it is refused, so that a burst's requests prefill
-  together.
+- A create counts as on its way to the model from when it is opened (``open_response``: its
+  body read and parsed) until its sequence is admitted or it is refused, so that a burst's
+  requests prefill together.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager
 
 from quart import request
 
 from ..actors.event_log import EventLog
-from ..actors.model import Arrival
 from ..actors.supervisor import TooManyJobs
 from ..protocol.errors import ApiError
 from ..protocol.objects import JsonObject
@@ -65,24 +63,21 @@ async def read_create_body() -> object:
     return await inline_image_inputs(body, image_sources())
 
 
-def arriving() -> AbstractContextManager[Arrival]:
-    """Count a create as on its way to the model from when its body has been read (and its
-    files and images inlined) until its sequence goes to the model or it is refused: a burst's
-    first request reaches an idle model while the rest are still parsed and prepared one after
-    another on this thread, and the model waits for them (``thread.gather_bound``) instead of
-    prefilling the first alone. Not before: a body still uploading, or an image still being
-    fetched, may take seconds, and an idle model would wait for it to its bound. Give the count
-    to ``open_response``; the block ends it in any case."""
-    return runtime().model.arriving()
-
-
-async def open_response(create: CreateRequest, arrival: Arrival | None = None) -> EventLog:
+async def open_response(create: CreateRequest) -> EventLog:
     """Start ``create`` as a response task; its log once it exists. Raises ``ApiError``.
-    ``arrival``: the request's count as on its way (``arriving``), which the task ends."""
+
+    The request counts as on its way to the model from here (its body read, its files and
+    images inlined, parsed) until its sequence goes to the model or it is refused; the
+    response task is handed the count and ends it. A burst's first request then reaches an
+    idle model while the rest are still opened and prepared one after another on this thread,
+    and the model waits for them (``thread.gather_bound``) instead of prefilling the first
+    alone. Not earlier: a body still uploading, or an image still being fetched, may take
+    seconds, and an idle model would wait for it to its bound."""
     # The response task owns this clone from here (and closes it when it ends).
     watching = None if create.config.background else presence()
     try:
-        return await runtime().responses.open(create, watching, arrival)
+        with runtime().model.arriving() as arrival:
+            return await runtime().responses.open(create, watching, arrival)
     except TooManyJobs as exc:
         raise too_many_jobs(str(exc)) from None
 

@@ -19,7 +19,6 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from ..actors.model import Arrival
 from ..actors.prompt import persistence_disabled, prepare_prompt
 from ..protocol.errors import ApiError, invalid_request, not_found
 from ..protocol.events.sse import encode_sse
@@ -29,7 +28,7 @@ from ..protocol.request import CreateRequest
 from .common import json_response, mount, runtime, sealer, sse_response, tenant
 from .compact_schema import parse_compact_request
 from .lifetime import presence
-from .pipeline import arriving, final_object, follow, open_response, read_create_body
+from .pipeline import final_object, follow, open_response, read_create_body
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
 
@@ -81,19 +80,17 @@ def _parse_create(data: object, *, counting: bool = False) -> CreateRequest:
 
 
 async def create_response() -> Response:
-    body = await read_create_body()
-    with arriving() as arrival:
-        create = _parse_create(body)
-        if create.config.background:
-            return await _create_background(create, arrival)
-        log = await open_response(create, arrival)
+    create = _parse_create(await read_create_body())
+    if create.config.background:
+        return await _create_background(create)
+    log = await open_response(create)
     g.response_id = log.response_id  # for the request log line
     if not create.stream:
         return json_response(await final_object(log))
     return sse_response(follow(log))
 
 
-async def _create_background(create: CreateRequest, arrival: Arrival) -> Response:
+async def _create_background(create: CreateRequest) -> Response:
     rt = runtime()
     store = rt.store
     if not store.enabled or store.limits.max_bytes == 0 or not rt.responses.jobs_enabled:
@@ -103,7 +100,7 @@ async def _create_background(create: CreateRequest, arrival: Arrival) -> Respons
             "background",
         )
     # The supervisor's answer is the only job-limit check (a second one here could race it).
-    log = await open_response(create, arrival)
+    log = await open_response(create)
     return json_response(log.created)
 
 

@@ -56,7 +56,7 @@ from ..protocol.request import CreateRequest, parse_input
 from .common import decode_json_body, error_response, runtime, sealer, tenant
 from .file_inputs import inline_file_inputs
 from .image_inputs import ImageSources, inline_image_inputs
-from .pipeline import arriving, open_response
+from .pipeline import open_response
 from .request_log import log_socket
 from .schemas import parse_create_request
 from .server_defaults import default_temperature
@@ -335,10 +335,9 @@ class _Connection:
             inlined = await inline_file_inputs(order.body, self._runtime.files, self._owner)
             inlined = await inline_image_inputs(inlined, self._image_sources())
             assert isinstance(inlined, dict)
-            with arriving() as arrival:
-                response_log = await open_response(
-                    self._request(dataclasses.replace(order, body=inlined)), arrival
-                )
+            response_log = await open_response(
+                self._request(dataclasses.replace(order, body=inlined))
+            )
         except ApiError as error:
             previous = order.body.get("previous_response_id")
             if error.code == "previous_response_not_found" or (
