@@ -235,6 +235,28 @@ def test_an_arrival_counts_once_until_done() -> None:
     assert sent == [Arrivals(0)]
 
 
+def record_sent(
+    monkeypatch: pytest.MonkeyPatch, on_admit: Callable[[], object] | None = None
+) -> list[str]:
+    """What the model actor sends the real thread about arrivals, in order (``Admit(count)``,
+    ``Arrivals(count)``); ``on_admit`` runs on the Trio thread after each ``Admit``."""
+    sent: list[str] = []
+    send = GenerationThread.send
+    token = trio.lowlevel.current_trio_token()
+
+    def recording(self: GenerationThread, message: Inbound) -> None:
+        if isinstance(message, Arrivals):
+            sent.append(f"Arrivals({message.count})")
+        elif isinstance(message, Admit):
+            sent.append(f"Admit({message.arriving})")
+            if on_admit is not None:
+                token.run_sync_soon(on_admit)
+        send(self, message)
+
+    monkeypatch.setattr(GenerationThread, "send", recording)
+    return sent
+
+
 async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -247,17 +269,7 @@ async def test_a_request_is_no_longer_on_its_way_when_its_sequence_reaches_the_t
 
     from .conftest import MODEL, START_DEADLINE, server_settings
 
-    sent: list[str] = []
-    send = GenerationThread.send
-
-    def recording(self: GenerationThread, message: Inbound) -> None:
-        if isinstance(message, Arrivals):
-            sent.append(f"Arrivals({message.count})")
-        elif isinstance(message, Admit):
-            sent.append(f"Admit({message.arriving})")
-        send(self, message)
-
-    monkeypatch.setattr(GenerationThread, "send", recording)
+    sent = record_sent(monkeypatch)
     async with trio.open_nursery() as nursery:
         with trio.fail_after(START_DEADLINE):
             server: ServerHandle = await nursery.start(serve, server_settings())
@@ -285,19 +297,8 @@ async def test_a_request_being_prepared_counts_as_on_its_way(
 
     from .conftest import MODEL, START_DEADLINE, server_settings
 
-    sent: list[str] = []
     first_sent, second_opening = trio.Event(), trio.Event()
-    send = GenerationThread.send
-    token = trio.lowlevel.current_trio_token()
-
-    def recording(self: GenerationThread, message: Inbound) -> None:
-        if isinstance(message, Arrivals):
-            sent.append(f"Arrivals({message.count})")
-        elif isinstance(message, Admit):
-            sent.append(f"Admit({message.arriving})")
-            token.run_sync_soon(first_sent.set)
-        send(self, message)
-
+    sent = record_sent(monkeypatch, on_admit=first_sent.set)
     opening = ResponseSupervisorHandle.open
 
     async def late_second(self: ResponseSupervisorHandle, request: Any, *args: Any) -> Any:
@@ -306,7 +307,6 @@ async def test_a_request_being_prepared_counts_as_on_its_way(
             await first_sent.wait()  # the loop is still busy with the first
         return await opening(self, request, *args)
 
-    monkeypatch.setattr(GenerationThread, "send", recording)
     monkeypatch.setattr(ResponseSupervisorHandle, "open", late_second)
     statuses: list[int] = []
     async with trio.open_nursery() as nursery:
