@@ -161,6 +161,7 @@ async def test_over_the_websocket_the_model_searches_and_cites(
                     "model": MODEL,
                     **SEARCH,
                     "tools": [{"type": "web_search"}],
+                    "temperature": 0,  # the fixture's documented answers are greedy
                 }
             )
             return until_terminal(connection)
