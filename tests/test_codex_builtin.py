@@ -38,8 +38,14 @@ def frame(name: str) -> dict[str, Any]:
 
 
 async def test_codex_builtin_provider_mcp_round_trip_over_the_socket(
-    server: ServerHandle, caplog: pytest.LogCaptureFixture
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Codex's frames name no temperature: served greedily (`--default-temperature 0`, as
+    # docs/clients.md has a local model run for Codex), the bundled model's answers are its
+    # documented ones; at the API's default of 1 it may sample another.
+    settings = dataclasses.replace(server_settings(), default_temperature=0.0)
+    with trio.fail_after(START_DEADLINE):
+        server: ServerHandle = await nursery.start(serve, settings)
     caplog.set_level(logging.INFO, logger="mlx_responses.requests")
     warmup, turn, result = frame("mcp-warmup"), frame("mcp-turn"), frame("mcp-tool-result")
     assert warmup["stream"] is True
