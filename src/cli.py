@@ -257,6 +257,7 @@ def _model_settings(args: argparse.Namespace, model_path: str, alias: str) -> Mo
         tool_format=args.tool_format,
         sharding=_sharding(args),
         kv_quant=None if args.kv_bits is None else KvQuant(args.kv_bits, args.kv_group_size),
+        seed=args.seed,
     )
 
 

@@ -33,6 +33,25 @@ def blas_threads_flag(text: str) -> int | None:
     return count
 
 
+# ``--seed``'s largest value: a split model's ranks agree on it as a 32-bit integer.
+MAX_SEED = 2**31 - 1
+
+
+def seed_flag(text: str) -> int | None:
+    """``--seed``: 'off' (None: MLX's random keys start from the clock) or 0..``MAX_SEED``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"expected 'off' or an integer 0..{MAX_SEED}, got {text!r}"
+        )
+    return seed
+
+
 def kv_bits_flag(text: str) -> int | None:
     """``--kv-bits``: 'off' (None: the model's precision) or one of ``KV_BITS``."""
     value = text.strip().lower()
@@ -395,6 +414,16 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         str,
         "temperature (0..2) for /v1/responses and /v1/messages requests that give none, e.g. "
         "0 for greedy answers to clients that never send one (Codex CLI); default: 1.0",
+    ),
+    Flag(
+        "--seed",
+        "MLX_RESPONSES_SEED",
+        "off",
+        seed_flag,
+        "where the random keys of sampling start once the model is loaded (an integer "
+        f"0..{MAX_SEED}): requests that give no seed of their own then sample alike from one "
+        "start to the next, given the same requests in the same order; 'off' (the default) "
+        "starts them from the clock",
     ),
     Flag(
         "--background-key",

@@ -20,6 +20,8 @@ from tests.conformance import assert_stream_invariants, assert_strict_response, 
 from .conftest import MODEL, output_text, server_settings
 
 DEADLINE = 60
+# Not the suite's own (conftest): a seed this test chose for answers that differ.
+SERVER_SEED = 11
 
 
 def documented(name: str) -> Any:
@@ -306,6 +308,28 @@ async def test_a_seed_makes_sampling_reproducible(server: ServerHandle) -> None:
             first = await create(http, **body)
             second = await create(http, **body)
     assert output_text(first) == output_text(second)
+
+
+async def test_the_server_seed_makes_unseeded_sampling_reproducible() -> None:
+    """``--seed``: servers started with the same seed answer the same unseeded requests, at a
+    temperature where the bundled model's answers vary, with the same text, and a server with
+    another seed does not; the keys run on from request to request (the second answer is not
+    the first again). (Without a seed, MLX starts every thread of one process from the same
+    key, so two servers in this process would agree with or without the flag.)"""
+    body = {"input": "Tell me a story.", "temperature": 2.0, "max_output_tokens": 30}
+    runs: list[tuple[str, str]] = []
+    for seed in (SERVER_SEED, SERVER_SEED, SERVER_SEED + 1):
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(DEADLINE):
+                handle = await nursery.start(serve, server_settings(seed=seed))
+                async with httpx.AsyncClient(base_url=handle.base_url, timeout=60) as http:
+                    first = await create(http, **body)
+                    second = await create(http, **body)
+            runs.append((output_text(first), output_text(second)))
+            nursery.cancel_scope.cancel()
+    assert runs[0] == runs[1]
+    assert runs[2] != runs[0]
+    assert runs[0][0] != runs[0][1]
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,7 @@ def thread_settings(settings: ModelSettings) -> ThreadSettings:
         blas_threads=settings.blas_threads,
         sharding=settings.sharding,
         kv_quant=settings.kv_quant,
+        seed=settings.seed,
     )
 
 

@@ -59,6 +59,8 @@ class ModelSettings:
     tool_format: str | None = None
     # This server is rank 0 of a model split over several ranks (None: one process).
     sharding: Sharding | None = None
+    # --seed: where MLX's random keys start once the model is warm (None: from the clock).
+    seed: int | None = None
     # The seam for fault injection: tests install a GenerationThread subclass here.
     thread_factory: ThreadFactory = GenerationThread
 

@@ -295,11 +295,15 @@ class Link:
         mine = mx.array([value if self.rank == 0 else 0], dtype=mx.int32)
         return int(self._all_sum(mine, idle=True).item())
 
-    def agree_seed(self) -> None:
-        """Every rank draws from the same random key sequence (unseeded sampling)."""
+    def agree_seed(self, seed: int | None = None) -> None:
+        """Every rank draws from the same random key sequence (unseeded sampling): rank 0's
+        ``seed`` (``--seed``, below 2**31), or one from its clock."""
         import mlx.core as mx
 
-        seed = int(time.time_ns() % (1 << 31)) if self.rank == 0 else 0
+        if self.rank != 0:
+            seed = 0
+        elif seed is None:
+            seed = int(time.time_ns() % (1 << 31))
         mx.random.seed(int(self._all_sum(mx.array([seed], dtype=mx.int32), idle=True).item()))
 
 
@@ -385,14 +389,15 @@ class Receiver:
         """Nothing local reaches a follower's thread: everything comes from rank 0."""
 
 
-def open_link(sharding: Sharding, facts: FactStream) -> Link:
-    """Join the group (on the generation thread) with a watchdog over its collectives."""
+def open_link(sharding: Sharding, facts: FactStream, seed: int | None = None) -> Link:
+    """Join the group (on the generation thread) with a watchdog over its collectives; the
+    ranks' random keys start at rank 0's ``seed`` (None: its clock's)."""
     import mlx.core as mx
 
     group = mx.distributed.init(strict=True, backend=sharding.backend)
     watchdog = Watchdog(sharding.rank_timeout, facts, group.rank(), group.size())
     link = Link(group, watchdog, sharding.rank_timeout)
-    link.agree_seed()
+    link.agree_seed(seed)
     return link
 
 

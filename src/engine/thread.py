@@ -137,6 +137,10 @@ class ThreadSettings:
     # --kv-bits / --kv-group-size: the batch's and the prompt cache's KV layers quantized
     # (kv_cache.py); None keeps them at the model's precision.
     kv_quant: KvQuant | None = None
+    # --seed: MLX's random key sequence starts here once the model is loaded and warm, so
+    # requests that give no ``seed`` of their own sample alike from one start to the next
+    # (None: MLX's own start, from the clock). A split model's ranks agree on rank 0's.
+    seed: int | None = None
 
 
 class GenerationThread:
@@ -212,6 +216,8 @@ class GenerationThread:
                 seconds = warm_up(loaded)
                 if seconds is not None:
                     log.info("warm-up: %.0f ms", seconds * 1000)
+                if self._settings.seed is not None:  # after the warm-up's own draws
+                    mx.random.seed(self._settings.seed)
             self._attach_disk(loaded)
             self._facts.put(Loaded(loaded))
             self._serve(loaded)
@@ -251,7 +257,7 @@ class GenerationThread:
             return load_model(self._settings.model_path)
         # Join the ranks, load this rank's share; rank 0 broadcasts what it applies
         # (its journal), a follower steps in lockstep on what it receives (its inbox).
-        self._link = link = open_link(sharding, self._facts)
+        self._link = link = open_link(sharding, self._facts, self._settings.seed)
         shares: list[tuple[int, int]] = []
 
         def split(model: object) -> None:
