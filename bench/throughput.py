@@ -405,6 +405,27 @@ def request_body(index: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+async def whole_one(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> StreamResult:
+    """One request answered whole (``stream`` false): the same work without a delta stream.
+    Its first delta is its whole answer."""
+    result = StreamResult()
+    response = await client.post(base_url + "/v1/responses", json={**body, "stream": False})
+    if response.status_code != 200:
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
+    data = response.json()
+    result.done_at = result.first_delta_at = time.perf_counter()
+    result.terminal = f"response.{data['status']}"
+    result.output_tokens = int((data.get("usage") or {}).get("output_tokens", 0))
+    result.deltas = 1
+    result.text = "".join(
+        part.get("text", "")
+        for item in data.get("output", [])
+        if item.get("type") == "message"
+        for part in item.get("content", [])
+    )
+    return result
+
+
 async def stream_one(
     client: httpx.AsyncClient, base_url: str, body: dict[str, Any]
 ) -> StreamResult:
@@ -443,10 +464,12 @@ def new_client(connections: int) -> httpx.AsyncClient:
 
 
 async def server_run(
-    base_url: str, concurrency: int, max_tokens: int, turns: int = 1
+    base_url: str, concurrency: int, max_tokens: int, turns: int = 1, whole: bool = False
 ) -> Measurement:
     """``concurrency`` streams, each ``turns`` requests one after another (a stream's next
-    request is sent when its last one's terminal event is read)."""
+    request is sent when its last one's terminal event is read); ``whole``: each answered as
+    one JSON body, not streamed (its first token's time is then its last's)."""
+    ask = whole_one if whole else stream_one
     results: list[list[StreamResult]] = [[] for _ in range(concurrency)]
     async with new_client(concurrency) as client:
         # Open the connections first so the timed window measures requests, not TCP set-up.
@@ -457,7 +480,7 @@ async def server_run(
         async def one(index: int) -> None:
             body = request_body(index, max_tokens)
             for _ in range(turns):
-                results[index].append(await stream_one(client, base_url, body))
+                results[index].append(await ask(client, base_url, body))
 
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -575,6 +598,8 @@ class Row:
     direct_runs: list[Measurement] = field(default_factory=list)
     server_runs: list[Measurement] = field(default_factory=list)
     identical_outputs: list[int] = field(default_factory=list)
+    # ``--whole``: the server's runs with every answer whole (no delta stream).
+    whole_runs: list[Measurement] = field(default_factory=list)
 
     @property
     def direct(self) -> list[float]:
@@ -602,6 +627,12 @@ class Row:
         """The median of the paired ratios (less exposed to drifting load than a ratio of
         medians)."""
         return statistics.median(self.paired_ratios) if self.paired_ratios else math.nan
+
+    @property
+    def whole_ratios(self) -> list[float]:
+        """whole-answer server/direct of each repeat (``--whole``; empty without it)."""
+        direct = self.direct[: len(self.whole_runs)]
+        return [w.tokens_per_second / d for w, d in zip(self.whole_runs, direct, strict=True) if d]
 
     def cpu_per_kilotoken(self, runs: list[Measurement], attr: str) -> float:
         return statistics.median(1000 * getattr(m, attr) / max(1, m.tokens) for m in runs)
@@ -638,6 +669,13 @@ class Row:
                 [m.first_token_s for m in self.direct_runs],
                 [m.first_token_s for m in self.server_runs],
             ),
+            "whole": None
+            if not self.whole_runs
+            else {
+                "server_tok_s": statistics.median(m.tokens_per_second for m in self.whole_runs),
+                "ratio": statistics.median(self.whole_ratios),
+                "paired_ratios": [round(r, 3) for r in self.whole_ratios],
+            },
             "cpu_s_per_1k_tokens": {
                 "direct_process": per_kilotoken(self.direct_runs, "cpu_s"),
                 "server_process": per_kilotoken(self.server_runs, "cpu_s"),
@@ -735,6 +773,14 @@ def print_report(report: dict[str, Any]) -> None:
         "(tok/s: medians; server/direct: median of the per-repeat ratios; CPU ratio: direct CPU "
         "per token / server CPU per token)"
     )
+    for row in report["throughput"]:
+        if (whole := row.get("whole")) is not None:
+            paired = ", ".join(f"{r:.2f}" for r in whole["paired_ratios"])
+            print(
+                f"{row['concurrency']:>11}  answered whole (--whole): {whole['server_tok_s']:.1f}"
+                f" tok/s, server/direct {whole['ratio']:.2f} ({paired}); streamed "
+                f"{row['ratio']:.2f}: the delta stream's share is the difference"
+            )
     print()
     print("\n".join(first_token_lines(report["throughput"])))
     print()
@@ -826,6 +872,12 @@ def main(argv: list[str] | None = None) -> int:
         "script next to this Python); e.g. 'python -m cProfile -o out.prof -m mlx_responses.cli'",
     )
     parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="also time the server answering the same requests whole (stream false) in each "
+        "repeat: its ratio against the streamed one is what the delta stream costs",
+    )
+    parser.add_argument(
         "--prompt-cache",
         action="store_true",
         help="keep the server's prompt cache on (by default it is off: every repeat sends the "
@@ -890,7 +942,8 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for c in concurrencies:
                 row = rows[c]
-                order = ("direct", "server") if repeat % 2 == 0 else ("server", "direct")
+                sides = ("direct", "server", "whole") if args.whole else ("direct", "server")
+                order = sides if repeat % 2 == 0 else sides[::-1]
                 got: dict[str, Measurement] = {}
                 for side in order:
                     # Let the other side's worker threads (OpenBLAS, MLX) stop spinning first:
@@ -905,23 +958,34 @@ def main(argv: list[str] | None = None) -> int:
                         cpu, server_cpu = time.process_time(), process_cpu(pid)
                         trio_cpu = process_cpu(pid, pid)
                         got[side] = trio.run(
-                            server_run, server.base_url, c, args.max_tokens, args.turns
+                            server_run,
+                            server.base_url,
+                            c,
+                            args.max_tokens,
+                            args.turns,
+                            side == "whole",
                         )
                         got[side].cpu_s = process_cpu(pid) - server_cpu
                         got[side].trio_cpu_s = process_cpu(pid, pid) - trio_cpu
                         got[side].client_cpu_s = time.process_time() - cpu
                 row.direct_runs.append(got["direct"])
                 row.server_runs.append(got["server"])
+                if "whole" in got:
+                    row.whole_runs.append(got["whole"])
                 same = sum(
                     a == b
                     for a, b in zip(got["direct"].outputs, got["server"].outputs, strict=True)
                 )
                 row.identical_outputs.append(same)
                 ratio = got["server"].tokens_per_second / got["direct"].tokens_per_second
+                whole = ""
+                if "whole" in got:
+                    w = got["whole"].tokens_per_second / got["direct"].tokens_per_second
+                    whole = f"  whole {got['whole'].tokens_per_second:6.1f} tok/s, ratio {w:.2f}"
                 print(
                     f"repeat {repeat + 1}/{args.repeats} C={c:>2}: "
                     f"{describe('direct', got['direct'])}  {describe('server', got['server'])}  "
-                    f"ratio {ratio:.2f}  identical text {same}/{c}",
+                    f"ratio {ratio:.2f}  identical text {same}/{c}{whole}",
                     flush=True,
                 )
 
