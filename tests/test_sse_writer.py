@@ -15,9 +15,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlx_responses.actors.event_log import EventLog
-from mlx_responses.actors.pacing import MAX_INTERVAL_SECONDS, delta_interval, next_linger
+from mlx_responses.actors.pacing import (
+    MAX_INTERVAL_SECONDS,
+    answered_whole,
+    delta_interval,
+    next_linger,
+)
 from mlx_responses.http.pipeline import follow
+from mlx_responses.http.schemas import parse_create_request
 from mlx_responses.protocol.events.sse import SseDecoder, encode_sse
+from mlx_responses.protocol.tools.hosted import HostedSwitches
 
 
 def delta(seq: int) -> dict[str, Any]:
@@ -132,3 +139,39 @@ def test_a_run_lingers_only_once_its_first_token_went_out(
         linger = next_linger(linger, new_tokens, decoding)
         seen_token = seen_token or new_tokens > 0
         assert linger == (delta_interval(decoding) if seen_token else 0.0)
+
+
+@given(
+    outputs=st.lists(st.integers(min_value=0, max_value=4), max_size=12),
+    decoding=st.integers(min_value=1, max_value=64),
+)
+def test_a_run_answered_whole_lingers_the_longest_interval_after_its_first_token(
+    outputs: list[int], decoding: int
+) -> None:
+    """Whatever the batch, the first token of a response answered whole is still taken the
+    moment it exists (it times the first token), and every receive after it lingers 250 ms."""
+    linger = 0.0
+    seen_token = False
+    for new_tokens in outputs:
+        linger = next_linger(linger, new_tokens, decoding, whole=True)
+        seen_token = seen_token or new_tokens > 0
+        assert linger == (MAX_INTERVAL_SECONDS if seen_token else 0.0)
+
+
+def test_only_a_foreground_answer_not_streamed_and_running_no_server_tool_is_answered_whole() -> (
+    None
+):
+    switches = HostedSwitches(web_search=True, mcp=True)
+    base = {"model": "m", "input": "hi"}
+    mcp = {"type": "mcp", "server_label": "docs", "server_url": "https://mcp.example.com/mcp"}
+    cases = [
+        (base, True),
+        ({**base, "stream": False}, True),
+        ({**base, "tools": [{"type": "function", "name": "f", "parameters": {}}]}, True),
+        ({**base, "stream": True}, False),
+        ({**base, "background": True}, False),
+        ({**base, "tools": [{"type": "web_search"}]}, False),
+        ({**base, "tools": [mcp]}, False),
+    ]
+    for body, whole in cases:
+        assert answered_whole(parse_create_request(body, hosted=switches)) is whole, body

@@ -71,7 +71,7 @@ from .admission import Admission, admit_continuation
 from .event_log import EventLog
 from .hosted_tools import run_call
 from .output import HostedCallMade
-from .pacing import next_linger
+from .pacing import answered_whole, next_linger
 from .prompt import PreparedPrompt
 from .run_records import write_failed, write_records
 from .runtime import Actors
@@ -245,6 +245,7 @@ class ResponseRun:
             # in_progress at once); a background one stays queued until the model reports work.
             self.start()
         model = self._actors.model
+        whole = answered_whole(self.request)
         linger = 0.0  # the first token goes out at once (a prefill's end is not one)
         while self.phase in (Phase.PREFILLING, Phase.DECODING):
             current = self._admission  # a server tool's continuation replaces it
@@ -254,7 +255,7 @@ class ResponseRun:
             # background one still queued starts on it.
             output = await current.sequence.receive(linger, prefill=not announced(self.phase))
             await self._apply(output)
-            linger = next_linger(linger, output.new_tokens, model.decoding)
+            linger = next_linger(linger, output.new_tokens, model.decoding, whole=whole)
 
     async def _prefill(self) -> None:
         """A warm-up (``generate: false``): the prompt is prefilled (its sequence generates
