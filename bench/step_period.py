@@ -3,7 +3,7 @@
 Run::
 
     .venv/bin/python bench/step_period.py [--model PATH] [--concurrency 1] [--turns 4]
-        [--max-tokens 512] [--rounds 6]
+        [--max-tokens 512] [--rounds 6] [--whole]
 
 Whole-run tok/s on a shared machine swing by 10-30% between repeats; the per-step figures do
 not. Both sides run interleaved rounds as ``throughput.py`` does (the direct ``BatchGenerator``
@@ -25,6 +25,9 @@ gaps between calls by size (under 30 us: the loop's own work; 2 ms and up: mostl
 between a turn's end and the next turn's first step, a request's round trip on the server),
 medians over the rounds. What the server adds is the difference of the two sides: inside
 ``next()`` (the same steps, slowed by whatever else took the cores) and outside it.
+
+With ``--whole`` the server answers each request as one JSON body (``stream: false``) instead
+of streaming it: the same split, without the delta stream.
 
 Also the runs' tok/s and their median ratio, as ``throughput.py`` reports them. Results go to
 ``bench/results/step-period-<timestamp>.json``.
@@ -161,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4, help="requests per stream, in a row")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--whole", action="store_true", help="the server answers whole (stream false)"
+    )
     args = parser.parse_args(argv)
     openblas = throughput.preload_openblas()
     model = throughput.resolve_model(args.model)
@@ -182,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"model {model}; OpenBLAS loaded: {openblas}; server OpenBLAS: {blas}")
             direct.run(c, 8)
             direct.run(c, max_tokens)
-            trio.run(throughput.server_run, server.base_url, c, 8)
-            trio.run(throughput.server_run, server.base_url, c, max_tokens)
+            whole = args.whole
+            trio.run(throughput.server_run, server.base_url, c, 8, 1, whole)
+            trio.run(throughput.server_run, server.base_url, c, max_tokens, 1, whole)
             # The warm-ups' steps are not counted: perf_counter is the system's monotonic
             # clock on Linux, so the server's records are cut at the same instant.
             rounds_began = time.perf_counter()
@@ -196,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                     if side == "direct":
                         m = direct.run(c, max_tokens, turns)
                     else:
-                        m = trio.run(throughput.server_run, server.base_url, c, max_tokens, turns)
+                        m = trio.run(
+                            throughput.server_run, server.base_url, c, max_tokens, turns, whole
+                        )
                     windows[side].append((m.started_at, m.started_at + m.seconds))
                     rates[side].append(m.tokens / m.seconds)
                     print(f"round {round_index + 1} {side:6s} {m.tokens / m.seconds:8.1f} tok/s")
@@ -211,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         for side in windows
     }
     ratios = [s / d for d, s in zip(rates["direct"], rates["server"], strict=True)]
-    print(f"\n{c} stream(s), {turns} turns, max_tokens {max_tokens}, {args.rounds} rounds")
+    answered = "answered whole" if args.whole else "streamed"
+    print(
+        f"\n{c} stream(s), {turns} turns, max_tokens {max_tokens}, {args.rounds} rounds, "
+        f"the server's {answered}"
+    )
     print(
         f"{'side':8s} {'decode steps':>12s} {'next() us':>10s} {'between us':>11s} {'period us':>10s}"
     )
@@ -239,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": turns,
         "max_tokens": max_tokens,
         "rounds": args.rounds,
+        "whole": args.whole,
         "openblas": openblas,
         "server_blas": blas,
         "steps": {k: None if v is None else v.to_json() for k, v in figures.items()},

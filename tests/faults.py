@@ -14,11 +14,14 @@ class ThreadFaults:
     """Installs generation threads that misbehave on request: ``crash()`` makes the thread die
     at its next step (as on an MLX error); ``poison()`` makes the next token's output
     malformed, so the response task that consumes it raises (a bug inside one response);
-    ``break_processors(owner)`` breaks the logits processors of that owner's sequences."""
+    ``break_detokenizer()`` gives the next token's consumer an id its detokenizer cannot read
+    (the consumer detokenizes, ``SequenceSlot.detokenize_with``); ``break_processors(owner)``
+    breaks the logits processors of that owner's sequences."""
 
     def __init__(self) -> None:
         self._crash = threading.Event()
         self._poison = threading.Event()
+        self._unreadable = threading.Event()
         self._broken: dict[str, int] = {}
 
     def crash(self) -> None:
@@ -26,6 +29,9 @@ class ThreadFaults:
 
     def poison(self) -> None:
         self._poison.set()
+
+    def break_detokenizer(self) -> None:
+        self._unreadable.set()
 
     def break_processors(self, owner: str, after: int = 3) -> None:
         """Sequences of ``owner`` get a logits processor that raises after ``after`` calls
@@ -40,6 +46,9 @@ class ThreadFaults:
                 if faults._poison.is_set():
                     faults._poison.clear()
                     entry.slot.push(text=12345, new_tokens=1)  # not text: its consumer fails
+                if faults._unreadable.is_set() and entry.detokenizer is None:
+                    faults._unreadable.clear()
+                    entry.slot.push(new_tokens=1, token="not an id")  # its detokenizer fails
                 super()._deliver(entry, response)
 
             def _processors(self, spec: SequenceSpec) -> list[Any]:

@@ -196,6 +196,34 @@ async def test_an_exception_inside_a_stream_ends_it_once_with_failed(
     await assert_nothing_left(server)
 
 
+async def test_a_detokenizer_failing_in_the_response_task_fails_it_and_frees_its_sequence(
+    server: ServerHandle, faults: ThreadFaults
+) -> None:
+    """The response task detokenizes its sequence's tokens; when that fails, the response ends
+    ``failed`` once while its sequence is still in the batch, and the sequence leaves the batch
+    (a cancel, not a thread crash); the server goes on serving."""
+    model = server.model
+    cancelled = model.statistics().sequences_cancelled
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
+        with trio.fail_after(DEADLINE):
+            async with http.stream("POST", "/v1/responses", json={**COUNT, "stream": True}) as r:
+                body = b""
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if b"output_text.delta" in body:
+                        faults.break_detokenizer()
+            after = await http.post("/v1/responses", json=HELLO)
+    events = parse_sse(body)
+    assert_stream_invariants(events)
+    assert events[-1][0] == "response.failed"
+    assert events[-1][1]["response"]["error"]["code"] == "server_error"
+    assert after.status_code == 200
+    assert after.json()["status"] == "completed"
+    await assert_nothing_left(server)
+    assert model.statistics().sequences_cancelled == cancelled + 1
+    assert model.restarts == 0
+
+
 async def test_a_sequence_whose_logits_processor_raises_fails_alone(
     server: ServerHandle, faults: ThreadFaults
 ) -> None:

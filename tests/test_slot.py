@@ -382,3 +382,47 @@ async def test_a_consumer_that_does_not_want_the_prefill_end_wakes_for_the_first
         async with receiving(wanting, outputs):
             await trio.to_thread.run_sync(lambda: wanting.push(prefill_done=True))
     assert (outputs[-1].text, outputs[-1].prefill_done, outputs[-1].new_tokens) == ("", True, 0)
+
+
+class BrokenDetokenizer:
+    """A streaming detokenizer that fails on token 13."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.offset = 0
+
+    def add_token(self, token: int) -> None:
+        if token == 13:
+            raise ValueError("no token 13")
+        self.text += f"<{token}>"
+
+    def finalize(self) -> None:
+        pass
+
+    @property
+    def last_segment(self) -> str:
+        segment, self.offset = self.text[self.offset :], len(self.text)
+        return segment
+
+
+async def test_a_detokenizer_that_fails_on_the_consumer_ends_its_output_with_an_error() -> None:
+    """The consumer receives the text before the failing token, then an ``error`` finish and
+    nothing more; the slot is not ``finished`` (the sequence is still in the batch, so a
+    cancel still reaches it) until the producer's finish."""
+    slot = SequenceSlot(trio.lowlevel.current_trio_token())
+    slot.detokenize_with(BrokenDetokenizer())
+    with trio.fail_after(10):
+        slot.push(new_tokens=1, token=7)
+        first = await slot.receive()
+        assert (first.text, first.finish) == ("<7>", None)
+        slot.push(new_tokens=1, token=13)
+        failed = await slot.receive()
+        assert failed.finish == "error"
+        assert "no token 13" in str(failed.error)
+        assert failed.text == ""
+        assert not slot.finished
+        slot.push(new_tokens=1, token=8)  # the batch goes on until the cancel reaches it
+        slot.push(finish="cancelled")
+        assert slot.finished
+        with pytest.raises(trio.EndOfChannel):
+            await slot.receive()

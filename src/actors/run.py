@@ -349,7 +349,9 @@ class ResponseRun:
                 self._stopping = True
                 await admission.sequence.stop()
             return
-        self._sequence_done, self._stopping = True, False
+        # The thread reported the finish; a detokenizer that failed on this side reports an
+        # error while the sequence is still in the batch, and the release cancels it.
+        self._sequence_done, self._stopping = admission.sequence.ended, False
         match output.finish:
             case "stop" | "length":
                 # The items' closing events go out with the terminal event, in one write.

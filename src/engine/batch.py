@@ -9,6 +9,9 @@ Invariants:
 - A fault stays with its sequence: whatever one sequence's setup, logits processors, sampler
   or detokenizer raises ends that sequence alone with ``error``; the batch goes on. Only an
   error of the batch itself (the model's forward pass) propagates.
+- Text is made off this thread where it can be: a sequence without stop sequences pushes its
+  token ids and its slot's consumer detokenizes them (``SequenceSlot.detokenize_with``); one
+  with stop sequences needs its text here to match them, and is detokenized here.
 - Stop sequences (``stop_texts``) belong to the sequence: the first one completed ends it with
   ``stop`` (the matched text is not output), as the model's own end token does.
 - The books are ours, not mlx-lm's: each sequence's phase (queued, prefilling, decoding) follows
@@ -69,13 +72,16 @@ class _Discard:
     def flush(self) -> None:
         pass
 
+    def detokenize_with(self, _detokenizer: Any) -> None:
+        pass
+
 
 @dataclass(slots=True)
 class _Live:
     seq_id: int
     uid: int
     slot: SequenceSlot | _Discard
-    detokenizer: Any
+    detokenizer: Any  # None: the slot's consumer detokenizes (the sequence has no stops)
     fault: Fault
     stops: StopMatcher | None = None
     top_logprobs: int | None = None
@@ -253,12 +259,16 @@ class Batch:
             slot.push(finish="error", error=repr(exc))
             self._ended.append(message.seq_id)
             return
+        # A fresh streaming detokenizer per sequence (the property copies one): this thread's
+        # when stop sequences need the text here, else the slot's consumer's.
+        detokenizer = self._tokenizer.detokenizer
+        if not spec.stop_texts:
+            slot.detokenize_with(detokenizer)
         entry = _Live(
             message.seq_id,
             uid,
             slot,
-            # A fresh streaming detokenizer per sequence (the property copies one).
-            self._tokenizer.detokenizer,
+            detokenizer if spec.stop_texts else None,
             fault,
             StopMatcher(spec.stop_texts) if spec.stop_texts else None,
             spec.top_logprobs,
@@ -404,6 +414,18 @@ class Batch:
         finish = response.finish_reason
         if entry.phase != "decoding":
             self._decodes(entry)
+        if detokenizer is None:  # the consumer detokenizes (the token ending a stop is not output)
+            token = None if finish == "stop" else int(response.token)
+            entry.slot.push(
+                new_tokens=0 if token is None else 1,
+                token=token,
+                prefill_done=True,
+                logprobs=self._logprobs_of(entry, response, token is not None),
+            )
+            if finish is not None:
+                self._store_finished(entry, response)
+                self._end(entry, "length" if finish == "length" else "stop")
+            return
         if finish == "stop":
             # The token that completes a stop sequence is not part of the output.
             detokenizer.finalize()
@@ -419,11 +441,7 @@ class Batch:
             text, matched = entry.stops.feed(text)
             if matched is None and finish is not None:
                 text += entry.stops.flush()
-        logprobs = (
-            ()
-            if entry.top_logprobs is None or not tokens
-            else (self._logprob_entry(response, entry.top_logprobs),)
-        )
+        logprobs = self._logprobs_of(entry, response, tokens > 0)
         entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
         if matched is not None:
             if finish is None:
@@ -482,6 +500,14 @@ class Batch:
                 assert_never(reason)
         self._finishing.append((entry.slot, reason, error))
         self._ended.append(entry.seq_id)
+
+    def _logprobs_of(
+        self, entry: _Live, response: Any, generated: bool
+    ) -> tuple[dict[str, Any], ...]:
+        """The logprobs entry of ``response``'s token when asked for and it is output."""
+        if entry.top_logprobs is None or not generated:
+            return ()
+        return (self._logprob_entry(response, entry.top_logprobs),)
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
         """The SDK's ``Logprob`` for one generated token, with ``top`` alternatives."""
