@@ -20,17 +20,22 @@ from .storage.files import DEFAULT_FILE_LIMITS
 API_KEY_ENV = "MLX_RESPONSES_API_KEY"
 
 
-def blas_threads_flag(text: str) -> int | None:
-    """``--blas-threads``: 'auto' (None) or a count of at least one."""
-    if text.strip().lower() == "auto":
+def _word_or_integer(text: str, word: str, low: int, high: int | None, expected: str) -> int | None:
+    """``word`` (None) or an integer in ``low..high`` (no upper bound when None)."""
+    if text.strip().lower() == word:
         return None
     try:
-        count = int(text)
+        value = int(text)
     except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a count of at least 1, got {text!r}")
-    return count
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def blas_threads_flag(text: str) -> int | None:
+    """``--blas-threads``: 'auto' (None) or a count of at least one."""
+    return _word_or_integer(text, "auto", 1, None, "'auto' or a count of at least 1")
 
 
 # ``--seed``'s largest value: a split model's ranks agree on it as a 32-bit integer.
@@ -39,17 +44,7 @@ MAX_SEED = 2**31 - 1
 
 def seed_flag(text: str) -> int | None:
     """``--seed``: 'off' (None: MLX's random keys start from the clock) or 0..``MAX_SEED``."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if not 0 <= seed <= MAX_SEED:
-        raise argparse.ArgumentTypeError(
-            f"expected 'off' or an integer 0..{MAX_SEED}, got {text!r}"
-        )
-    return seed
+    return _word_or_integer(text, "off", 0, MAX_SEED, f"'off' or an integer 0..{MAX_SEED}")
 
 
 def kv_bits_flag(text: str) -> int | None:

@@ -18,6 +18,7 @@ from mlx_responses.server import ServerHandle, serve
 from tests.conformance import assert_stream_invariants, assert_strict_response, parse_sse
 
 from .conftest import MODEL, output_text, server_settings
+from .test_cli_operations import assert_flag_refused
 
 DEADLINE = 60
 # Not the suite's own (conftest): a seed this test chose for answers that differ.
@@ -330,6 +331,12 @@ async def test_the_server_seed_makes_unseeded_sampling_reproducible() -> None:
     assert runs[0] == runs[1]
     assert runs[2] != runs[0]
     assert runs[0][0] != runs[0][1]
+
+
+@pytest.mark.parametrize("value", ["-1", "2147483648", "1.5", "some"])
+def test_a_bad_server_seed_is_refused_naming_the_flag(value: str) -> None:
+    expected = "'off' or an integer 0..2147483647"
+    assert_flag_refused("--seed", "MLX_RESPONSES_SEED", value, expected)
 
 
 @pytest.mark.parametrize(

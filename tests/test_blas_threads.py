@@ -33,7 +33,7 @@ from mlx_responses.engine.outbound import FactStream, Loaded
 from mlx_responses.engine.thread import GenerationThread, ThreadSettings
 from mlx_responses.server import ServerHandle
 
-from .test_cli_operations import cli
+from .test_cli_operations import assert_flag_refused, cli
 from .test_gather import finish, running
 
 DEADLINE = 120
@@ -156,13 +156,8 @@ def test_the_start_up_line_says_how_many_threads_openblas_runs(tmp_path: Path) -
 
 @pytest.mark.parametrize("value", ["0", "-2", "some"])
 def test_a_bad_count_is_refused_naming_the_flag(value: str) -> None:
-    done = cli("serve", "--blas-threads", value)
-    assert done.returncode == 2
-    assert "--blas-threads" in done.stderr
-    assert f"expected 'auto' or a count of at least 1, got {value!r}" in done.stderr
-    by_env = cli("serve", env={"MLX_RESPONSES_BLAS_THREADS": value})
-    assert by_env.returncode == 2
-    assert f"MLX_RESPONSES_BLAS_THREADS={value!r} is not a valid --blas-threads" in by_env.stderr
+    expected = "'auto' or a count of at least 1"
+    assert_flag_refused("--blas-threads", "MLX_RESPONSES_BLAS_THREADS", value, expected)
 
 
 async def test_health_reports_what_openblas_runs_on(server: ServerHandle) -> None:

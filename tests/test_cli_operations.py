@@ -27,6 +27,18 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+def assert_flag_refused(flag: str, variable: str, value: str, expected: str) -> None:
+    """``serve`` refuses ``value`` for ``flag`` (exit 2), naming the flag and what it expects,
+    and refuses it from the environment ``variable`` too, naming both."""
+    done = cli("serve", f"{flag}={value}")
+    assert done.returncode == 2
+    assert flag in done.stderr
+    assert f"expected {expected}, got {value!r}" in done.stderr
+    by_env = cli("serve", env={variable: value})
+    assert by_env.returncode == 2
+    assert f"{variable}={value!r} is not a valid {flag}" in by_env.stderr
+
+
 def test_version_names_the_package_and_mlx() -> None:
     done = cli("--version")
     assert done.returncode == 0, done.stderr

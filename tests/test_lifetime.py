@@ -11,6 +11,7 @@ import dataclasses
 import json
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx2 as httpx
@@ -178,21 +179,27 @@ async def test_an_exception_inside_a_running_job_fails_it_and_it_stays_pollable(
     assert server.model.restarts == 0
 
 
+async def stream_failed_by(http: httpx.AsyncClient, fault: Callable[[], None]) -> None:
+    """Stream the counting answer, inject ``fault`` once its first delta is read, and check
+    that the stream ended once, ``failed`` with ``server_error``."""
+    async with http.stream("POST", "/v1/responses", json={**COUNT, "stream": True}) as r:
+        body = b""
+        async for chunk in r.aiter_bytes():
+            body += chunk
+            if b"output_text.delta" in body:
+                fault()
+    events = parse_sse(body)
+    assert_stream_invariants(events)
+    assert events[-1][0] == "response.failed"
+    assert events[-1][1]["response"]["error"]["code"] == "server_error"
+
+
 async def test_an_exception_inside_a_stream_ends_it_once_with_failed(
     server: ServerHandle, faults: ThreadFaults
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
         with trio.fail_after(DEADLINE):
-            async with http.stream("POST", "/v1/responses", json={**COUNT, "stream": True}) as r:
-                body = b""
-                async for chunk in r.aiter_bytes():
-                    body += chunk
-                    if b"output_text.delta" in body:
-                        faults.poison()
-    events = parse_sse(body)
-    assert_stream_invariants(events)
-    assert events[-1][0] == "response.failed"
-    assert events[-1][1]["response"]["error"]["code"] == "server_error"
+            await stream_failed_by(http, faults.poison)
     await assert_nothing_left(server)
 
 
@@ -206,17 +213,8 @@ async def test_a_detokenizer_failing_in_the_response_task_fails_it_and_frees_its
     cancelled = model.statistics().sequences_cancelled
     async with httpx.AsyncClient(base_url=server.base_url, timeout=DEADLINE) as http:
         with trio.fail_after(DEADLINE):
-            async with http.stream("POST", "/v1/responses", json={**COUNT, "stream": True}) as r:
-                body = b""
-                async for chunk in r.aiter_bytes():
-                    body += chunk
-                    if b"output_text.delta" in body:
-                        faults.break_detokenizer()
+            await stream_failed_by(http, faults.break_detokenizer)
             after = await http.post("/v1/responses", json=HELLO)
-    events = parse_sse(body)
-    assert_stream_invariants(events)
-    assert events[-1][0] == "response.failed"
-    assert events[-1][1]["response"]["error"]["code"] == "server_error"
     assert after.status_code == 200
     assert after.json()["status"] == "completed"
     await assert_nothing_left(server)

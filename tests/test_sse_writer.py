@@ -126,36 +126,22 @@ def test_the_delta_interval_grows_with_the_streams_and_is_bounded() -> None:
 @given(
     outputs=st.lists(st.integers(min_value=0, max_value=4), max_size=12),
     decoding=st.integers(min_value=1, max_value=64),
+    whole=st.booleans(),
 )
 def test_a_run_lingers_only_once_its_first_token_went_out(
-    outputs: list[int], decoding: int
+    outputs: list[int], decoding: int, whole: bool
 ) -> None:
     """Outputs with no token (a prefill's end) before the first token leave the next receive
-    unlingered, so the first token is sent the moment it exists; from the first token on,
-    every receive lingers ``delta_interval``."""
+    unlingered, so the first token is sent the moment it exists (and timed); from the first
+    token on, every receive lingers ``delta_interval``, or 250 ms for a response answered
+    whole, whatever the batch."""
     linger = 0.0
     seen_token = False
+    lingers = MAX_INTERVAL_SECONDS if whole else delta_interval(decoding)
     for new_tokens in outputs:
-        linger = next_linger(linger, new_tokens, decoding)
+        linger = next_linger(linger, new_tokens, decoding, whole=whole)
         seen_token = seen_token or new_tokens > 0
-        assert linger == (delta_interval(decoding) if seen_token else 0.0)
-
-
-@given(
-    outputs=st.lists(st.integers(min_value=0, max_value=4), max_size=12),
-    decoding=st.integers(min_value=1, max_value=64),
-)
-def test_a_run_answered_whole_lingers_the_longest_interval_after_its_first_token(
-    outputs: list[int], decoding: int
-) -> None:
-    """Whatever the batch, the first token of a response answered whole is still taken the
-    moment it exists (it times the first token), and every receive after it lingers 250 ms."""
-    linger = 0.0
-    seen_token = False
-    for new_tokens in outputs:
-        linger = next_linger(linger, new_tokens, decoding, whole=True)
-        seen_token = seen_token or new_tokens > 0
-        assert linger == (MAX_INTERVAL_SECONDS if seen_token else 0.0)
+        assert linger == (lingers if seen_token else 0.0)
 
 
 def test_only_a_foreground_answer_not_streamed_and_running_no_server_tool_is_answered_whole() -> (
