@@ -409,40 +409,28 @@ class Batch:
         self._changed = True
 
     def _deliver(self, entry: _Live, response: Any) -> None:
-        """One generated token of ``entry``: its text to the slot, and its end if it ended."""
-        detokenizer = entry.detokenizer
+        """One generated token of ``entry``: its id (or, with stop sequences, its text) to the
+        slot, and its end if it ended."""
         finish = response.finish_reason
         if entry.phase != "decoding":
             self._decodes(entry)
-        if detokenizer is None:  # the consumer detokenizes (the token ending a stop is not output)
-            token = None if finish == "stop" else int(response.token)
-            entry.slot.push(
-                new_tokens=0 if token is None else 1,
-                token=token,
-                prefill_done=True,
-                logprobs=self._logprobs_of(entry, response, token is not None),
-            )
-            if finish is not None:
-                self._store_finished(entry, response)
-                self._end(entry, "length" if finish == "length" else "stop")
-            return
-        if finish == "stop":
-            # The token that completes a stop sequence is not part of the output.
-            detokenizer.finalize()
-            tokens = 0
-        else:
-            detokenizer.add_token(response.token)
-            if finish == "length":
-                detokenizer.finalize()
-            tokens = 1
-        text = detokenizer.last_segment
-        matched: str | None = None
-        if entry.stops is not None:
-            text, matched = entry.stops.feed(text)
-            if matched is None and finish is not None:
-                text += entry.stops.flush()
-        logprobs = self._logprobs_of(entry, response, tokens > 0)
-        entry.slot.push(text, tokens, prefill_done=True, logprobs=logprobs, stop_sequence=matched)
+        # The token that completes a stop is not part of the output.
+        token = None if finish == "stop" else int(response.token)
+        here = entry.detokenizer is not None  # stop sequences: matched in the text, here
+        text, matched = self._text_here(entry, token, finish) if here else ("", None)
+        logprobs = (
+            ()
+            if entry.top_logprobs is None or token is None
+            else (self._logprob_entry(response, entry.top_logprobs),)
+        )
+        entry.slot.push(
+            text,
+            0 if token is None else 1,
+            token=None if here else token,
+            prefill_done=True,
+            logprobs=logprobs,
+            stop_sequence=matched,
+        )
         if matched is not None:
             if finish is None:
                 self._stop_early(entry)
@@ -452,6 +440,22 @@ class Batch:
         elif finish is not None:
             self._store_finished(entry, response)
             self._end(entry, "length" if finish == "length" else "stop")
+
+    def _text_here(
+        self, entry: _Live, token: int | None, finish: str | None
+    ) -> tuple[str, str | None]:
+        """The text of ``token`` (None: the stop token, none) on this thread, with the stop
+        sequence it completes, if one: for a sequence with stop sequences."""
+        detokenizer, stops = entry.detokenizer, entry.stops
+        assert stops is not None
+        if token is not None:
+            detokenizer.add_token(token)
+        if token is None or finish == "length":
+            detokenizer.finalize()
+        text, matched = stops.feed(detokenizer.last_segment)
+        if matched is None and finish is not None:
+            text += stops.flush()
+        return text, matched
 
     def _stop_early(self, entry: _Live) -> None:
         """Keep what a sequence mlx-lm has not finished computed for the next turn, then take
@@ -500,14 +504,6 @@ class Batch:
                 assert_never(reason)
         self._finishing.append((entry.slot, reason, error))
         self._ended.append(entry.seq_id)
-
-    def _logprobs_of(
-        self, entry: _Live, response: Any, generated: bool
-    ) -> tuple[dict[str, Any], ...]:
-        """The logprobs entry of ``response``'s token when asked for and it is output."""
-        if entry.top_logprobs is None or not generated:
-            return ()
-        return (self._logprob_entry(response, entry.top_logprobs),)
 
     def _logprob_entry(self, response: Any, top: int) -> dict[str, Any]:
         """The SDK's ``Logprob`` for one generated token, with ``top`` alternatives."""
