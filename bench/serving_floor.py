@@ -3,7 +3,8 @@
 Run::
 
     .venv/bin/python bench/serving_floor.py [--model PATH] [--concurrency 1] [--turns 4]
-        [--max-tokens 512] [--rounds 10]
+        [--max-tokens 512] [--rounds 10] [--linger 0.025[,0.1...]] [--base-command CMD]
+        [--server-arg ARG ...] [--prompt-cache]
 
 Three sides, interleaved round by round (the order rotates), each running the same workload as
 ``bench/throughput.py`` (C streams of ``--turns`` requests one after another, greedy, the same
@@ -16,7 +17,10 @@ prompts):
   plain socket, rendering the prompt, and writing the tokens' text as SSE text deltas at most
   every ``--linger`` seconds (the server's lone-stream pacing), then a terminal event with the
   usage. No framework, no event loop, no events but those two, no store;
-- **ours**: ``mlx-responses serve`` (``throughput.running_server``).
+- **ours**: ``mlx-responses serve`` (``throughput.running_server``), its prompt cache off
+  unless ``--prompt-cache`` (every turn sends the same prompt, which the other sides prefill);
+  ``--base-command`` adds a second one started with another command line (an older commit's
+  ``src/`` on ``PYTHONPATH``), ``--server-arg`` adds arguments to both.
 
 Both servers are read by the same client (``throughput.server_run``: Trio and httpx, an SSE
 parser). Each round's tokens/s goes over direct's of the same round; medians are printed with
@@ -43,6 +47,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +156,7 @@ def serve_connection(
     stop_sequences: Any,
     inbox: queue.SimpleQueue[Any],
     linger: float,
+    busy: Busy,
 ) -> None:
     reader = connection.makefile("rb")
     with connection, reader:
@@ -197,15 +203,58 @@ def serve_connection(
                 if done:
                     usage = {"usage": {"output_tokens": count}}
                     chunk += sse("response.completed", {"response": usage}) + b"0\r\n\r\n"
+                busy.work()
                 connection.sendall(chunk)
                 flushed = time.perf_counter()
 
 
-def serve_floor(port: int, model_path: str, linger: float) -> None:
+# What ``--busy-where process`` runs: for each byte read from its stdin, Python busy for the
+# given microseconds (its own interpreter and GIL, on the same cores).
+BUSY_PROCESS = """
+import os, sys, time
+seconds = float(sys.argv[1]) / 1e6
+while os.read(0, 1):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+"""
+
+
+class Busy:
+    """Python work per delta beside the engine, as a server's own work per delta (the event
+    loop's is ~0.5 ms): none, on the delta's thread (holding this process's GIL), or in a
+    process of its own woken per delta (as an event loop would be if the engine had a process
+    of its own)."""
+
+    def __init__(self, microseconds: float, where: str) -> None:
+        self.seconds = microseconds / 1e6
+        self.process: subprocess.Popen[bytes] | None = None
+        if self.seconds > 0 and where == "process":
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", BUSY_PROCESS, str(microseconds)], stdin=subprocess.PIPE
+            )
+
+    def work(self) -> None:
+        if self.seconds <= 0:
+            return
+        if self.process is not None:
+            assert self.process.stdin is not None
+            os.write(self.process.stdin.fileno(), b"x")
+            return
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def serve_floor(
+    port: int, model_path: str, linger: float, busy: Busy, switch_interval: float | None
+) -> None:
     throughput.preload_openblas()
     from mlx_lm import load
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     from mlx_lm.generate import make_stop_sequences
 
     model, tokenizer = load(model_path)[:2]
@@ -218,7 +267,7 @@ def serve_floor(port: int, model_path: str, linger: float) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(
             target=serve_connection,
-            args=(connection, tokenizer, stop_sequences, inbox, linger),
+            args=(connection, tokenizer, stop_sequences, inbox, linger, busy),
             daemon=True,
         ).start()
 
@@ -226,14 +275,16 @@ def serve_floor(port: int, model_path: str, linger: float) -> None:
 # -- the comparison --------------------------------------------------------------------------------
 
 
-def start_floor(model_path: str, linger: float, log_path: Path) -> throughput.ServerProcess:
+def start_floor(
+    model_path: str, linger: float, log_path: Path, options: Sequence[str] = ()
+) -> throughput.ServerProcess:
     port = throughput.free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
             [
                 *(sys.executable, __file__, "--serve-floor", str(port)),
-                *("--model", model_path, "--linger", str(linger)),
+                *("--model", model_path, "--linger", str(linger), *options),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -288,16 +339,43 @@ def main(argv: list[str] | None = None) -> int:
         help="an argument added to ours' `serve` command line (repeatable)",
     )
     parser.add_argument(
+        "--busy-us",
+        type=float,
+        default=0.0,
+        help="also run floors (at the first --linger) that do this much Python work per delta",
+    )
+    parser.add_argument(
+        "--busy-where",
+        default="thread,process",
+        help="where the busy floors work: 'thread' (the delta's thread, this process's GIL), "
+        "'process' (a process of their own, woken per delta), or both",
+    )
+    parser.add_argument(
+        "--floor-switch-interval",
+        type=float,
+        default=None,
+        help="the floors' GIL switch interval in seconds (default Python's 0.005; the server "
+        "sets 0.0005)",
+    )
+    parser.add_argument(
         "--base-command",
         default=None,
         help="a second server to compare ('base'), started with this command line instead "
         'of mlx-responses (e.g. "env PYTHONPATH=/tmp/old .venv/bin/mlx-responses")',
     )
+    parser.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="leave the servers' prompt cache on (off by default, as in throughput.py: every "
+        "turn sends the same prompt, which direct and the floor prefill each time)",
+    )
     parser.add_argument("--serve-floor", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     model_path = throughput.resolve_model(args.model)
+    server_args = [*args.server_arg, *(() if args.prompt_cache else ("--prompt-cache-bytes", "0"))]
     if args.serve_floor is not None:
-        serve_floor(args.serve_floor, model_path, args.linger[0])
+        busy = Busy(args.busy_us, args.busy_where)
+        serve_floor(args.serve_floor, model_path, args.linger[0], busy, args.floor_switch_interval)
         return 0
     throughput.use_documented_prompt(model_path)
     blas = throughput.preload_openblas()
@@ -308,16 +386,27 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, throughput.ServerProcess] = {}
     rows: list[dict[str, Any]] = []
     try:
+        switch = (
+            ("--floor-switch-interval", str(args.floor_switch_interval))
+            if args.floor_switch_interval is not None
+            else ()
+        )
         for linger in args.linger:
             name = f"floor {linger * 1000:g} ms"
-            servers[name] = start_floor(model_path, linger, logs / f"floor-{linger}.log")
+            log = logs / f"floor-{linger}.log"
+            servers[name] = start_floor(model_path, linger, log, switch)
+        for where in args.busy_where.split(",") if args.busy_us > 0 else ():
+            name = f"floor busy {args.busy_us:g} us ({where})"
+            options = (*switch, "--busy-us", str(args.busy_us), "--busy-where", where)
+            log = logs / f"floor-busy-{where}.log"
+            servers[name] = start_floor(model_path, args.linger[0], log, options)
         with contextlib.ExitStack() as stack:
             ours = stack.enter_context(
                 throughput.running_server(
                     throughput.default_server_command(),
                     model_path,
                     logs / "ours.log",
-                    extra_args=args.server_arg,
+                    extra_args=server_args,
                 )
             )
             servers["ours"] = ours
@@ -327,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                         shlex.split(args.base_command),
                         model_path,
                         logs / "base.log",
-                        extra_args=args.server_arg,
+                        extra_args=server_args,
                     )
                 )
             for side in servers.values():  # warm
