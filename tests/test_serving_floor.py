@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import trio
 
@@ -41,12 +42,11 @@ def test_a_reader_past_its_linger_takes_what_is_there_at_once() -> None:
     assert outbox.take(0.0) == ([7, 8], False)
 
 
-def test_the_floor_server_streams_the_text_mlx_lm_generates() -> None:
+def test_the_floor_server_streams_the_text_mlx_lm_generates(tmp_path: Path) -> None:
     throughput.use_documented_prompt(BUNDLED)
     direct = throughput.DirectRunner(BUNDLED)
     measured = direct.run(1, 64, 1)
-    log = throughput.RESULTS_DIR / "test-serving-floor.log"
-    server = floor.start_floor(BUNDLED, floor.DEFAULT_LINGER_SECONDS, log)
+    server = floor.start_floor(BUNDLED, floor.DEFAULT_LINGER_SECONDS, tmp_path / "floor.log")
     try:
 
         async def ask() -> throughput.StreamResult:
