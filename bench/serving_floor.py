@@ -4,7 +4,8 @@ Run::
 
     .venv/bin/python bench/serving_floor.py [--model PATH] [--concurrency 1] [--turns 4]
         [--max-tokens 512] [--rounds 10] [--linger 0.025[,0.1...]] [--base-command CMD]
-        [--server-arg ARG ...] [--prompt-cache]
+        [--busy-us US --busy-where thread,passes,process --busy-passes 5]
+        [--floor-switch-interval S] [--server-arg ARG ...] [--prompt-cache]
 
 Three sides, interleaved round by round (the order rotates), each running the same workload as
 ``bench/throughput.py`` (C streams of ``--turns`` requests one after another, greedy, the same
@@ -21,6 +22,9 @@ prompts):
   unless ``--prompt-cache`` (every turn sends the same prompt, which the other sides prefill);
   ``--base-command`` adds a second one started with another command line (an older commit's
   ``src/`` on ``PYTHONPATH``), ``--server-arg`` adds arguments to both.
+
+``--busy-us`` adds floors doing that much Python per delta (``Busy``): the server's own work
+per delta, placed on the delta's thread, split into scheduler-like passes, or in a process.
 
 Both servers are read by the same client (``throughput.server_run``: Trio and httpx, an SSE
 parser). Each round's tokens/s goes over direct's of the same round; medians are printed with
@@ -222,12 +226,14 @@ while os.read(0, 1):
 
 class Busy:
     """Python work per delta beside the engine, as a server's own work per delta (the event
-    loop's is ~0.5 ms): none, on the delta's thread (holding this process's GIL), or in a
-    process of its own woken per delta (as an event loop would be if the engine had a process
-    of its own)."""
+    loop's is ~0.5 ms): none; on the delta's thread, holding this process's GIL (``thread``);
+    the same in ``passes`` slices, each after giving the GIL up and taking it back, as an
+    event loop's scheduler passes do (its ``epoll_wait`` between them); or in a process of its
+    own woken per delta (as an event loop would be if the engine had a process of its own)."""
 
-    def __init__(self, microseconds: float, where: str) -> None:
+    def __init__(self, microseconds: float, where: str, passes: int = 1) -> None:
         self.seconds = microseconds / 1e6
+        self.passes = max(1, passes) if where == "passes" else 1
         self.process: subprocess.Popen[bytes] | None = None
         if self.seconds > 0 and where == "process":
             self.process = subprocess.Popen(
@@ -241,9 +247,12 @@ class Busy:
             assert self.process.stdin is not None
             os.write(self.process.stdin.fileno(), b"x")
             return
-        end = time.perf_counter() + self.seconds
-        while time.perf_counter() < end:
-            pass
+        for _ in range(self.passes):
+            if self.passes > 1:
+                time.sleep(0)  # the GIL given up and taken back
+            end = time.perf_counter() + self.seconds / self.passes
+            while time.perf_counter() < end:
+                pass
 
 
 def serve_floor(
@@ -348,7 +357,15 @@ def main(argv: list[str] | None = None) -> int:
         "--busy-where",
         default="thread,process",
         help="where the busy floors work: 'thread' (the delta's thread, this process's GIL), "
+        "'passes' (the same in --busy-passes slices, the GIL given up before each), "
         "'process' (a process of their own, woken per delta), or both",
+    )
+    parser.add_argument(
+        "--busy-passes",
+        type=int,
+        default=5,
+        help="slices of a 'passes' floor's work per delta (the server's loop makes ~5 "
+        "scheduler passes a delta)",
     )
     parser.add_argument(
         "--floor-switch-interval",
@@ -374,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path = throughput.resolve_model(args.model)
     server_args = [*args.server_arg, *(() if args.prompt_cache else ("--prompt-cache-bytes", "0"))]
     if args.serve_floor is not None:
-        busy = Busy(args.busy_us, args.busy_where)
+        busy = Busy(args.busy_us, args.busy_where, args.busy_passes)
         serve_floor(args.serve_floor, model_path, args.linger[0], busy, args.floor_switch_interval)
         return 0
     throughput.use_documented_prompt(model_path)
@@ -396,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             log = logs / f"floor-{linger}.log"
             servers[name] = start_floor(model_path, linger, log, switch)
         for where in args.busy_where.split(",") if args.busy_us > 0 else ():
-            name = f"floor busy {args.busy_us:g} us ({where})"
+            shape = f"{where} x{args.busy_passes}" if where == "passes" else where
+            name = f"floor busy {args.busy_us:g} us ({shape})"
             options = (*switch, "--busy-us", str(args.busy_us), "--busy-where", where)
+            options += ("--busy-passes", str(args.busy_passes))
             log = logs / f"floor-busy-{where}.log"
             servers[name] = start_floor(model_path, args.linger[0], log, options)
         with contextlib.ExitStack() as stack:
