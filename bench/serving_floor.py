@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import queue
-import resource
 import shlex
 import signal
 import socket
@@ -258,12 +257,11 @@ class Busy:
 def serve_floor(
     port: int, model_path: str, linger: float, busy: Busy, switch_interval: float | None
 ) -> None:
-    throughput.preload_openblas()
-    from mlx_lm import load
-
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
+    throughput.preload_openblas()  # before mlx loads
+    from mlx_lm import load
     from mlx_lm.generate import make_stop_sequences
 
     model, tokenizer = load(model_path)[:2]
@@ -305,22 +303,17 @@ def start_floor(
     return server
 
 
-def client_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def measure_server(
     server: throughput.ServerProcess, concurrency: int, max_tokens: int, turns: int
 ) -> dict[str, float]:
     pid = server.process.pid
-    cpu, mine = throughput.process_cpu(pid), client_cpu()
+    cpu, mine = throughput.process_cpu(pid), time.process_time()
     m = trio.run(throughput.server_run, server.base_url, concurrency, max_tokens, turns)
     return {
         "tokens": m.tokens,
         "tps": m.tokens_per_second,
         "cpu_per_1k": (throughput.process_cpu(pid) - cpu) / m.tokens * 1000,
-        "client_cpu_per_1k": (client_cpu() - mine) / m.tokens * 1000,
+        "client_cpu_per_1k": (time.process_time() - mine) / m.tokens * 1000,
     }
 
 
@@ -447,12 +440,12 @@ def main(argv: list[str] | None = None) -> int:
                 for side in sides[shift:] + sides[:shift]:
                     time.sleep(throughput.SETTLE_SECONDS / 2)
                     if side == "direct":
-                        cpu = client_cpu()
+                        cpu = time.process_time()
                         m = direct.run(args.concurrency, args.max_tokens, args.turns)
                         row[side] = {
                             "tokens": m.tokens,
                             "tps": m.tokens_per_second,
-                            "cpu_per_1k": (client_cpu() - cpu) / m.tokens * 1000,
+                            "cpu_per_1k": (time.process_time() - cpu) / m.tokens * 1000,
                         }
                     else:
                         row[side] = measure_server(
