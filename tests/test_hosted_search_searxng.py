@@ -32,6 +32,11 @@ NO_RESULTS = (FIXTURES / "no-results.json").read_bytes()
 DEADLINE = 30
 # A hung handler gives up after this, so the server always shuts down.
 HANG_LIMIT = 60
+# The backend's timeout where a test waits for it to run out on a page or an instance that
+# never answers. Long enough for the request to reach the site on a loaded machine: a timeout
+# that runs out before the request is sent leaves the site nothing to see hung up on (a CI
+# run at 0.3 s: the site never saw the request).
+HANG_TIMEOUT_S = 2
 PAGE = (
     "<!doctype html><html><head><title>Local Paris</title><script>var x = 1;</script></head>"
     "<body><h1>Paris</h1><p>Paris is the capital of France.</p></body></html>"
@@ -249,9 +254,10 @@ async def test_nobody_listening_is_a_search_failed() -> None:
 
 
 async def test_a_hanging_instance_fails_at_the_timeout_and_is_hung_up_on(site: Site) -> None:
-    backend = _backend(site, "hang", timeout_s=0.3)
+    backend = _backend(site, "hang", timeout_s=HANG_TIMEOUT_S)
     with trio.fail_after(DEADLINE):
-        with pytest.raises(SearchFailed, match=r"^the search backend did not answer in 0\.3 s$"):
+        answer = rf"^the search backend did not answer in {HANG_TIMEOUT_S} s$"
+        with pytest.raises(SearchFailed, match=answer):
             await backend.search("capital of France", SearchOptions())
         await backend.aclose()
         await wait_until(site.hangup_seen.is_set, 0.01, deadline=DEADLINE)
@@ -306,7 +312,9 @@ async def test_open_page_cuts_a_big_page(site: Site) -> None:
 
 async def test_open_page_cuts_a_page_that_never_ends_at_the_timeout(site: Site) -> None:
     with trio.fail_after(DEADLINE):
-        backend = _backend(site, "found", timeout_s=0.5, max_page_bytes=1000, open_any_url=True)
+        backend = _backend(
+            site, "found", timeout_s=HANG_TIMEOUT_S, max_page_bytes=1000, open_any_url=True
+        )
         page = await backend.open_page(f"{site.base}/pages/endless")
         await backend.aclose()
         await wait_until(site.hangup_seen.is_set, 0.01, deadline=DEADLINE)
@@ -345,8 +353,9 @@ async def test_open_any_url_opens_a_page_no_search_found(site: Site) -> None:
 
 async def test_a_hanging_page_fails_at_the_timeout(site: Site) -> None:
     with trio.fail_after(DEADLINE):
-        backend = _backend(site, "found", timeout_s=0.3, open_any_url=True)
-        with pytest.raises(SearchFailed, match=r"/pages/hang did not answer in 0\.3 s"):
+        backend = _backend(site, "found", timeout_s=HANG_TIMEOUT_S, open_any_url=True)
+        answer = rf"/pages/hang did not answer in {HANG_TIMEOUT_S} s"
+        with pytest.raises(SearchFailed, match=answer):
             await backend.open_page(f"{site.base}/pages/hang")
         await backend.aclose()
         await wait_until(site.hangup_seen.is_set, 0.01, deadline=DEADLINE)
