@@ -325,6 +325,7 @@ class GenerationThread:
             prefill_step_size=sizes.prefill_step_size,
             completion_batch_size=sizes.completion_batch_size,
             prefill_batch_size=sizes.prefill_batch_size,
+            solo=True,
         )
         self._batch = batch
         if self._link is not None:

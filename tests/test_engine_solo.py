@@ -1,0 +1,155 @@
+"""A sequence alone decodes outside mlx-lm's ``BatchGenerator`` (``batch.py``'s "solo"), and
+goes back into it when another sequence comes: its tokens are the ones mlx-lm's generator gives
+for the same prompt (greedy, token for token), whether it decoded alone all along, or alone,
+then batched beside another, then alone again; no token is lost or repeated at a switch, its
+log-probabilities are the batched path's, a cancel ends it at once, and its cache serves the
+next turn. The real generation thread on the bundled model, driven through its inbound port."""
+
+from __future__ import annotations
+
+import trio
+
+from mlx_responses.engine.inbound import Admit, Cancel, SequenceSpec, StopMatched
+from mlx_responses.engine.loader import LoadedModel
+
+from .test_engine_replay import DEADLINE, Engine, Transcript, ended_all, engine, read
+
+
+def _prompt(loaded: LoadedModel, text: str) -> tuple[int, ...]:
+    chat = [{"role": "user", "content": text}]
+    rendered = loaded.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+    return tuple(int(t) for t in rendered)
+
+
+def _mlx_lm_text(loaded: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> str:
+    """What mlx-lm's ``BatchGenerator`` generates for ``prompt`` alone, greedy (its own
+    end-of-sequence tokens end it, as the server's do)."""
+    from mlx_lm.generate import BatchGenerator, make_stop_sequences
+
+    generator = BatchGenerator(loaded.model, max_tokens=max_tokens)
+    detokenizer = loaded.tokenizer.detokenizer
+    try:
+        generator.insert(
+            [list(prompt)],
+            [max_tokens],
+            stop_sequences=[make_stop_sequences(loaded.tokenizer)],
+        )
+        while True:
+            _, responses = generator.next()
+            for response in responses:
+                if response.finish_reason == "stop":
+                    detokenizer.finalize()
+                    return str(detokenizer.text)
+                detokenizer.add_token(response.token)
+                if response.finish_reason is not None:
+                    detokenizer.finalize()
+                    return str(detokenizer.text)
+    finally:
+        generator.close()
+
+
+def _totals(model: Engine) -> tuple[int, int]:
+    batch = model.thread._batch
+    assert batch is not None
+    return batch.totals.solo_entries, batch.totals.solo_steps
+
+
+async def _mlx_lm(model: Engine, prompt: tuple[int, ...], max_tokens: int) -> str:
+    """The reference, computed on the generation thread's side of MLX: after the engine has
+    shut down its batch nothing else uses the model, so a worker thread may."""
+    loaded = model.loaded
+    assert loaded is not None
+    return await trio.to_thread.run_sync(_mlx_lm_text, loaded, prompt, max_tokens)
+
+
+async def test_a_lone_sequence_decodes_alone_with_mlx_lm_s_tokens() -> None:
+    async with engine(lockstep=False) as model:
+        loaded = model.loaded
+        assert loaded is not None
+        prompt = _prompt(loaded, "Tell me a story about a fox.")
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(prompt, 120, 0.0, 1.0)))
+            alone = await read(model.slots[1])
+            await ended_all(model, {1})
+        entries, steps = _totals(model)
+    assert alone.finish in ("stop", "length")
+    assert entries == 1
+    assert steps >= alone.tokens - 2  # all but its first token or two came from solo steps
+    with trio.fail_after(DEADLINE):
+        assert alone.text == await _mlx_lm(model, prompt, 120)
+
+
+async def test_a_sequence_alone_then_batched_then_alone_loses_and_repeats_nothing() -> None:
+    async with engine(lockstep=False) as model:
+        loaded = model.loaded
+        assert loaded is not None
+        long = _prompt(loaded, "Count from 1 to 400.")
+        short = _prompt(loaded, "Tell me a story about a fox.")
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(long, 400, 0.0, 1.0, top_logprobs=2)))
+            first = await read(model.slots[1], until_tokens=3)  # it decodes alone now
+            model.send(Admit(2, SequenceSpec(short, 24, 0.0, 1.0)))  # it goes back: batched
+            beside = await read(model.slots[2])  # ends long before the first: alone again
+            rest = await read(model.slots[1])
+            await ended_all(model, {1, 2})
+        entries, _ = _totals(model)
+    whole = Transcript(
+        first.text + rest.text,
+        first.tokens + rest.tokens,
+        rest.finish,
+        rest.cached_tokens,
+        first.logprobs + rest.logprobs,
+    )
+    assert beside.finish in ("stop", "length")
+    assert entries == 2  # alone before the second came, and again after it ended
+    assert len(whole.logprobs) == whole.tokens
+    # The same request decoded batched from its first token to its last (a second sequence
+    # beside it throughout): the same text, token count and log-probabilities.
+    async with engine(lockstep=False) as model:
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(long, 400, 0.0, 1.0, top_logprobs=2)))
+            model.send(Admit(2, SequenceSpec(long, 400, 0.0, 1.0)))
+            batched = await read(model.slots[1])
+            await read(model.slots[2])
+            await ended_all(model, {1, 2})
+        entries, _ = _totals(model)
+    assert entries == 0  # never alone: they ended together
+    assert whole.text == batched.text
+    assert whole.tokens == batched.tokens
+    assert whole.finish == batched.finish
+    assert [e["token"] for e in whole.logprobs] == [e["token"] for e in batched.logprobs]  # type: ignore[index]
+    with trio.fail_after(DEADLINE):
+        assert whole.text == await _mlx_lm(model, long, 400)
+
+
+async def test_a_sequence_alone_cancels_and_stops_at_once_and_its_work_serves_the_next_turn() -> (
+    None
+):
+    async with engine(lockstep=False) as model:
+        loaded = model.loaded
+        assert loaded is not None
+        story = _prompt(loaded, "Tell me a story about a fox.")
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(story, 400, 0.0, 1.0)))
+            partial = await read(model.slots[1], until_tokens=3)
+            model.send(Cancel(1))
+            rest = await read(model.slots[1])
+            await ended_all(model, {1})
+            assert rest.finish == "cancelled"
+            assert partial.tokens + rest.tokens < 400
+            assert model.facts.latest().active == 0  # nothing of it is left in the batch
+            # A consumer that found its end: the sequence stops, its work kept for the next turn.
+            model.send(Admit(2, SequenceSpec(story, 400, 0.0, 1.0)))
+            partial = await read(model.slots[2], until_tokens=4)
+            model.send(StopMatched(2))
+            rest = await read(model.slots[2])
+            await ended_all(model, {2})
+            assert rest.finish == "stop"
+            reply = loaded.tokenizer.encode(partial.text + rest.text)
+            turn = (*story, *reply, *_prompt(loaded, "Go on."))
+            model.send(Admit(3, SequenceSpec(turn, 8, 0.0, 1.0)))
+            follow = await read(model.slots[3])
+            await ended_all(model, {3})
+        entries, _ = _totals(model)
+    assert entries >= 2  # the cancelled and the stopped sequences each decoded alone
+    assert follow.cached_tokens > len(story)  # the prompt and some of the reply were kept
