@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import trio
 
-from mlx_responses.engine.inbound import Admit, Cancel, SequenceSpec, StopMatched
+from mlx_responses.engine.inbound import (
+    Admit,
+    Cancel,
+    ClearPromptCache,
+    SequenceSpec,
+    StopMatched,
+)
 from mlx_responses.engine.loader import LoadedModel
 
 from .test_engine_replay import DEADLINE, Engine, Transcript, ended_all, engine, read
@@ -153,3 +159,41 @@ async def test_a_sequence_alone_cancels_and_stops_at_once_and_its_work_serves_th
         entries, _ = _totals(model)
     assert entries >= 2  # the cancelled and the stopped sequences each decoded alone
     assert follow.cached_tokens > len(story)  # the prompt and some of the reply were kept
+
+
+async def test_a_stop_text_ends_a_sequence_alone_where_it_ends_it_batched() -> None:
+    async with engine(lockstep=False) as model:
+        loaded = model.loaded
+        assert loaded is not None
+        story = _prompt(loaded, "Count from 1 to 400.")
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(story, 120, 0.0, 1.0)))
+            free = await read(model.slots[1])
+            await ended_all(model, {1})
+        words = free.text.split()
+        assert len(words) > 12, free.text
+        stop = words[len(words) // 2]  # a word from the middle of what it says unstopped
+        expected = free.text[: free.text.index(stop)]
+        with trio.fail_after(DEADLINE):
+            model.send(ClearPromptCache())  # what the next turn finds, the stop kept
+            model.send(Admit(2, SequenceSpec(story, 120, 0.0, 1.0, stop_texts=(stop,))))
+            alone = await read(model.slots[2])
+            await ended_all(model, {2})
+            entries, _ = _totals(model)
+            reply = loaded.tokenizer.encode(alone.text)
+            turn = (*story, *reply, *_prompt(loaded, "Go on."))
+            model.send(Admit(5, SequenceSpec(turn, 8, 0.0, 1.0)))
+            follow = await read(model.slots[5])
+            await ended_all(model, {5})
+            # Beside a second sequence throughout: batched from its first token to its last.
+            model.send(Admit(3, SequenceSpec(story, 120, 0.0, 1.0, stop_texts=(stop,))))
+            model.send(Admit(4, SequenceSpec(story, 120, 0.0, 1.0)))
+            batched = await read(model.slots[3])
+            await read(model.slots[4])
+            await ended_all(model, {3, 4})
+    assert entries == 2  # the unstopped sequence and the stopped one each decoded alone
+    assert alone.finish == "stop"
+    assert follow.cached_tokens > len(story)  # the prompt and the reply up to the stop
+    assert alone.text == expected
+    assert batched.text == expected
+    assert batched.finish == "stop"

@@ -24,15 +24,15 @@ Invariants:
 - Identical messages and steps give identical output: nothing here reads the clock or any
   state but the messages' own (seeded samplers draw from their own keys).
 - A sequence alone decodes outside the generator ("solo"): when the batch holds one sequence,
-  decoding, with nothing the generator alone does for it (no logits processors, stop texts,
-  seeded sampler, images or segment checkpoints, on a one-process model whose cache trims and
-  is not quantized), its cache leaves the generator and each step is one call of the model on
+  decoding, with nothing the generator alone does for it (no logits processors, seeded
+  sampler, images or segment checkpoints, on a one-process model whose cache is plain
+  ``KVCache`` layers, not quantized), its cache leaves the generator and each step is one call of the model on
   that plain cache. ``BatchGenerator`` pays for batching even in a batch of one (a left-padded
   cache, masks, rows split per step): ~8% of a step on the bundled model, 2-4% on the bench
   model. The tokens are the same (greedy: identical, tested); the step is pipelined as the
   generator's is (the next token computes while this one is delivered). The sequence goes
   back into the generator before anything else touches it: another sequence's admission, a
-  ``stop``. Entering and leaving each recompute one token (the cache is trimmed by one and
+  ``stop`` (its consumer's, or a stop text matched here). Entering and leaving each recompute one token (the cache is trimmed by one and
   its last token fed again), so the token in flight at the switch is never lost or doubled.
 """
 
@@ -362,7 +362,6 @@ class Batch:
             solo=(
                 self._solo_allowed
                 and not processors
-                and not spec.stop_texts
                 and not cuts
                 and prompt is spec.prompt
                 and (spec.seed is None or spec.temperature == 0)
@@ -646,6 +645,8 @@ class Batch:
     def _stop_early(self, entry: _Live) -> None:
         """Keep what a sequence mlx-lm has not finished computed for the next turn, then take
         it out of the batch."""
+        if self._solo is not None and self._solo.entry is entry:
+            self._leave_solo()  # the cache is read from the generator, as the rest's
         self._prompt_cache.checkpoint(
             entry.owner,
             self._keyed(entry),

@@ -6,8 +6,9 @@ Invariants:
   on a machine whose temp folder does not hold them yet (a fresh install, a reboot that
   cleared ``/tmp``) the first request waited for the compiler: 2.3 s to the first delta on
   the bundled model against ~10 ms after it. The warm-up runs one short sequence's prefill
-  and a decode step with the API's default sampling (temperature 1) at start instead: what it
-  compiles covers a greedy request too (``tests/test_warm_up.py``).
+  and decode steps with the API's default sampling (temperature 1) at start instead, batched
+  and alone (``batch.py``'s solo steps: the model on a plain cache): what it compiles covers a
+  greedy request too (``tests/test_warm_up.py``).
 - It leaves nothing behind: its batch has its own prompt cache that holds nothing and its
   own counters, and its sequences' output goes nowhere; the serving batch starts empty, and
   OpenBLAS is left on the prefill's thread count, as the load leaves it.
@@ -29,7 +30,7 @@ from .prompt_cache import PromptCache
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello, how are you today?"
-WARM_UP_TOKENS = 2  # the prefill's token and one decode step's
+WARM_UP_TOKENS = 3  # the prefill's token, one batched decode step's, one step's alone
 # The Responses API's default temperature (greedy compiles nothing more).
 WARM_UP_TEMPERATURE = 1.0
 
@@ -49,6 +50,7 @@ def warm_up(loaded: LoadedModel) -> float | None:
             prefill_step_size=sizes.prefill_step_size,
             completion_batch_size=sizes.completion_batch_size,
             prefill_batch_size=sizes.prefill_batch_size,
+            solo=True,  # a lone request's decode steps: the model on a plain cache
         )
         try:
             spec = SequenceSpec(prompt, WARM_UP_TOKENS, WARM_UP_TEMPERATURE, 1.0)
