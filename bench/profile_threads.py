@@ -74,6 +74,11 @@ INTERESTING: tuple[FrameRule, ...] = (
         ("BatchGenerator.next", "GenerationBatch._step"),
         "mlx_lm/generate.py",
     ),
+    FrameRule(
+        "a lone sequence's step (Batch._solo_step, the model on its own cache)",
+        ("Batch._solo_step",),
+        "engine/batch.py",
+    ),
     FrameRule("Batch.step", ("Batch.step",), "engine/batch.py"),
     FrameRule("Batch._deliver", ("Batch._deliver",), "engine/batch.py"),
     FrameRule("GenerationThread._intake", ("GenerationThread._intake",), "engine/thread.py"),

@@ -7,7 +7,9 @@ Run::
 ``OUT.json`` gets, when the server exits (SIGTERM: it shuts down cleanly), one record per call
 of mlx-lm's ``BatchGenerator.next`` on the generation thread: ``[began, ended, generated,
 prompts]`` (``time.perf_counter`` seconds; how many generation and prompt responses the call
-returned). The wrapper adds one clock read and one list append per step; nothing else in the
+returned). A sequence alone decodes outside the generator (``Batch._solo_step``: the model
+called on its own cache, its token delivered); those steps are recorded too, one generated
+token each. The wrapper adds one clock read and one list append per step; nothing else in the
 server changes. The same recording wraps the direct side (``record_steps``).
 """
 
@@ -39,6 +41,21 @@ def record_steps(into: list[StepRecord]) -> None:
     BatchGenerator.next = timed  # type: ignore[method-assign]
 
 
+def record_solo_steps(into: list[StepRecord]) -> None:
+    """Wrap the server's step of a sequence alone (``Batch._solo_step``) likewise."""
+    from mlx_responses.engine.batch import Batch
+
+    original = Batch._solo_step
+    clock = time.perf_counter
+
+    def timed(self: Any) -> None:
+        began = clock()
+        original(self)
+        into.append((began, clock(), 1, 0))
+
+    Batch._solo_step = timed  # type: ignore[method-assign]
+
+
 def main() -> int:
     out, argv = sys.argv[1], sys.argv[2:]
     from mlx_responses.blas import preload_openblas
@@ -46,6 +63,7 @@ def main() -> int:
     preload_openblas()  # before mlx, as the entry point does
     records: list[StepRecord] = []
     record_steps(records)
+    record_solo_steps(records)
 
     def write() -> None:
         with open(out, "w", encoding="utf-8") as file:
