@@ -254,6 +254,7 @@ def _model_settings(args: argparse.Namespace, model_path: str, alias: str) -> Mo
         prompt_cache_disk_bytes=args.prompt_cache_disk_bytes,
         prompt_cache_disk_ttl=args.prompt_cache_disk_ttl_secs,
         blas_threads=args.blas_threads,
+        solo_decode=args.solo_decode,
         tool_format=args.tool_format,
         sharding=_sharding(args),
         kv_quant=None if args.kv_bits is None else KvQuant(args.kv_bits, args.kv_group_size),

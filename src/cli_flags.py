@@ -38,6 +38,14 @@ def blas_threads_flag(text: str) -> int | None:
     return _word_or_integer(text, "auto", 1, None, "'auto' or a count of at least 1")
 
 
+def on_off_flag(text: str) -> bool:
+    """A switch: 'on' (True) or 'off' (False)."""
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {text!r}")
+    return value == "on"
+
+
 # ``--seed``'s largest value: a split model's ranks agree on it as a 32-bit integer.
 MAX_SEED = 2**31 - 1
 
@@ -223,6 +231,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
         "default: prefill on OpenBLAS's own count; decode steps too only if it makes a decode "
         "pass at least 1.3x faster than one thread, measured at load, else on one)",
+    ),
+    Flag(  # docs/architecture.md, "A sequence alone"
+        "--solo-decode",
+        "MLX_RESPONSES_SOLO_DECODE",
+        "on",
+        on_off_flag,
+        "decode a request the batch holds alone outside mlx-lm's BatchGenerator, the model "
+        "called on its own cache, which spares it the batch's upkeep (~8%% of a step on the "
+        "bundled model): 'on' (the default) or 'off'",
     ),
     Flag(
         "--tool-format",

@@ -7,17 +7,27 @@ next turn. The real generation thread on the bundled model, driven through its i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import trio
 
+from mlx_responses.cli import build_parser, settings_from_args
+from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.engine.inbound import (
     Admit,
     Cancel,
     ClearPromptCache,
     SequenceSpec,
+    Shutdown,
     StopMatched,
 )
 from mlx_responses.engine.loader import LoadedModel
+from mlx_responses.engine.outbound import FactStream, Loaded
+from mlx_responses.engine.slot import SequenceSlot
+from mlx_responses.engine.thread import GenerationThread, ThreadSettings
 
+from .test_cli_operations import assert_flag_refused
 from .test_engine_replay import DEADLINE, Engine, Transcript, ended_all, engine, read
 
 
@@ -197,3 +207,44 @@ async def test_a_stop_text_ends_a_sequence_alone_where_it_ends_it_batched() -> N
     assert alone.text == expected
     assert batched.text == expected
     assert batched.finish == "stop"
+
+
+async def test_solo_decode_off_keeps_a_lone_sequence_in_the_generator_with_the_same_tokens() -> (
+    None
+):
+    settings = settings_from_args(build_parser({}).parse_args(["serve", "--solo-decode", "off"]))
+    assert settings.model.solo_decode is False
+    assert settings_from_args(build_parser({}).parse_args(["serve"])).model.solo_decode is True
+    token = trio.lowlevel.current_trio_token()
+    facts = FactStream(token)
+    thread = GenerationThread(
+        ThreadSettings(str(BUNDLED_MODEL_PATH), prompt_cache_bytes=0, solo_decode=False), facts
+    )
+    thread.start()
+    try:
+        with trio.fail_after(DEADLINE):
+            loaded = await facts.receive()
+            assert isinstance(loaded, Loaded)
+            assert loaded.loaded is not None
+            prompt = _prompt(loaded.loaded, "Count from 1 to 400.")
+            slot = SequenceSlot(token)
+            thread.send(Admit(1, SequenceSpec(prompt, 120, 0.0, 1.0), slot))
+            batched = await read(slot)
+        batch = thread._batch
+        assert batch is not None
+        assert batch.totals.solo_entries == 0  # it decoded in the generator throughout
+        assert batched.tokens == 120
+    finally:
+        thread.send(Shutdown())
+        await trio.to_thread.run_sync(thread.join, DEADLINE)
+    async with engine(lockstep=False) as model:  # on by default: alone, the same tokens
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(prompt, 120, 0.0, 1.0)))
+            alone = await read(model.slots[1])
+        assert _totals(model)[0] == 1
+    assert alone == replace(batched, cached_tokens=alone.cached_tokens)
+
+
+@pytest.mark.parametrize("value", ["yes", "1", ""])
+def test_a_bad_solo_decode_value_is_refused_naming_the_flag(value: str) -> None:
+    assert_flag_refused("--solo-decode", "MLX_RESPONSES_SOLO_DECODE", value, "'on' or 'off'")

@@ -119,6 +119,7 @@ def thread_settings(settings: ModelSettings) -> ThreadSettings:
         prompt_cache_disk_bytes=settings.prompt_cache_disk_bytes,
         prompt_cache_disk_ttl=settings.prompt_cache_disk_ttl,
         blas_threads=settings.blas_threads,
+        solo_decode=settings.solo_decode,
         sharding=settings.sharding,
         kv_quant=settings.kv_quant,
         seed=settings.seed,

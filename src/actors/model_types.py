@@ -53,6 +53,8 @@ class ModelSettings:
     prompt_cache_disk_ttl: float = DEFAULT_TTL_SECONDS
     # --blas-threads (None: measured at load, model.blas_threads).
     blas_threads: int | None = None
+    # --solo-decode: a sequence alone decodes outside the generator (engine/batch.py).
+    solo_decode: bool = True
     # --kv-bits / --kv-group-size: the KV cache quantized (engine/kv_quant.py; None: not).
     kv_quant: KvQuant | None = None
     # --tool-format: a ``formats`` name that overrides the detected format (None: detected).

@@ -127,6 +127,8 @@ class ThreadSettings:
     prompt_cache_entries: int = DEFAULT_MAX_ENTRIES
     # --blas-threads: OpenBLAS's thread count; None measures (blas_threads.set_blas_threads).
     blas_threads: int | None = None
+    # --solo-decode: a sequence alone decodes outside the generator (batch.py's header).
+    solo_decode: bool = True
     # This process is one rank of a model split over several (None: the whole model).
     sharding: Sharding | None = None
     # The prompt cache's disk tier (docs/prompt-cache.md): its directory (None: no disk tier),
@@ -325,7 +327,7 @@ class GenerationThread:
             prefill_step_size=sizes.prefill_step_size,
             completion_batch_size=sizes.completion_batch_size,
             prefill_batch_size=sizes.prefill_batch_size,
-            solo=True,
+            solo=self._settings.solo_decode,
         )
         self._batch = batch
         if self._link is not None:

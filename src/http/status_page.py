@@ -112,6 +112,7 @@ def _server_part(rt: Runtime) -> dict[str, Any]:
             "--prompt-cache-bytes": model.prompt_cache_bytes,
             "--prompt-cache-entries": model.prompt_cache_entries,
             "--blas-threads": "auto" if model.blas_threads is None else model.blas_threads,
+            "--solo-decode": "on" if model.solo_decode else "off",
             "--kv-bits": None if model.kv_quant is None else model.kv_quant.bits,
             "--kv-group-size": None if model.kv_quant is None else model.kv_quant.group_size,
             "--store": settings.store.describe(),
