@@ -78,17 +78,24 @@ async def _mlx_lm(model: Engine, prompt: tuple[int, ...], max_tokens: int) -> st
     return await trio.to_thread.run_sync(_mlx_lm_text, loaded, prompt, max_tokens)
 
 
+async def _answer(model: Engine, seq_id: int, spec: SequenceSpec) -> Transcript:
+    """Admit ``spec`` as ``seq_id``, read it to its finish and wait for its end."""
+    model.send(Admit(seq_id, spec))
+    transcript = await read(model.slots[seq_id])
+    await ended_all(model, {seq_id})
+    return transcript
+
+
 async def test_a_lone_sequence_decodes_alone_with_mlx_lm_s_tokens() -> None:
     async with engine(lockstep=False) as model:
         loaded = model.loaded
         assert loaded is not None
-        prompt = _prompt(loaded, "Tell me a story about a fox.")
+        prompt = _prompt(loaded, "Count from 1 to 400.")
         with trio.fail_after(DEADLINE):
-            model.send(Admit(1, SequenceSpec(prompt, 120, 0.0, 1.0)))
-            alone = await read(model.slots[1])
-            await ended_all(model, {1})
+            alone = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
         entries, steps = _totals(model)
-    assert alone.finish in ("stop", "length")
+    assert alone.finish == "length"
+    assert alone.tokens == 120
     assert entries == 1
     assert steps >= alone.tokens - 2  # all but its first token or two came from solo steps
     with trio.fail_after(DEADLINE):
@@ -163,9 +170,7 @@ async def test_a_sequence_alone_cancels_and_stops_at_once_and_its_work_serves_th
             assert rest.finish == "stop"
             reply = loaded.tokenizer.encode(partial.text + rest.text)
             turn = (*story, *reply, *_prompt(loaded, "Go on."))
-            model.send(Admit(3, SequenceSpec(turn, 8, 0.0, 1.0)))
-            follow = await read(model.slots[3])
-            await ended_all(model, {3})
+            follow = await _answer(model, 3, SequenceSpec(turn, 8, 0.0, 1.0))
         entries, _ = _totals(model)
     assert entries >= 2  # the cancelled and the stopped sequences each decoded alone
     assert follow.cached_tokens > len(story)  # the prompt and some of the reply were kept
@@ -177,24 +182,18 @@ async def test_a_stop_text_ends_a_sequence_alone_where_it_ends_it_batched() -> N
         assert loaded is not None
         story = _prompt(loaded, "Count from 1 to 400.")
         with trio.fail_after(DEADLINE):
-            model.send(Admit(1, SequenceSpec(story, 120, 0.0, 1.0)))
-            free = await read(model.slots[1])
-            await ended_all(model, {1})
+            free = await _answer(model, 1, SequenceSpec(story, 120, 0.0, 1.0))
         words = free.text.split()
         assert len(words) > 12, free.text
         stop = words[len(words) // 2]  # a word from the middle of what it says unstopped
         expected = free.text[: free.text.index(stop)]
         with trio.fail_after(DEADLINE):
             model.send(ClearPromptCache())  # what the next turn finds, the stop kept
-            model.send(Admit(2, SequenceSpec(story, 120, 0.0, 1.0, stop_texts=(stop,))))
-            alone = await read(model.slots[2])
-            await ended_all(model, {2})
+            alone = await _answer(model, 2, SequenceSpec(story, 120, 0.0, 1.0, stop_texts=(stop,)))
             entries, _ = _totals(model)
             reply = loaded.tokenizer.encode(alone.text)
             turn = (*story, *reply, *_prompt(loaded, "Go on."))
-            model.send(Admit(5, SequenceSpec(turn, 8, 0.0, 1.0)))
-            follow = await read(model.slots[5])
-            await ended_all(model, {5})
+            follow = await _answer(model, 5, SequenceSpec(turn, 8, 0.0, 1.0))
             # Beside a second sequence throughout: batched from its first token to its last.
             model.send(Admit(3, SequenceSpec(story, 120, 0.0, 1.0, stop_texts=(stop,))))
             model.send(Admit(4, SequenceSpec(story, 120, 0.0, 1.0)))
@@ -239,8 +238,7 @@ async def test_solo_decode_off_keeps_a_lone_sequence_in_the_generator_with_the_s
         await trio.to_thread.run_sync(thread.join, DEADLINE)
     async with engine(lockstep=False) as model:  # on by default: alone, the same tokens
         with trio.fail_after(DEADLINE):
-            model.send(Admit(1, SequenceSpec(prompt, 120, 0.0, 1.0)))
-            alone = await read(model.slots[1])
+            alone = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
         assert _totals(model)[0] == 1
     assert alone == replace(batched, cached_tokens=alone.cached_tokens)
 
