@@ -65,6 +65,11 @@ def _keep_logits(_context: Any, logits: Any) -> Any:
     return logits
 
 
+# Steps alone between two returns of MLX's freed buffers to the system (``mx.clear_cache``):
+# the generator returns them every 512 of its steps, mlx-lm's one-sequence loop every 256.
+SOLO_CLEAR_EVERY = 512
+
+
 def _plain_cache(model: Any) -> bool:
     """Whether every layer of ``model``'s cache is a plain ``KVCache`` (trims; what the
     generator's batch cache gives back for one sequence)."""
@@ -559,14 +564,17 @@ class Batch:
         totals.generated += 1
         totals.steps += 1
         totals.solo_steps += 1
+        if totals.solo_steps % SOLO_CLEAR_EVERY == 0:
+            self._mx.clear_cache()  # freed buffers back to the system, as the generator does
         finish = "length" if entry.generated + 1 >= entry.max_tokens else None
         if solo.matcher.advance(token):
             finish = "stop"
+        row = None if entry.top_logprobs is None else logprobs[0]  # read only when asked for
         if finish is None:
-            response = _SoloResponse(token, logprobs[0], None)
+            response = _SoloResponse(token, row, None)
         else:
             self._solo = None
-            response = _SoloResponse(token, logprobs[0], finish, _exact(solo.cache), solo.tokens)
+            response = _SoloResponse(token, row, finish, _exact(solo.cache), solo.tokens)
         try:
             self._deliver(entry, response)
         except Exception as exc:
