@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from mlx_responses.cli import build_parser, settings_from_args
+from mlx_responses.engine import batch as batch_module
 from mlx_responses.engine.bundled_model import BUNDLED_MODEL_PATH
 from mlx_responses.engine.inbound import (
     Admit,
@@ -246,3 +247,25 @@ async def test_solo_decode_off_keeps_a_lone_sequence_in_the_generator_with_the_s
 @pytest.mark.parametrize("value", ["yes", "1", ""])
 def test_a_bad_solo_decode_value_is_refused_naming_the_flag(value: str) -> None:
     assert_flag_refused("--solo-decode", "MLX_RESPONSES_SOLO_DECODE", value, "'on' or 'off'")
+
+
+async def test_a_sequence_whose_cache_is_large_for_its_answer_stays_in_the_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Going alone copies the cache: a sequence goes only once it generated a token per
+    # SOLO_BYTES_PER_TOKEN of it. At one byte a token, the bundled model's cache is worth more
+    # tokens than the answer has: it stays batched, and answers the same.
+    monkeypatch.setattr(batch_module, "SOLO_BYTES_PER_TOKEN", 1)
+    async with engine(lockstep=False) as model:
+        loaded = model.loaded
+        assert loaded is not None
+        prompt = _prompt(loaded, "Count from 1 to 400.")
+        with trio.fail_after(DEADLINE):
+            stayed = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
+        assert _totals(model)[0] == 0
+    monkeypatch.undo()
+    async with engine(lockstep=False) as model:
+        with trio.fail_after(DEADLINE):
+            alone = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
+        assert _totals(model)[0] == 1
+    assert stayed == replace(alone, cached_tokens=stayed.cached_tokens)

@@ -32,7 +32,9 @@ Invariants:
   model. The tokens are the same (greedy: identical, tested); the step is pipelined as the
   generator's is (the next token computes while this one is delivered). The sequence goes
   back into the generator before anything else touches it: another sequence's admission, a
-  ``stop`` (its consumer's, or a stop text matched here). Entering and leaving each recompute one token (the cache is trimmed by one and
+  ``stop`` (its consumer's, or a stop text matched here). Going alone copies the cache, so a
+  sequence first generates a token per ``SOLO_BYTES_PER_TOKEN`` of it in the generator: a
+  short answer to a long context stays there. Entering and leaving each recompute one token (the cache is trimmed by one and
   its last token fed again), so the token in flight at the switch is never lost or doubled.
 """
 
@@ -64,6 +66,15 @@ Phase = Literal["queued", "prefilling", "decoding"]
 def _keep_logits(_context: Any, logits: Any) -> Any:
     return logits
 
+
+# Going alone copies the sequence's KV cache twice (out of the generator's batch cache, then
+# into a buffer with room to grow) and computes one token again: ~25 ms at 8,000 tokens of
+# context on the bench model here, 64 MB of KV, where a step alone saves ~0.1-0.3 ms. So a
+# sequence goes alone only once it has generated a token for each this many bytes of its cache
+# (a sequence that has generated that many is likely to generate about as many more): at once
+# on a short context, after ~250 tokens at 8,000 tokens of the bench model's context; a short
+# answer to a long context never pays the copies.
+SOLO_BYTES_PER_TOKEN = 256 << 10
 
 # Steps alone between two returns of MLX's freed buffers to the system (``mx.clear_cache``):
 # the generator returns them every 512 of its steps, mlx-lm's one-sequence loop every 256.
@@ -138,6 +149,7 @@ class _Live:
     max_tokens: int = 0
     generated: int = 0  # tokens delivered (the finishing one included)
     solo: bool = False  # it may decode alone outside the generator (the module header)
+    solo_after: int | None = None  # tokens it generates in the generator first (None: not known)
 
 
 @dataclass(slots=True)
@@ -438,7 +450,10 @@ class Batch:
         if self._solo_allowed and len(self._live) == 1 and self._decoding == 1:
             (entry,) = self._live.values()
             if entry.solo and entry.generated > 0 and entry.fault.error is None:
-                self._enter_solo(entry)
+                if entry.solo_after is None:  # its cache's size, once: the entry copies it
+                    entry.solo_after = batch_kv_bytes(self._generator) // SOLO_BYTES_PER_TOKEN
+                if entry.generated > entry.solo_after:
+                    self._enter_solo(entry)
 
     def _batch_step(self) -> None:
         generator = self._generator
