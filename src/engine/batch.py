@@ -26,16 +26,17 @@ Invariants:
 - A sequence alone decodes outside the generator ("solo"): when the batch holds one sequence,
   decoding, with nothing the generator alone does for it (no logits processors, seeded
   sampler, images or segment checkpoints, on a one-process model whose cache is plain
-  ``KVCache`` layers, not quantized), its cache leaves the generator and each step is one call of the model on
-  that plain cache. ``BatchGenerator`` pays for batching even in a batch of one (a left-padded
-  cache, masks, rows split per step): ~8% of a step on the bundled model, 2-4% on the bench
-  model. The tokens are the same (greedy: identical, tested); the step is pipelined as the
-  generator's is (the next token computes while this one is delivered). The sequence goes
-  back into the generator before anything else touches it: another sequence's admission, a
-  ``stop`` (its consumer's, or a stop text matched here). Going alone copies the cache, so a
-  sequence first generates a token per ``SOLO_BYTES_PER_TOKEN`` of it in the generator: a
-  short answer to a long context stays there. Entering and leaving each recompute one token (the cache is trimmed by one and
-  its last token fed again), so the token in flight at the switch is never lost or doubled.
+  ``KVCache`` layers, not quantized), its cache leaves the generator and each step is one
+  call of the model on that plain cache. ``BatchGenerator`` pays for batching even in a batch
+  of one (a left-padded cache, masks, rows split per step): ~12% of a step on the bundled
+  model, ~3% on the bench model (``bench/batch_of_one.py``). The tokens are the same (greedy:
+  identical, tested); the step is pipelined as the generator's is (the next token computes
+  while this one is delivered). The sequence goes back into the generator before anything
+  else touches it: another sequence's admission, a ``stop`` (its consumer's, or a stop text
+  matched here). Going alone copies the cache, so a sequence first generates a token per
+  ``SOLO_BYTES_PER_TOKEN`` of it in the generator: a short answer to a long context stays
+  there. Entering and leaving each recompute one token (the cache is trimmed by one and its
+  last token fed again), so the token in flight at the switch is never lost or doubled.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class _Totals:
     generated: int = 0
     steps: int = 0  # batch steps taken (the statistics, and each rank's figure for rank 0)
     solo_entries: int = 0  # times a sequence alone left the generator to decode on its own
-    solo_steps: int = 0  # steps taken so
+    solo_steps: int = 0  # steps a sequence took alone
 
 
 class Batch:
@@ -515,7 +516,7 @@ class Batch:
                 generator.remove([entry.uid])
             self._end(entry, "error", repr(entry.fault.error))
 
-    # -- a sequence alone (the module header) -----------------------------------------------------
+    # -- a sequence alone (the module header) ----------------------------------------------------
 
     def _solo_forward(self, cache: list[Any], inputs: Any, sampler: Any) -> tuple[Any, Any]:
         """Feed ``inputs`` (one token, shape [1]) to the model on ``cache``; the next token and
@@ -599,6 +600,7 @@ class Batch:
             self._solo = None
             if entry.seq_id in self._live:
                 log.error("sequence %d failed: %r", entry.seq_id, entry.fault.error)
+                self._generator.remove([entry.uid])  # in it again if a stop text put it back
                 self._end(entry, "error", repr(entry.fault.error))
 
     def _flush(self) -> None:
