@@ -402,8 +402,6 @@ class Batch:
         entry = self._live.get(seq_id)
         if entry is None:
             return
-        if self._solo is not None and self._solo.entry is entry:
-            self._leave_solo()  # what it computed is kept from the generator, as for the rest
         if entry.phase == "decoding":  # a whole prompt and some reply: worth a next turn
             self._stop_early(entry)
         else:
@@ -762,16 +760,10 @@ class Batch:
             steps=totals.steps,
             peak_decoding=max(previous.peak_decoding, decoding),
             prompt_cache=self._prompt_cache.stats,
-            batch_kv_bytes=batch_kv_bytes(self._generator) + self._solo_kv_bytes(),
+            batch_kv_bytes=batch_kv_bytes(
+                self._generator, () if self._solo is None else self._solo.cache
+            ),
         )
-
-    def _solo_kv_bytes(self) -> int:
-        if self._solo is None:
-            return 0
-        try:
-            return sum(int(layer.nbytes) for layer in self._solo.cache)
-        except Exception:  # a measurement never fails a step
-            return 0
 
     def close(self, reason: FinishReason, error: str | None) -> None:
         """End every sequence with ``reason``; free the cache and the generator."""
