@@ -32,6 +32,12 @@ from .test_cli_operations import assert_flag_refused
 from .test_engine_replay import DEADLINE, Engine, Transcript, ended_all, engine, read
 
 
+def _loaded(model: Engine) -> LoadedModel:
+    """The model the engine loaded (it reported ``Loaded`` before the test began)."""
+    assert model.loaded is not None
+    return model.loaded
+
+
 def _prompt(loaded: LoadedModel, text: str) -> tuple[int, ...]:
     chat = [{"role": "user", "content": text}]
     rendered = loaded.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
@@ -92,8 +98,7 @@ def _totals(model: Engine) -> tuple[int, int]:
 async def _mlx_lm(model: Engine, prompt: tuple[int, ...], max_tokens: int) -> str:
     """The reference, computed on the generation thread's side of MLX: after the engine has
     shut down its batch nothing else uses the model, so a worker thread may."""
-    loaded = model.loaded
-    assert loaded is not None
+    loaded = _loaded(model)
     return await trio.to_thread.run_sync(_mlx_lm_text, loaded, prompt, max_tokens)
 
 
@@ -107,8 +112,7 @@ async def _answer(model: Engine, seq_id: int, spec: SequenceSpec) -> Transcript:
 
 async def test_a_lone_sequence_decodes_alone_with_mlx_lm_s_tokens() -> None:
     async with engine(lockstep=False) as model:
-        loaded = model.loaded
-        assert loaded is not None
+        loaded = _loaded(model)
         prompt = _prompt(loaded, "Count from 1 to 400.")
         with trio.fail_after(DEADLINE):
             alone = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
@@ -123,8 +127,7 @@ async def test_a_lone_sequence_decodes_alone_with_mlx_lm_s_tokens() -> None:
 
 async def test_a_sequence_alone_then_batched_then_alone_loses_and_repeats_nothing() -> None:
     async with engine(lockstep=False) as model:
-        loaded = model.loaded
-        assert loaded is not None
+        loaded = _loaded(model)
         long = _prompt(loaded, "Count from 1 to 400.")
         short = _prompt(loaded, "Tell me a story about a fox.")
         with trio.fail_after(DEADLINE):
@@ -171,8 +174,7 @@ async def test_a_sequence_alone_cancels_and_stops_at_once_and_its_work_serves_th
     None
 ):
     async with engine(lockstep=False) as model:
-        loaded = model.loaded
-        assert loaded is not None
+        loaded = _loaded(model)
         story = _prompt(loaded, "Tell me a story about a fox.")
         with trio.fail_after(DEADLINE):
             model.send(Admit(1, SequenceSpec(story, 400, 0.0, 1.0)))
@@ -200,8 +202,7 @@ async def test_a_sequence_alone_cancels_and_stops_at_once_and_its_work_serves_th
 
 async def test_a_stop_text_ends_a_sequence_alone_where_it_ends_it_batched() -> None:
     async with engine(lockstep=False) as model:
-        loaded = model.loaded
-        assert loaded is not None
+        loaded = _loaded(model)
         story = _prompt(loaded, "Count from 1 to 400.")
         with trio.fail_after(DEADLINE):
             free = await _answer(model, 1, SequenceSpec(story, 120, 0.0, 1.0))
@@ -278,8 +279,7 @@ async def test_a_sequence_whose_cache_is_large_for_its_answer_stays_in_the_gener
     # tokens than the answer has: it stays batched, and answers the same.
     monkeypatch.setattr(batch_module, "SOLO_BYTES_PER_TOKEN", 1)
     async with engine(lockstep=False) as model:
-        loaded = model.loaded
-        assert loaded is not None
+        loaded = _loaded(model)
         prompt = _prompt(loaded, "Count from 1 to 400.")
         with trio.fail_after(DEADLINE):
             stayed = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
