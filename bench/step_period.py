@@ -111,13 +111,23 @@ def gap_label(index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class RunSplit:
     """One run's window: its wall time, the part inside ``next()`` and the rest, in ms; the
-    gaps between consecutive calls per class of ``GAP_BOUNDS_US`` (count, total ms)."""
+    gaps between consecutive calls per class of ``GAP_BOUNDS_US`` (count, total ms); the calls
+    that prefilled (returned prompt progress) and the ms inside them; the tokens generated."""
 
     wall_ms: float
     next_ms: float
     outside_ms: float
     steps: int
     gaps: tuple[tuple[int, float], ...]
+    prompt_steps: int = 0
+    prompt_ms: float = 0.0
+    tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """The batch's mean occupancy: tokens generated per call (a call that only prefilled
+        counts as one that generated none)."""
+        return self.tokens / self.steps if self.steps else 0.0
 
 
 def run_split(records: Sequence[Sequence[float]], began: float, ended: float) -> RunSplit:
@@ -131,12 +141,16 @@ def run_split(records: Sequence[Sequence[float]], began: float, ended: float) ->
         gaps[index][0] += 1
         gaps[index][1] += gap_us / 1e3
     wall = ended - began
+    prompted = [r for r in mine if r[3] > 0]
     return RunSplit(
         wall * 1e3,
         inside * 1e3,
         (wall - inside) * 1e3,
         len(mine),
         tuple((int(n), ms) for n, ms in gaps),
+        len(prompted),
+        sum(r[1] - r[0] for r in prompted) * 1e3,
+        int(sum(r[2] for r in mine)),
     )
 
 
@@ -154,6 +168,9 @@ def median_split(splits: Sequence[RunSplit]) -> RunSplit:
             )
             for i in range(len(GAP_BOUNDS_US) + 1)
         ),
+        int(statistics.median(s.prompt_steps for s in splits)),
+        statistics.median(s.prompt_ms for s in splits),
+        int(statistics.median(s.tokens for s in splits)),
     )
 
 
@@ -246,6 +263,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{side:8s} {split.wall_ms:8.1f} {split.next_ms:8.1f} {split.outside_ms:8.1f}  {gaps}"
         )
+    print("\nper run (medians over the rounds): calls of next(), those that prefilled, tokens")
+    print(
+        f"{'side':8s} {'calls':>6s} {'prefilled':>9s} {'their ms':>9s} {'tokens':>7s} {'per call':>8s}"
+    )
+    for side, split in splits.items():
+        print(
+            f"{side:8s} {split.steps:6d} {split.prompt_steps:9d} {split.prompt_ms:9.1f}"
+            f" {split.tokens:7d} {split.tokens_per_step:8.2f}"
+        )
     report: dict[str, Any] = {
         "model": model,
         "concurrency": c,
@@ -262,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                 "wall": round(split.wall_ms, 2),
                 "next": round(split.next_ms, 2),
                 "outside": round(split.outside_ms, 2),
+                "calls": split.steps,
+                "prefill_calls": split.prompt_steps,
+                "prefill_ms": round(split.prompt_ms, 2),
+                "tokens": split.tokens,
                 "gaps": {
                     label: {"count": n, "ms": round(ms, 2)}
                     for label, (n, ms) in zip(labels, split.gaps, strict=True)

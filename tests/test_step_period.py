@@ -52,6 +52,9 @@ def test_a_run_splits_into_inside_and_outside_next_and_sorts_its_gaps() -> None:
     assert counts["<30us"] == (1, pytest.approx(0.02))
     assert counts["2-10ms"] == (1, pytest.approx(5.0))
     assert sum(n for n, _ in split.gaps) == 2
+    # The first call prefilled (prompt progress) for 4 ms; three tokens in three calls.
+    assert (split.prompt_steps, split.prompt_ms) == (1, pytest.approx(4.0))
+    assert (split.tokens, split.tokens_per_step) == (3, 1.0)
 
 
 def test_the_gap_classes_cover_every_size_once() -> None:
@@ -60,9 +63,10 @@ def test_the_gap_classes_cover_every_size_once() -> None:
 
 
 def test_the_median_split_is_taken_field_by_field() -> None:
-    a = sp.RunSplit(10.0, 8.0, 2.0, 5, ((1, 0.1),) * 6)
-    b = sp.RunSplit(30.0, 20.0, 10.0, 9, ((3, 0.3),) * 6)
-    c = sp.RunSplit(20.0, 9.0, 11.0, 7, ((2, 0.2),) * 6)
+    a = sp.RunSplit(10.0, 8.0, 2.0, 5, ((1, 0.1),) * 6, 1, 4.0, 40)
+    b = sp.RunSplit(30.0, 20.0, 10.0, 9, ((3, 0.3),) * 6, 3, 2.0, 90)
+    c = sp.RunSplit(20.0, 9.0, 11.0, 7, ((2, 0.2),) * 6, 2, 9.0, 70)
     m = sp.median_split([a, b, c])
     assert (m.wall_ms, m.next_ms, m.outside_ms, m.steps) == (20.0, 9.0, 10.0, 7)
     assert m.gaps[0] == (2, 0.2)
+    assert (m.prompt_steps, m.prompt_ms, m.tokens) == (2, 4.0, 70)
