@@ -24,7 +24,11 @@ splits the wall time into the time inside ``next()`` and the time outside it, an
 gaps between calls by size (under 30 us: the loop's own work; 2 ms and up: mostly the time
 between a turn's end and the next turn's first step, a request's round trip on the server),
 medians over the rounds. What the server adds is the difference of the two sides: inside
-``next()`` (the same steps, slowed by whatever else took the cores) and outside it.
+``next()`` (the same steps, slowed by whatever else took the cores) and outside it. Per run
+too: the calls that prefilled (returned prompt progress) and the time inside them, and the
+tokens per call (the batch's mean occupancy). Direct inserts a stream's next prompt the step
+its last one ends; the server gets it over HTTP, so its turns' prefills come in other groups,
+beside the requests' own work on the cores.
 
 With ``--whole`` the server answers each request as one JSON body (``stream: false``) instead
 of streaming it: the same split, without the delta stream.
