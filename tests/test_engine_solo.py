@@ -19,12 +19,14 @@ from mlx_responses.engine.inbound import (
     Admit,
     Cancel,
     ClearPromptCache,
+    GrammarSpec,
     SequenceSpec,
     Shutdown,
     StopMatched,
 )
 from mlx_responses.engine.loader import LoadedModel
 from mlx_responses.engine.outbound import FactStream, Loaded
+from mlx_responses.engine.penalties import SamplingAdjust
 from mlx_responses.engine.slot import SequenceSlot
 from mlx_responses.engine.thread import GenerationThread, ThreadSettings
 
@@ -290,3 +292,44 @@ async def test_a_sequence_whose_cache_is_large_for_its_answer_stays_in_the_gener
             alone = await _answer(model, 1, SequenceSpec(prompt, 120, 0.0, 1.0))
         assert _totals(model)[0] == 1
     assert stayed == replace(alone, cached_tokens=stayed.cached_tokens)
+
+
+async def test_penalties_and_top_k_go_alone_with_the_sequence_and_a_grammar_stays_batched() -> None:
+    # Presence and frequency penalties change a greedy answer (they read every token the
+    # sequence has seen), top_k keeps the likeliest: their context must be the generator's at
+    # both switches, or the answer alone differs from the answer batched.
+    adjust = SamplingAdjust(presence_penalty=1.5, frequency_penalty=1.0, top_k=3)
+    async with engine(lockstep=False) as model:
+        loaded = _loaded(model)
+        long = _prompt(loaded, "Count from 1 to 400.")
+        with trio.fail_after(DEADLINE):
+            plain = await _answer(model, 9, SequenceSpec(long, 160, 0.0, 1.0))
+            model.send(Admit(1, SequenceSpec(long, 160, 0.0, 1.0, adjust=adjust)))
+            first = await read(model.slots[1], until_tokens=3)  # it decodes alone now
+            model.send(Admit(2, SequenceSpec(long, 40, 0.0, 1.0)))  # back in: batched
+            beside = await read(model.slots[2])  # ends long before the first: alone again
+            rest = await read(model.slots[1])
+            await ended_all(model, {1, 2})
+            entries, _ = _totals(model)
+            assert loaded.constraints is not None
+            json = loaded.constraints.json_object()
+            grammar = GrammarSpec(json.kind, json.source)
+            shaped = await _answer(model, 3, SequenceSpec(long, 24, 0.0, 1.0, grammar=grammar))
+            after_grammar, _ = _totals(model)
+    assert entries == 3  # the plain one, then the penalized one twice
+    assert beside.tokens == 40  # 40 steps batched between the two
+    assert after_grammar == entries  # a grammar's matcher keeps state: it stays batched
+    assert shaped.tokens > 0
+    penalized = first.text + rest.text
+    assert penalized != plain.text  # the penalties changed what it says
+    # The same request batched from its first token to its last, beside another throughout.
+    async with engine(lockstep=False) as model:
+        with trio.fail_after(DEADLINE):
+            model.send(Admit(1, SequenceSpec(long, 160, 0.0, 1.0, adjust=adjust)))
+            model.send(Admit(2, SequenceSpec(long, 400, 0.0, 1.0)))
+            batched = await read(model.slots[1])
+            companion = await read(model.slots[2])
+            await ended_all(model, {1, 2})
+    assert companion.tokens > batched.tokens  # it outlived the first: that was never alone
+    assert penalized == batched.text
+    assert first.tokens + rest.tokens == batched.tokens

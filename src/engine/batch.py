@@ -24,10 +24,12 @@ Invariants:
 - Identical messages and steps give identical output: nothing here reads the clock or any
   state but the messages' own (seeded samplers draw from their own keys).
 - A sequence alone decodes outside the generator ("solo"): when the batch holds one sequence,
-  decoding, with nothing the generator alone does for it (no logits processors, seeded
-  sampler, images or segment checkpoints, on a one-process model whose cache is plain
-  ``KVCache`` layers, not quantized), its cache leaves the generator and each step is one
-  call of the model on that plain cache. ``BatchGenerator`` pays for batching even in a batch
+  decoding, with nothing the generator alone does for it (no grammar, seeded sampler, images
+  or segment checkpoints, on a one-process model whose cache is plain ``KVCache`` layers, not
+  quantized), its cache leaves the generator and each step is one call of the model on that
+  plain cache. Its penalties and ``top_k`` (logits processors that read only the tokens and
+  the logits) go with it, over the same token context the generator keeps (mlx-lm's
+  ``TokenBuffer``); a grammar's matcher keeps state of its own and stays in the generator. ``BatchGenerator`` pays for batching even in a batch
   of one (a left-padded cache, masks, rows split per step): ~12% of a step on the bundled
   model, ~3% on the bench model (``bench/batch_of_one.py``). The tokens are the same (greedy:
   identical, tested); the step is pipelined as the generator's is (the next token computes
@@ -151,6 +153,7 @@ class _Live:
     generated: int = 0  # tokens delivered (the finishing one included)
     solo: bool = False  # it may decode alone outside the generator (the module header)
     solo_after: int | None = None  # tokens it generates in the generator first (None: not known)
+    processors: tuple[Any, ...] = ()  # its logits processors, guarded (``faults.guard``)
 
 
 @dataclass(slots=True)
@@ -164,6 +167,7 @@ class _Solo:
     pending: Any
     logprobs: Any
     matcher: Any  # mlx-lm's stop-token matcher
+    context: Any = None  # the tokens its processors read (a ``TokenBuffer``; None without any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +332,7 @@ class Batch:
         fault = Fault(self._faults)
         try:
             sampler = self._sampler(spec, fault)
-            processors = self._processors(spec)
+            processors = [guard(p, fault, _keep_logits) for p in self._processors(spec)]
             # Only the part of the prompt the prompt cache does not hold is prefilled.
             if self._found is None or self._found.message.seq_id != message.seq_id:
                 self.lookup(message)
@@ -346,7 +350,7 @@ class Batch:
                 caches=[start.cache],
                 all_tokens=[list(prompt[: start.start])],
                 samplers=[sampler],
-                logits_processors=[[guard(p, fault, _keep_logits) for p in processors]],
+                logits_processors=[processors],
                 stop_sequences=[self._stop_tokens],
             )
         except Exception as exc:
@@ -377,9 +381,10 @@ class Batch:
             keyed=spec.prompt if prompt is not spec.prompt else None,
             sampler=sampler,
             max_tokens=spec.max_tokens,
+            processors=tuple(processors),
             solo=(
                 self._solo_allowed
-                and not processors
+                and spec.grammar is None
                 and not cuts
                 and prompt is spec.prompt
                 and (spec.seed is None or spec.temperature == 0)
@@ -516,15 +521,22 @@ class Batch:
 
     # -- a sequence alone (the module header) ----------------------------------------------------
 
-    def _solo_forward(self, cache: list[Any], inputs: Any, sampler: Any) -> tuple[Any, Any]:
+    def _solo_forward(
+        self, entry: _Live, cache: list[Any], inputs: Any, context: Any
+    ) -> tuple[Any, Any]:
         """Feed ``inputs`` (one token, shape [1]) to the model on ``cache``; the next token and
-        its log-probabilities, set computing (as ``BatchGenerator``'s step computes them)."""
+        its log-probabilities, set computing (as ``BatchGenerator``'s step computes them: its
+        processors see the token context with ``inputs`` added)."""
         mx = self._mx
         with mx.stream(self._stream):
             logits = self._loaded.model(inputs[:, None], cache=cache)[:, -1, :]
+            if entry.processors:
+                tokens = context.update_and_fetch(inputs)
+                for processor in entry.processors:
+                    logits = processor(tokens, logits)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            sampled = sampler(logprobs)
-            mx.async_eval(sampled, logprobs)
+            sampled = entry.sampler(logprobs)
+            mx.async_eval(sampled, logprobs, tokens if entry.processors else ())
         return sampled, logprobs
 
     def _enter_solo(self, entry: _Live) -> None:
@@ -534,9 +546,14 @@ class Batch:
         cache, tokens = self._generator.remove([entry.uid], return_prompt_caches=True)[entry.uid]
         for layer in cache:
             layer.trim(1)
-        pending, logprobs = self._solo_forward(cache, self._mx.array(tokens[-1:]), entry.sampler)
+        context = None
+        if entry.processors:  # the tokens in the cache now, as the generator's context held them
+            from mlx_lm.models.cache import TokenBuffer
+
+            context = TokenBuffer(list(tokens[:-1]))
+        pending, logprobs = self._solo_forward(entry, cache, self._mx.array(tokens[-1:]), context)
         self._solo = _Solo(
-            entry, cache, list(tokens), pending, logprobs, self._stop_tokens.matcher()
+            entry, cache, list(tokens), pending, logprobs, self._stop_tokens.matcher(), context
         )
         self.totals.solo_entries += 1
 
@@ -555,7 +572,7 @@ class Batch:
             caches=[solo.cache],
             all_tokens=[solo.tokens],
             samplers=[entry.sampler],
-            logits_processors=[[]],
+            logits_processors=[list(entry.processors)],
             stop_sequences=[self._stop_tokens],
         )
         self._by_uid.pop(entry.uid, None)
@@ -571,7 +588,7 @@ class Batch:
             self._threads.before_step(False)
         current, logprobs = solo.pending, solo.logprobs
         # Fed even when it is the last (the generator feeds it too): the stored cache holds it.
-        solo.pending, solo.logprobs = self._solo_forward(solo.cache, current, entry.sampler)
+        solo.pending, solo.logprobs = self._solo_forward(entry, solo.cache, current, solo.context)
         token = int(current.item())
         solo.tokens.append(token)
         totals = self.totals
