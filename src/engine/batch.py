@@ -29,11 +29,11 @@ Invariants:
   quantized), its cache leaves the generator and each step is one call of the model on that
   plain cache. Its penalties and ``top_k`` (logits processors that read only the tokens and
   the logits) go with it, over the same token context the generator keeps (mlx-lm's
-  ``TokenBuffer``); a grammar's matcher keeps state of its own and stays in the generator. ``BatchGenerator`` pays for batching even in a batch
-  of one (a left-padded cache, masks, rows split per step): ~12% of a step on the bundled
-  model, ~3% on the bench model (``bench/batch_of_one.py``). The tokens are the same (greedy:
-  identical, tested); the step is pipelined as the generator's is (the next token computes
-  while this one is delivered). The sequence goes back into the generator before anything
+  ``TokenBuffer``); a grammar's matcher keeps state of its own and stays in the generator.
+  ``BatchGenerator`` pays for batching even in a batch of one (a left-padded cache, masks,
+  rows split per step): ~12% of a step on the bundled model, ~3% on the bench model
+  (``bench/batch_of_one.py``). The tokens are the same (greedy: identical, tested); the step
+  is pipelined as the generator's is (the next token computes while this one is delivered). The sequence goes back into the generator before anything
   else touches it: another sequence's admission, a ``stop`` (its consumer's, or a stop text
   matched here). Going alone copies the cache, so a sequence first generates a token per
   ``SOLO_BYTES_PER_TOKEN`` of it in the generator: a short answer to a long context stays
