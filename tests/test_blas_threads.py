@@ -18,8 +18,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from mlx_responses.blas import openblas_loaded
+from mlx_responses.engine import blas_threads as blas_module
 from mlx_responses.engine import thread as thread_module
 from mlx_responses.engine.blas_threads import (
+    CALIBRATION_ROWS,
     MIN_SPEEDUP,
     BlasThreads,
     StepThreads,
@@ -126,11 +128,69 @@ def test_auto_measures_and_leaves_openblas_on_the_count_it_reports(
     assert blas.speedup is not None
     assert blas.speedup > 0
     assert blas.threads == (default_restored if blas.speedup >= MIN_SPEEDUP else 1)
+    # Every batch size measured, each on the count its own speedup says.
+    assert [size for size, _, _ in blas.by_rows] == sorted(CALIBRATION_ROWS)
+    for _, threads, speedup in blas.by_rows:
+        assert threads == (default_restored if speedup >= MIN_SPEEDUP else 1)
     # Prefill always on the default, and the thread is left there for its first step.
     assert blas.prefill_threads == default_restored
     handle = open_blas()
     assert handle is not None
     assert handle.threads() == default_restored
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=8)),
+        max_size=4,
+        unique_by=lambda size: size[0],
+    ),
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=100),
+)
+def test_a_decode_step_runs_on_the_count_of_the_widest_size_measured_at_or_below_it(
+    sizes: list[tuple[int, int]], fallback: int, rows: int
+) -> None:
+    by_rows = tuple(sorted((size, n, 1.0) for size, n in sizes))
+    choice = BlasThreads(fallback, 8, None, "test", 8, by_rows)
+    below = [n for size, n, _ in by_rows if size <= rows]
+    assert choice.decode_threads(rows) == (below[-1] if below else fallback)
+
+
+def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two threads 1.1x faster at one row, slower at four, 1.6x faster at sixteen (the shape
+    measured on the bench model, with a clearer widest size): one thread below sixteen
+    sequences, two from there; the reported speedup is one row's."""
+    faster = {1: 1.1, 4: 0.87, 16: 1.6}
+    measured: list[int] = []
+
+    def paired(_model: object, _set: object, default: int, rows: int) -> tuple[list[float], ...]:
+        measured.append(rows)
+        return [faster[rows] * 1e-3] * 12, [1e-3] * 12
+
+    class Blas:
+        default = 2
+
+        def set_threads(self, count: int) -> None:
+            self.count = count
+
+    blas = Blas()
+    monkeypatch.setattr(blas_module, "calibrate", paired)
+    choice = blas_module._measure(blas, object())  # type: ignore[arg-type]
+    assert measured == list(CALIBRATION_ROWS)
+    assert [(size, n) for size, n, _ in choice.by_rows] == [(1, 1), (4, 1), (16, 2)]
+    assert (choice.threads, choice.speedup) == (1, pytest.approx(1.1))
+    assert [choice.decode_threads(rows) for rows in (1, 3, 4, 15, 16, 32)] == [1, 1, 1, 1, 2, 2]
+    assert blas.count == 2  # left on the prefill's count
+    assert "(2 from 16 sequences)" in choice.describe()
+    assert "1.10x / 0.87x / 1.60x faster at 1 / 4 / 16 rows" in choice.describe()
+    assert choice.to_json()["decode_by_rows"][2] == {
+        "rows": 16,
+        "threads": 2,
+        "measured_speedup": 1.6,
+    }
 
 
 @needs_openblas
@@ -190,19 +250,23 @@ class FakeBlas:
 @given(
     st.integers(min_value=1, max_value=8),
     st.integers(min_value=1, max_value=8),
-    st.lists(st.booleans(), max_size=60),
+    st.integers(min_value=1, max_value=8),
+    st.lists(st.tuples(st.booleans(), st.integers(min_value=1, max_value=40)), max_size=60),
 )
 def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
-    decode: int, prefill: int, steps: list[bool]
+    decode: int, wide: int, prefill: int, steps: list[tuple[bool, int]]
 ) -> None:
+    # Decode steps of 8 sequences or more run on ``wide`` threads, fewer on ``decode``.
     blas = FakeBlas(prefill)
-    choice = BlasThreads(decode, max(decode, prefill), None, "test", prefill)
+    default = max(decode, wide, prefill)
+    by_rows = ((1, decode, 1.0), (8, wide, 1.0))
+    choice = BlasThreads(decode, default, 1.0, "test", prefill, by_rows)
     threads = StepThreads(blas.set_threads, choice, blas.synchronize, blas.current)
     changes = 0
-    for prefilling in steps:
+    for prefilling, rows in steps:
         before = blas.current
-        threads.before_step(prefilling)
-        assert blas.current == (prefill if prefilling else decode)
+        threads.before_step(prefilling, rows)
+        assert blas.current == (prefill if prefilling else wide if rows >= 8 else decode)
         changes += blas.current != before
     # Only changes touch OpenBLAS, and each one after the stream finished its work.
     assert blas.log[0::2] == ["sync"] * changes
@@ -234,6 +298,32 @@ async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
             assert await finish(model.insert(2)) == ("length", 4)
             assert steps.changes >= 3  # the next prefill went back to the default, and down
             assert handle.threads() == 1
+
+
+@needs_openblas
+async def test_a_batch_decodes_on_the_count_its_size_was_measured_to_want(
+    monkeypatch: pytest.MonkeyPatch, default_restored: int
+) -> None:
+    if default_restored < 2:
+        pytest.skip("OpenBLAS runs one thread here: nothing to switch")
+    handle = open_blas()
+    assert handle is not None
+
+    def one_alone_default_for_two(*_args: object) -> BlasThreads:
+        handle.set_threads(default_restored)
+        by_rows = ((1, 1, 1.0), (2, default_restored, 2.0))
+        return BlasThreads(1, default_restored, 1.0, "test", default_restored, by_rows)
+
+    monkeypatch.setattr(thread_module, "set_blas_threads", one_alone_default_for_two)
+    async with running() as model:
+        with trio.fail_after(DEADLINE):
+            assert await finish(model.insert(1)) == ("length", 4)
+            assert handle.threads() == 1  # its last step decoded one sequence
+            # Two together (the first gathers the second): their last step decoded both.
+            first, second = model.insert(2, arriving=1), model.insert(3)
+            assert await finish(first) == ("length", 4)
+            assert await finish(second) == ("length", 4)
+            assert handle.threads() == default_restored
 
 
 # After a product on two OpenBLAS threads (a step that prefills) and the switch to one (the

@@ -463,7 +463,7 @@ class Batch:
         generator = self._generator
         prefilling = self.prefills()
         if self._threads is not None:
-            self._threads.before_step(prefilling)
+            self._threads.before_step(prefilling, self._decoding)
         totals = self.totals
         if prefilling:  # mlx-lm's counters (~15 us a read) only where a prompt is in the step
             self._flush()

@@ -4,20 +4,26 @@ the extra threads pay for the cores they take.
 Invariants:
 - Chosen once per generation thread, after the model loads and before any sequence: a count
   for decode steps and one for steps that prefill (``BlasThreads``).
-- ``auto`` (the default) times decode-shaped forward passes (``CALIBRATION_ROWS`` rows of one
-  token, over a cache that grows by one per pass), one thread and the default count in
-  alternation, and decodes on the default only when it makes a pass at least ``MIN_SPEEDUP``
-  times faster: the paired ratios (so a machine whose speed drifts compares like with like),
+- ``auto`` (the default) times decode-shaped forward passes (rows of one token, over a cache
+  that grows by one per pass) at each batch size of ``CALIBRATION_ROWS`` (1, 4 and 16
+  sequences), one thread and the default count in alternation. A decode step of that many
+  sequences or more (up to the next size measured) runs on the default only when it makes a
+  pass of that size at least ``MIN_SPEEDUP`` times faster, else on one thread: on a model
+  whose products are small, a second thread buys little speed and takes a core from the
+  event loop, the clients and the generation thread's own Python. Measured on the 10M bench
+  model here, two threads made a pass 1.08-1.20x faster at 1 row, 0.85-0.89x at 4 and
+  1.11-1.35x at 16; one count for every size, read at 16 rows, decoded 4 streams 1.26x slower
+  on the starts that read above 1.3x (``docs/benchmarks.md``, ninth pass). Each size's
+  speedup is from the paired ratios (so a machine whose speed drifts compares like with like):
   their median per block of ``BLOCK_PAIRS``, the best block (a process busy on a core slows
-  the threaded passes most; measured on this shared machine, the 10M bench model's speedup
-  read 1.23-1.58 from one start to the next). Below that decode steps run on one thread: on a model whose products are small,
-  a second thread buys little speed and takes a core from the event loop, the clients and the
-  generation thread's own Python (measured: ``docs/benchmarks.md``). Steps that
-  prefill always run on the default: their products have a row per prompt token.
+  the threaded passes most; the 10M bench model's 16-row speedup read 1.2-1.66 from one start
+  to the next on this shared machine). Steps that prefill always run on the default: their
+  products have a row per prompt token.
 - The count is process-wide in OpenBLAS and changing it while a product runs is not safe, so
   ``StepThreads`` changes it only between steps and only after the generation stream has
   finished its work (``synchronize``); it changes only when a step needs another count than
-  the last one (a burst's prefill begins or ends), so the batch's pipelining is kept otherwise.
+  the last one (a burst's prefill begins or ends, the batch crosses a size measured), so the
+  batch's pipelining is kept otherwise.
 - Nothing is measured or changed where OpenBLAS is not loaded, on a GPU, where its default is
   one thread, or where one pass takes longer than ``MAX_PASS_SECONDS`` (a model that large has
   products worth every thread). A fixed count (``--blas-threads N``) is set as given.
@@ -39,30 +45,49 @@ from ..blas import OPENBLAS, openblas_loaded
 
 MIN_SPEEDUP: Final = 1.3
 BLOCK_PAIRS: Final = 6
-CALIBRATION_ROWS: Final = 16
-CALIBRATION_PAIRS: Final = 24
+CALIBRATION_ROWS: Final = (16, 4, 1)  # the widest first: its pass decides whether to measure
+CALIBRATION_PAIRS: Final = 18
 WARM_UP_PASSES: Final = 4
 MAX_PASS_SECONDS: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
 class BlasThreads:
-    """What the generation thread runs on: ``threads`` for decode steps and ``prefill_threads``
-    for steps that prefill, of OpenBLAS's ``default``; the measured speedup of the default over
-    one thread on a decode pass (None when nothing was measured) and why."""
+    """What the generation thread runs on: ``threads`` for decode steps (of one sequence, and of
+    every size when ``by_rows`` is empty) and ``prefill_threads`` for steps that prefill, of
+    OpenBLAS's ``default``; the measured speedup of the default over one thread on a decode
+    pass of one sequence (None when nothing was measured) and why. ``by_rows``: per batch size
+    measured, ascending, the count and the speedup a decode step of that many sequences or more
+    (up to the next size) runs on."""
 
     threads: int
     default: int
     speedup: float | None
     reason: str
     prefill_threads: int
+    by_rows: tuple[tuple[int, int, float], ...] = ()
+
+    def decode_threads(self, rows: int) -> int:
+        """The count a decode step of ``rows`` sequences runs on."""
+        count = self.threads
+        for size, threads, _ in self.by_rows:
+            if rows >= size:
+                count = threads
+        return count
 
     def describe(self) -> str:
         text = f"OpenBLAS on {self.threads} of {self.default} threads"
-        if self.prefill_threads != self.threads:
-            text += f" for decoding, {self.prefill_threads} for prefill"
+        wider = [(size, n) for size, n, _ in self.by_rows if n != self.threads]
+        if self.prefill_threads != self.threads or wider:
+            text += " for decoding"
+            text += "".join(f" ({n} from {size} sequences)" for size, n in wider)
+            text += f", {self.prefill_threads} for prefill"
         text += f" ({self.reason}"
-        if self.speedup is not None:
+        if self.by_rows:
+            sizes = " / ".join(str(size) for size, _, _ in self.by_rows)
+            gains = " / ".join(f"{gain:.2f}x" for _, _, gain in self.by_rows)
+            text += f": {self.default} threads made a decode pass {gains} faster at {sizes} rows"
+        elif self.speedup is not None:
             text += f": {self.default} threads made a decode pass {self.speedup:.2f}x faster"
         return text + ")"
 
@@ -72,6 +97,10 @@ class BlasThreads:
             "prefill_threads": self.prefill_threads,
             "default_threads": self.default,
             "measured_speedup": None if self.speedup is None else round(self.speedup, 3),
+            "decode_by_rows": [
+                {"rows": size, "threads": n, "measured_speedup": round(gain, 3)}
+                for size, n, gain in self.by_rows
+            ],
             "reason": self.reason,
         }
 
@@ -87,14 +116,15 @@ class StepThreads:
         current: int,
     ) -> None:
         self._set = set_threads
-        self._decode = choice.threads
+        self._choice = choice
         self._prefill = choice.prefill_threads
         self._synchronize = synchronize
         self.current = current
         self.changes = 0
 
-    def before_step(self, prefilling: bool) -> None:
-        wanted = self._prefill if prefilling else self._decode
+    def before_step(self, prefilling: bool, rows: int = 1) -> None:
+        """Before a step that prefills, or decodes ``rows`` sequences."""
+        wanted = self._prefill if prefilling else self._choice.decode_threads(rows)
         if wanted != self.current:
             self._synchronize()  # no product of an earlier step is still running
             self._set(wanted)
@@ -193,28 +223,35 @@ def _measure(blas: OpenBlas, model: Any) -> BlasThreads:
     blas.set_threads(default)
     if default <= 1:
         return BlasThreads(default, default, None, "its default is one thread", default)
+    chosen: list[tuple[int, int, float]] = []
     try:
-        one, many = calibrate(model, blas.set_threads, default)
+        for rows in CALIBRATION_ROWS:
+            one, many = calibrate(model, blas.set_threads, default, rows)
+            if not one:  # the widest pass is too slow: products worth every thread
+                blas.set_threads(default)
+                reason = "a pass is too slow to measure"
+                return BlasThreads(default, default, None, reason, default)
+            chosen.append((rows, *choose_threads(one, many, default)))
     except Exception as exc:  # never a reason not to serve: the default stays
         blas.set_threads(default)
         return BlasThreads(default, default, None, f"not measured: {exc!r}", default)
     blas.set_threads(default)  # prefill's count, where the first step (a prefill) starts
-    if not one:
-        return BlasThreads(default, default, None, "a pass is too slow to measure", default)
-    threads, speedup = choose_threads(one, many, default)
-    return BlasThreads(threads, default, speedup, f"measured, {MIN_SPEEDUP}x needed", default)
+    by_rows = tuple(sorted(chosen))
+    _, threads, speedup = by_rows[0]
+    reason = f"measured, {MIN_SPEEDUP}x needed"
+    return BlasThreads(threads, default, speedup, reason, default, by_rows)
 
 
 def calibrate(
-    model: Any, set_threads: Callable[[int], None], default: int
+    model: Any, set_threads: Callable[[int], None], default: int, rows: int
 ) -> tuple[list[float], list[float]]:
-    """Paired forward-pass times on one thread and on ``default`` threads; empty when one
-    pass takes longer than ``MAX_PASS_SECONDS``."""
+    """Paired times of a decode pass of ``rows`` sequences on one thread and on ``default``
+    threads; empty when one pass takes longer than ``MAX_PASS_SECONDS``."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    step = mx.zeros((CALIBRATION_ROWS, 1), dtype=mx.int32)
+    step = mx.zeros((rows, 1), dtype=mx.int32)
 
     def timed(threads: int) -> float:
         set_threads(threads)
