@@ -24,6 +24,7 @@ from mlx_responses.engine.blas_threads import (
     CALIBRATION_ROWS,
     MIN_SPEEDUP,
     BlasThreads,
+    OpenBlas,
     StepThreads,
     choose_threads,
     open_blas,
@@ -274,20 +275,29 @@ def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
     assert threads.changes == changes == len(blas.log) // 2
 
 
-@needs_openblas
-async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
-    monkeypatch: pytest.MonkeyPatch, default_restored: int
-) -> None:
-    if default_restored < 2:
+def _loads_with(
+    monkeypatch: pytest.MonkeyPatch, default: int, by_rows: tuple[tuple[int, int, float], ...]
+) -> OpenBlas:
+    """Generation threads started from now on choose one thread for decoding (per size:
+    ``by_rows``) and OpenBLAS's ``default`` for prefill, unmeasured; the OpenBLAS they set."""
+    if default < 2:
         pytest.skip("OpenBLAS runs one thread here: nothing to switch")
     handle = open_blas()
     assert handle is not None
 
-    def decode_on_one(*_args: object) -> BlasThreads:
-        handle.set_threads(default_restored)
-        return BlasThreads(1, default_restored, None, "test", default_restored)
+    def chosen(*_args: object) -> BlasThreads:
+        handle.set_threads(default)
+        return BlasThreads(1, default, None, "test", default, by_rows)
 
-    monkeypatch.setattr(thread_module, "set_blas_threads", decode_on_one)
+    monkeypatch.setattr(thread_module, "set_blas_threads", chosen)
+    return handle
+
+
+@needs_openblas
+async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
+    monkeypatch: pytest.MonkeyPatch, default_restored: int
+) -> None:
+    handle = _loads_with(monkeypatch, default_restored, ())
     async with running() as model:
         with trio.fail_after(DEADLINE):
             assert await finish(model.insert(1)) == ("length", 4)
@@ -304,17 +314,8 @@ async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
 async def test_a_batch_decodes_on_the_count_its_size_was_measured_to_want(
     monkeypatch: pytest.MonkeyPatch, default_restored: int
 ) -> None:
-    if default_restored < 2:
-        pytest.skip("OpenBLAS runs one thread here: nothing to switch")
-    handle = open_blas()
-    assert handle is not None
-
-    def one_alone_default_for_two(*_args: object) -> BlasThreads:
-        handle.set_threads(default_restored)
-        by_rows = ((1, 1, 1.0), (2, default_restored, 2.0))
-        return BlasThreads(1, default_restored, 1.0, "test", default_restored, by_rows)
-
-    monkeypatch.setattr(thread_module, "set_blas_threads", one_alone_default_for_two)
+    by_rows = ((1, 1, 1.0), (2, default_restored, 2.0))  # one alone, the default for two
+    handle = _loads_with(monkeypatch, default_restored, by_rows)
     async with running() as model:
         with trio.fail_after(DEADLINE):
             assert await finish(model.insert(1)) == ("length", 4)
