@@ -33,12 +33,13 @@ Invariants:
   ``BatchGenerator`` pays for batching even in a batch of one (a left-padded cache, masks,
   rows split per step): ~12% of a step on the bundled model, ~3% on the bench model
   (``bench/batch_of_one.py``). The tokens are the same (greedy: identical, tested); the step
-  is pipelined as the generator's is (the next token computes while this one is delivered). The sequence goes back into the generator before anything
-  else touches it: another sequence's admission, a ``stop`` (its consumer's, or a stop text
-  matched here). Going alone copies the cache, so a sequence first generates a token per
-  ``SOLO_BYTES_PER_TOKEN`` of it in the generator: a short answer to a long context stays
-  there. Entering and leaving each recompute one token (the cache is trimmed by one and its
-  last token fed again), so the token in flight at the switch is never lost or doubled.
+  is pipelined as the generator's is (the next token computes while this one is delivered).
+  The sequence goes back into the generator before anything else touches it: another
+  sequence's admission, a ``stop`` (its consumer's, or a stop text matched here). Going
+  alone copies the cache, so a sequence first generates a token per ``SOLO_BYTES_PER_TOKEN``
+  of it in the generator: a short answer to a long context stays there. Entering and
+  leaving each recompute one token (the cache is trimmed by one and its last token fed
+  again), so the token in flight at the switch is never lost or doubled.
 """
 
 from __future__ import annotations
@@ -530,13 +531,12 @@ class Batch:
         mx = self._mx
         with mx.stream(self._stream):
             logits = self._loaded.model(inputs[:, None], cache=cache)[:, -1, :]
-            if entry.processors:
-                tokens = context.update_and_fetch(inputs)
-                for processor in entry.processors:
-                    logits = processor(tokens, logits)
+            seen = () if context is None else context.update_and_fetch(inputs)
+            for processor in entry.processors:
+                logits = processor(seen, logits)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             sampled = entry.sampler(logprobs)
-            mx.async_eval(sampled, logprobs, tokens if entry.processors else ())
+            mx.async_eval(sampled, logprobs, seen)
         return sampled, logprobs
 
     def _enter_solo(self, entry: _Live) -> None:
