@@ -229,9 +229,10 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "auto",
         blas_threads_flag,
         "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
-        "default: prefill on OpenBLAS's own count; decode steps too only if it makes a decode "
-        "pass at least 1.3x faster than one thread, measured at load for batches of 1, 4 and "
-        "16 sequences, each size on its own count, else on one)",
+        "default: prefill on OpenBLAS's own count, a prefill of at most 64 tokens only if it "
+        "makes one at least 1.1x faster; decode steps too only if it makes a decode pass at "
+        "least 1.3x faster than one thread, measured at load for batches of 1, 4 and 16 "
+        "sequences, each size on its own count, else on one)",
     ),
     Flag(  # docs/architecture.md, "A sequence alone"
         "--solo-decode",

@@ -22,7 +22,9 @@ from mlx_responses.engine import blas_threads as blas_module
 from mlx_responses.engine import thread as thread_module
 from mlx_responses.engine.blas_threads import (
     CALIBRATION_ROWS,
+    MIN_PREFILL_SPEEDUP,
     MIN_SPEEDUP,
+    SHORT_PREFILL_TOKENS,
     BlasThreads,
     OpenBlas,
     StepThreads,
@@ -133,8 +135,13 @@ def test_auto_measures_and_leaves_openblas_on_the_count_it_reports(
     assert [size for size, _, _ in blas.by_rows] == sorted(CALIBRATION_ROWS)
     for _, threads, speedup in blas.by_rows:
         assert threads == (default_restored if speedup >= MIN_SPEEDUP else 1)
-    # Prefill always on the default, and the thread is left there for its first step.
+    # Prefill on the default, a short one on the count its own speedup says (unmeasured only
+    # where a pass is too slow, as it is not for the bundled model), and the thread is left on
+    # the default for its first step.
     assert blas.prefill_threads == default_restored
+    assert blas.short_prefill is not None
+    threads, speedup = blas.short_prefill
+    assert threads == (default_restored if speedup >= MIN_PREFILL_SPEEDUP else 1)
     handle = open_blas()
     assert handle is not None
     assert handle.threads() == default_restored
@@ -158,18 +165,23 @@ def test_a_decode_step_runs_on_the_count_of_the_widest_size_measured_at_or_below
     assert choice.decode_threads(rows) == (below[-1] if below else fallback)
 
 
+@pytest.mark.parametrize("prefill_gain", [1.05, 1.2])
 def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, prefill_gain: float
 ) -> None:
     """Two threads 1.1x faster at one row, slower at four, 1.6x faster at sixteen (the shape
     measured on the bench model, with a clearer widest size): one thread below sixteen
-    sequences, two from there; the reported speedup is one row's."""
+    sequences, two from there; the reported speedup is one row's. A short prefill runs on two
+    threads only where they make it ``MIN_PREFILL_SPEEDUP`` faster."""
     faster = {1: 1.1, 4: 0.87, 16: 1.6}
-    measured: list[int] = []
+    measured: list[tuple[int, int]] = []
 
-    def paired(_model: object, _set: object, default: int, rows: int) -> tuple[list[float], ...]:
-        measured.append(rows)
-        return [faster[rows] * 1e-3] * 12, [1e-3] * 12
+    def paired(
+        _model: object, _set: object, default: int, rows: int, *, tokens: int = 1, **_: object
+    ) -> tuple[list[float], ...]:
+        measured.append((rows, tokens))
+        gain = prefill_gain if tokens > 1 else faster[rows]
+        return [gain * 1e-3] * 12, [1e-3] * 12
 
     class Blas:
         default = 2
@@ -180,13 +192,23 @@ def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
     blas = Blas()
     monkeypatch.setattr(blas_module, "calibrate", paired)
     choice = blas_module._measure(blas, object())  # type: ignore[arg-type]
-    assert measured == list(CALIBRATION_ROWS)
+    assert measured == [(rows, 1) for rows in CALIBRATION_ROWS] + [(1, SHORT_PREFILL_TOKENS)]
     assert [(size, n) for size, n, _ in choice.by_rows] == [(1, 1), (4, 1), (16, 2)]
+    short = 2 if prefill_gain >= MIN_PREFILL_SPEEDUP else 1
+    assert choice.short_prefill == (short, pytest.approx(prefill_gain))
+    assert [choice.prefill_count(tokens) for tokens in (1, 64, 65, 4096)] == [short] * 2 + [2] * 2
     assert (choice.threads, choice.speedup) == (1, pytest.approx(1.1))
     assert [choice.decode_threads(rows) for rows in (1, 3, 4, 15, 16, 32)] == [1, 1, 1, 1, 2, 2]
     assert blas.count == 2  # left on the prefill's count
     assert "(2 from 16 sequences)" in choice.describe()
     assert "1.10x / 0.87x / 1.60x faster at 1 / 4 / 16 rows" in choice.describe()
+    assert f"a prefill of 64 tokens {prefill_gain:.2f}x (1.1x needed)" in choice.describe()
+    assert ("(1 up to 64 tokens)" in choice.describe()) == (short == 1)
+    assert choice.to_json()["short_prefill"] == {
+        "tokens": 64,
+        "threads": short,
+        "measured_speedup": prefill_gain,
+    }
     assert choice.to_json()["decode_by_rows"][2] == {
         "rows": 16,
         "threads": 2,
@@ -252,22 +274,32 @@ class FakeBlas:
     st.integers(min_value=1, max_value=8),
     st.integers(min_value=1, max_value=8),
     st.integers(min_value=1, max_value=8),
-    st.lists(st.tuples(st.booleans(), st.integers(min_value=1, max_value=40)), max_size=60),
+    st.integers(min_value=1, max_value=8),
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(min_value=1, max_value=40),
+            st.integers(min_value=1, max_value=4 * SHORT_PREFILL_TOKENS),
+        ),
+        max_size=60,
+    ),
 )
 def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
-    decode: int, wide: int, prefill: int, steps: list[tuple[bool, int]]
+    decode: int, wide: int, prefill: int, short: int, steps: list[tuple[bool, int, int]]
 ) -> None:
-    # Decode steps of 8 sequences or more run on ``wide`` threads, fewer on ``decode``.
+    # Decode steps of 8 sequences or more run on ``wide`` threads, fewer on ``decode``; a step
+    # with at most SHORT_PREFILL_TOKENS to prefill on ``short``, a longer one on ``prefill``.
     blas = FakeBlas(prefill)
-    default = max(decode, wide, prefill)
+    default = max(decode, wide, prefill, short)
     by_rows = ((1, decode, 1.0), (8, wide, 1.0))
-    choice = BlasThreads(decode, default, 1.0, "test", prefill, by_rows)
+    choice = BlasThreads(decode, default, 1.0, "test", prefill, by_rows, (short, 1.0))
     threads = StepThreads(blas.set_threads, choice, blas.synchronize, blas.current)
     changes = 0
-    for prefilling, rows in steps:
+    for prefilling, rows, tokens in steps:
         before = blas.current
-        threads.before_step(prefilling, rows)
-        assert blas.current == (prefill if prefilling else wide if rows >= 8 else decode)
+        threads.before_step(prefilling, rows, tokens)
+        prefill_count = short if tokens <= SHORT_PREFILL_TOKENS else prefill
+        assert blas.current == (prefill_count if prefilling else wide if rows >= 8 else decode)
         changes += blas.current != before
     # Only changes touch OpenBLAS, and each one after the stream finished its work.
     assert blas.log[0::2] == ["sync"] * changes
@@ -276,10 +308,14 @@ def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
 
 
 def _loads_with(
-    monkeypatch: pytest.MonkeyPatch, default: int, by_rows: tuple[tuple[int, int, float], ...]
+    monkeypatch: pytest.MonkeyPatch,
+    default: int,
+    by_rows: tuple[tuple[int, int, float], ...],
+    short_prefill: tuple[int, float] | None = None,
 ) -> OpenBlas:
     """Generation threads started from now on choose one thread for decoding (per size:
-    ``by_rows``) and OpenBLAS's ``default`` for prefill, unmeasured; the OpenBLAS they set."""
+    ``by_rows``) and OpenBLAS's ``default`` for prefill (a short one: ``short_prefill``),
+    unmeasured; the OpenBLAS they set."""
     if default < 2:
         pytest.skip("OpenBLAS runs one thread here: nothing to switch")
     handle = open_blas()
@@ -287,7 +323,7 @@ def _loads_with(
 
     def chosen(*_args: object) -> BlasThreads:
         handle.set_threads(default)
-        return BlasThreads(1, default, None, "test", default, by_rows)
+        return BlasThreads(1, default, None, "test", default, by_rows, short_prefill)
 
     monkeypatch.setattr(thread_module, "set_blas_threads", chosen)
     return handle
@@ -325,6 +361,33 @@ async def test_a_batch_decodes_on_the_count_its_size_was_measured_to_want(
             assert await finish(first) == ("length", 4)
             assert await finish(second) == ("length", 4)
             assert handle.threads() == default_restored
+
+
+@needs_openblas
+async def test_a_short_prompt_prefills_on_its_own_count_and_a_long_one_on_the_default(
+    monkeypatch: pytest.MonkeyPatch, default_restored: int
+) -> None:
+    """Short prefills measured to want one thread, as on the bundled model: a lone short
+    prompt prefills and decodes with no change of count; a prompt longer than
+    SHORT_PREFILL_TOKENS goes up to the default for its prefill and back down after it."""
+    handle = _loads_with(monkeypatch, default_restored, (), short_prefill=(1, 1.0))
+    async with running() as model:
+        with trio.fail_after(DEADLINE):
+            assert await finish(model.insert(1)) == ("length", 4)
+            steps = model.thread._batch._threads if model.thread._batch else None
+            assert steps is not None
+            settled = steps.changes  # at most one: down from the default the load left
+            assert settled <= 1
+            assert await finish(model.insert(2)) == ("length", 4)
+            assert steps.changes == settled
+            assert handle.threads() == 1
+            assert model.loaded is not None
+            words = " ".join(f"word{n}" for n in range(2 * SHORT_PREFILL_TOKENS))
+            long_prompt = tuple(model.loaded.tokenizer.encode(words))
+            assert len(long_prompt) > SHORT_PREFILL_TOKENS
+            assert await finish(model.insert(3, prompt=long_prompt)) == ("length", 4)
+            assert steps.changes == settled + 2
+            assert handle.threads() == 1
 
 
 # After a product on two OpenBLAS threads (a step that prefills) and the switch to one (the

@@ -52,12 +52,15 @@ class Thread:
         *,
         max_tokens: int = 4,
         clock: Callable[[], float] = time.perf_counter,
+        prompt: tuple[int, ...] | None = None,
     ) -> SequenceSlot:
         """Admit a sequence, as the model actor does, telling the thread how many requests
-        are still on their way. (The bundled model runs this prompt to ``max_tokens``.)"""
+        are still on their way. (The bundled model runs its prompt, by default a short one, to
+        ``max_tokens``.)"""
         assert self.loaded is not None
         slot = SequenceSlot(trio.lowlevel.current_trio_token(), clock)
-        prompt = tuple(self.loaded.tokenizer.encode(f"Say hello {seq_id}."))
+        if prompt is None:
+            prompt = tuple(self.loaded.tokenizer.encode(f"Say hello {seq_id}."))
         spec = SequenceSpec(prompt, max_tokens, 0.0, 1.0)
         self.thread.send(Admit(seq_id, spec, slot, arriving=arriving))
         return slot

@@ -460,11 +460,17 @@ class Batch:
                 if entry.generated > entry.solo_after:
                     self._enter_solo(entry)
 
+    def _to_prefill(self) -> int:
+        """The prompt tokens the sequences not yet decoding have left to prefill, at most (the
+        count at admission: a step of a long prompt's prefill still counts all of it)."""
+        return sum(e.prompt_length - e.reused for e in self._live.values() if e.phase != "decoding")
+
     def _batch_step(self) -> None:
         generator = self._generator
         prefilling = self.prefills()
         if self._threads is not None:
-            self._threads.before_step(prefilling, self._decoding)
+            to_prefill = self._to_prefill() if prefilling else 0
+            self._threads.before_step(prefilling, self._decoding, to_prefill)
         totals = self.totals
         if prefilling:  # mlx-lm's counters (~15 us a read) only where a prompt is in the step
             self._flush()

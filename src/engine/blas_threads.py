@@ -17,8 +17,15 @@ Invariants:
   speedup is from the paired ratios (so a machine whose speed drifts compares like with like):
   their median per block of ``BLOCK_PAIRS``, the best block (a process busy on a core slows
   the threaded passes most; the 10M bench model's 16-row speedup read 1.2-1.66 from one start
-  to the next on this shared machine). Steps that prefill always run on the default: their
-  products have a row per prompt token.
+  to the next on this shared machine).
+- Steps that prefill run on the default, except a short one: a step with at most
+  ``SHORT_PREFILL_TOKENS`` prompt tokens still to prefill in the batch (a lone chat turn) runs
+  on one thread unless a prefill of that many tokens is at least
+  ``MIN_PREFILL_SPEEDUP`` times faster on the default, measured the same way. A prefill holds
+  its user's first token, so its bar is lower than decode's; below it the second thread buys
+  less than the two count changes (each waits on the stream) and the core it takes from the
+  request's own work. Measured here (one thread over two, a 64-token prefill): the 0.5M
+  bundled model 1.01, the 10M bench model 1.27; at 512-2,048 tokens 1.07-1.08 and 1.15-1.23.
 - The count is process-wide in OpenBLAS and changing it while a product runs is not safe, so
   ``StepThreads`` changes it only between steps and only after the generation stream has
   finished its work (``synchronize``); it changes only when a step needs another count than
@@ -49,6 +56,12 @@ CALIBRATION_ROWS: Final = (16, 4, 1)  # the widest first: its pass decides wheth
 CALIBRATION_PAIRS: Final = 18
 WARM_UP_PASSES: Final = 4
 MAX_PASS_SECONDS: Final = 0.25
+SHORT_PREFILL_TOKENS: Final = 64
+MIN_PREFILL_SPEEDUP: Final = 1.1
+PREFILL_PAIRS: Final = 12
+# A model whose short prefill takes longer has products worth every thread; measuring it
+# would hold the start for seconds.
+MAX_PREFILL_PASS_SECONDS: Final = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +71,9 @@ class BlasThreads:
     OpenBLAS's ``default``; the measured speedup of the default over one thread on a decode
     pass of one sequence (None when nothing was measured) and why. ``by_rows``: per batch size
     measured, ascending, the count and the speedup a decode step of that many sequences or more
-    (up to the next size) runs on."""
+    (up to the next size) runs on. ``short_prefill``: the count a step with at most
+    ``SHORT_PREFILL_TOKENS`` prompt tokens to prefill runs on, and the speedup measured on a
+    prefill that long (None: such steps run on ``prefill_threads`` too)."""
 
     threads: int
     default: int
@@ -66,6 +81,13 @@ class BlasThreads:
     reason: str
     prefill_threads: int
     by_rows: tuple[tuple[int, int, float], ...] = ()
+    short_prefill: tuple[int, float] | None = None
+
+    def prefill_count(self, prompt_tokens: int) -> int:
+        """The count a step runs on that prefills, with ``prompt_tokens`` still to prefill."""
+        if self.short_prefill is not None and prompt_tokens <= SHORT_PREFILL_TOKENS:
+            return self.short_prefill[0]
+        return self.prefill_threads
 
     def decode_threads(self, rows: int) -> int:
         """The count a decode step of ``rows`` sequences runs on."""
@@ -78,10 +100,13 @@ class BlasThreads:
     def describe(self) -> str:
         text = f"OpenBLAS on {self.threads} of {self.default} threads"
         wider = [(size, n) for size, n, _ in self.by_rows if n != self.threads]
+        short = self.short_prefill
         if self.prefill_threads != self.threads or wider:
             text += " for decoding"
             text += "".join(f" ({n} from {size} sequences)" for size, n in wider)
             text += f", {self.prefill_threads} for prefill"
+            if short is not None and short[0] != self.prefill_threads:
+                text += f" ({short[0]} up to {SHORT_PREFILL_TOKENS} tokens)"
         text += f" ({self.reason}"
         if self.by_rows:
             sizes = " / ".join(str(size) for size, _, _ in self.by_rows)
@@ -89,6 +114,11 @@ class BlasThreads:
             text += f": {self.default} threads made a decode pass {gains} faster at {sizes} rows"
         elif self.speedup is not None:
             text += f": {self.default} threads made a decode pass {self.speedup:.2f}x faster"
+        if short is not None:
+            text += (
+                f", a prefill of {SHORT_PREFILL_TOKENS} tokens {short[1]:.2f}x"
+                f" ({MIN_PREFILL_SPEEDUP}x needed)"
+            )
         return text + ")"
 
     def to_json(self) -> dict[str, Any]:
@@ -101,6 +131,15 @@ class BlasThreads:
                 {"rows": size, "threads": n, "measured_speedup": round(gain, 3)}
                 for size, n, gain in self.by_rows
             ],
+            "short_prefill": (
+                None
+                if self.short_prefill is None
+                else {
+                    "tokens": SHORT_PREFILL_TOKENS,
+                    "threads": self.short_prefill[0],
+                    "measured_speedup": round(self.short_prefill[1], 3),
+                }
+            ),
             "reason": self.reason,
         }
 
@@ -117,14 +156,15 @@ class StepThreads:
     ) -> None:
         self._set = set_threads
         self._choice = choice
-        self._prefill = choice.prefill_threads
         self._synchronize = synchronize
         self.current = current
         self.changes = 0
 
-    def before_step(self, prefilling: bool, rows: int = 1) -> None:
-        """Before a step that prefills, or decodes ``rows`` sequences."""
-        wanted = self._prefill if prefilling else self._choice.decode_threads(rows)
+    def before_step(self, prefilling: bool, rows: int = 1, prompt_tokens: int = 0) -> None:
+        """Before a step that prefills (``prompt_tokens`` still to prefill in the batch), or
+        decodes ``rows`` sequences."""
+        choice = self._choice
+        wanted = choice.prefill_count(prompt_tokens) if prefilling else choice.decode_threads(rows)
         if wanted != self.current:
             self._synchronize()  # no product of an earlier step is still running
             self._set(wanted)
@@ -235,40 +275,67 @@ def _measure(blas: OpenBlas, model: Any) -> BlasThreads:
     except Exception as exc:  # never a reason not to serve: the default stays
         blas.set_threads(default)
         return BlasThreads(default, default, None, f"not measured: {exc!r}", default)
+    short_prefill = _measure_short_prefill(blas, model)
     blas.set_threads(default)  # prefill's count, where the first step (a prefill) starts
     by_rows = tuple(sorted(chosen))
     _, threads, speedup = by_rows[0]
     reason = f"measured, {MIN_SPEEDUP}x needed"
-    return BlasThreads(threads, default, speedup, reason, default, by_rows)
+    return BlasThreads(threads, default, speedup, reason, default, by_rows, short_prefill)
+
+
+def _measure_short_prefill(blas: OpenBlas, model: Any) -> tuple[int, float] | None:
+    """The count and speedup for a prefill of ``SHORT_PREFILL_TOKENS`` tokens, or None where
+    a pass is too slow to measure (the default runs it)."""
+    one, many = calibrate(
+        model,
+        blas.set_threads,
+        blas.default,
+        1,
+        tokens=SHORT_PREFILL_TOKENS,
+        pairs=PREFILL_PAIRS,
+        max_seconds=MAX_PREFILL_PASS_SECONDS,
+    )
+    if not one:
+        return None
+    return choose_threads(one, many, blas.default, MIN_PREFILL_SPEEDUP)
 
 
 def calibrate(
-    model: Any, set_threads: Callable[[int], None], default: int, rows: int
+    model: Any,
+    set_threads: Callable[[int], None],
+    default: int,
+    rows: int,
+    *,
+    tokens: int = 1,
+    pairs: int = CALIBRATION_PAIRS,
+    max_seconds: float = MAX_PASS_SECONDS,
 ) -> tuple[list[float], list[float]]:
-    """Paired times of a decode pass of ``rows`` sequences on one thread and on ``default``
-    threads; empty when one pass takes longer than ``MAX_PASS_SECONDS``."""
+    """Paired times of a pass of ``rows`` sequences of ``tokens`` tokens on one thread and on
+    ``default`` threads; empty when one pass takes longer than ``max_seconds``. One token: a
+    decode pass, over a cache that grows by one per pass; more: a prefill, over an empty one."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    step = mx.zeros((rows, 1), dtype=mx.int32)
+    step = mx.zeros((rows, tokens), dtype=mx.int32)
 
     def timed(threads: int) -> float:
         set_threads(threads)
+        fresh = cache if tokens == 1 else make_prompt_cache(model)
         began = time.perf_counter()
-        mx.eval(model(step, cache=cache))
+        mx.eval(model(step, cache=fresh))
         return time.perf_counter() - began
 
     # The second pass on the default (the first one warms up) decides whether to measure.
     timed(default)
-    if timed(default) > MAX_PASS_SECONDS:
+    if timed(default) > max_seconds:
         return [], []
     for _ in range(WARM_UP_PASSES // 2):
         timed(1)
         timed(default)
     one: list[float] = []
     many: list[float] = []
-    for pair in range(CALIBRATION_PAIRS):
+    for pair in range(pairs):
         if pair % 2:  # alternate which goes first
             one.append(timed(1))
             many.append(timed(default))
