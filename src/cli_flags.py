@@ -230,7 +230,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         blas_threads_flag,
         "threads OpenBLAS runs MLX's CPU products on: a count for every step, or 'auto' (the "
         "default: prefill on OpenBLAS's own count, a prefill of at most 64 tokens only if it "
-        "makes one at least 1.1x faster; decode steps too only if it makes a decode pass at "
+        "makes one at least 1.2x faster; decode steps too only if it makes a decode pass at "
         "least 1.3x faster than one thread, measured at load for batches of 1, 4 and 16 "
         "sequences, each size on its own count, else on one)",
     ),
