@@ -117,6 +117,9 @@ class Measurement:
     trio_cpu_s: float = 0.0
     # Where the measured window began (``time.perf_counter``): it ends ``seconds`` later.
     started_at: float = 0.0
+    # Every request's own time to its first token (every turn of every stream): from its
+    # insertion (direct) or its send (server).
+    request_first_s: tuple[float, ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -171,6 +174,8 @@ class DirectRunner:
             generated = {uid: [] for uid in uids}
             left = [turns - 1] * concurrency
             first: dict[int, float] = {}
+            inserted = dict.fromkeys(uids, start)
+            request_first: dict[int, float] = {}
             running = set(uids)
             end = start
             while running:
@@ -179,12 +184,14 @@ class DirectRunner:
                 for response in responses:
                     stream = stream_of[response.uid]
                     first.setdefault(stream, now - start)
+                    request_first.setdefault(response.uid, now - inserted[response.uid])
                     if response.finish_reason != "stop":
                         generated[response.uid].append(int(response.token))
                     if response.finish_reason is not None:
                         running.discard(response.uid)
                         if left[stream] > 0:
                             left[stream] -= 1
+                            at = time.perf_counter()
                             (uid,) = generator.insert(
                                 [prompts[stream]],
                                 max_tokens=[max_tokens],
@@ -192,6 +199,7 @@ class DirectRunner:
                                 stop_sequences=[self.stop_sequences],
                             )
                             stream_of[uid] = stream
+                            inserted[uid] = at
                             generated[uid] = []
                             running.add(uid)
                 if responses:
@@ -204,7 +212,15 @@ class DirectRunner:
         )
         tokens = sum(len(v) for v in generated.values())
         spread = (min(first.values()), max(first.values()))
-        return Measurement(concurrency, tokens, end - start, texts, spread, started_at=start)
+        return Measurement(
+            concurrency,
+            tokens,
+            end - start,
+            texts,
+            spread,
+            started_at=start,
+            request_first_s=tuple(request_first.values()),
+        )
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text as the server streams it (mlx-lm's streaming detokenizer, which differs from
@@ -391,6 +407,7 @@ class StreamResult:
     output_tokens: int = 0
     terminal: str = ""
     deltas: int = 0
+    sent_at: float = 0.0  # when the request was handed to the client
     first_delta_at: float = 0.0
     done_at: float = 0.0
 
@@ -408,7 +425,7 @@ def request_body(index: int, max_tokens: int) -> dict[str, Any]:
 async def whole_one(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> StreamResult:
     """One request answered whole (``stream`` false): the same work without a delta stream.
     Its first delta is its whole answer."""
-    result = StreamResult()
+    result = StreamResult(sent_at=time.perf_counter())
     response = await client.post(base_url + "/v1/responses", json={**body, "stream": False})
     if response.status_code != 200:
         raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
@@ -429,7 +446,7 @@ async def whole_one(client: httpx.AsyncClient, base_url: str, body: dict[str, An
 async def stream_one(
     client: httpx.AsyncClient, base_url: str, body: dict[str, Any]
 ) -> StreamResult:
-    result = StreamResult()
+    result = StreamResult(sent_at=time.perf_counter())
     parts: list[str] = []
     async with client.stream("POST", base_url + "/v1/responses", json=body) as response:
         if response.status_code != 200:
@@ -496,6 +513,7 @@ async def server_run(
         tuple("".join(r.text for r in stream) for stream in results),
         (min(firsts) - start, max(firsts) - start),
         started_at=start,
+        request_first_s=tuple(r.first_delta_at - r.sent_at for r in done),
     )
 
 
@@ -668,6 +686,8 @@ class Row:
             "first_token": first_token_stats(
                 [m.first_token_s for m in self.direct_runs],
                 [m.first_token_s for m in self.server_runs],
+                [m.request_first_s for m in self.direct_runs],
+                [m.request_first_s for m in self.server_runs],
             ),
             "whole": None
             if not self.whole_runs
