@@ -288,23 +288,46 @@ def test_each_step_gets_its_count_and_a_change_waits_for_the_stream(
     decode: int, wide: int, prefill: int, short: int, steps: list[tuple[bool, int, int]]
 ) -> None:
     # Decode steps of 8 sequences or more run on ``wide`` threads, fewer on ``decode``; a step
-    # with at most SHORT_PREFILL_TOKENS to prefill on ``short``, a longer one on ``prefill``.
+    # with at most SHORT_PREFILL_TOKENS to prefill on ``short``, a longer one on ``prefill``;
+    # the first decode step after a prefill on the count the prefill ran on.
     blas = FakeBlas(prefill)
     default = max(decode, wide, prefill, short)
     by_rows = ((1, decode, 1.0), (8, wide, 1.0))
     choice = BlasThreads(decode, default, 1.0, "test", prefill, by_rows, (short, 1.0))
     threads = StepThreads(blas.set_threads, choice, blas.synchronize, blas.current)
     changes = 0
+    prefilled = False
     for prefilling, rows, tokens in steps:
         before = blas.current
         threads.before_step(prefilling, rows, tokens)
         prefill_count = short if tokens <= SHORT_PREFILL_TOKENS else prefill
-        assert blas.current == (prefill_count if prefilling else wide if rows >= 8 else decode)
+        if prefilling:
+            assert blas.current == prefill_count
+        elif prefilled:
+            assert blas.current == before  # the prefill's new sequences' first tokens
+        else:
+            assert blas.current == (wide if rows >= 8 else decode)
+        prefilled = prefilling
         changes += blas.current != before
     # Only changes touch OpenBLAS, and each one after the stream finished its work.
     assert blas.log[0::2] == ["sync"] * changes
     assert all(entry.startswith("set ") for entry in blas.log[1::2])
     assert threads.changes == changes == len(blas.log) // 2
+
+
+def test_a_lone_request_gets_its_first_token_before_the_count_changes() -> None:
+    """Prefill on two threads and decode on one (the bench model's choice): the two steps of a
+    lone prompt's prefill and the first decode step (its first token) run on two, and the
+    change to one waits for the stream before the second decode step."""
+    blas = FakeBlas(2)
+    choice = BlasThreads(1, 2, 1.2, "test", 2, ((1, 1, 1.2),), (2, 1.35))
+    threads = StepThreads(blas.set_threads, choice, blas.synchronize, blas.current)
+    counts = []
+    for prefilling in (True, True, False, False, False):
+        threads.before_step(prefilling, 1, 30)
+        counts.append(blas.current)
+    assert counts == [2, 2, 2, 1, 1]
+    assert blas.log == ["sync", "set 1"]
 
 
 def _loads_with(
@@ -343,6 +366,21 @@ async def test_a_batch_prefills_on_the_default_and_decodes_on_its_own_count(
             assert handle.threads() == 1  # the last step decoded
             assert await finish(model.insert(2)) == ("length", 4)
             assert steps.changes >= 3  # the next prefill went back to the default, and down
+            assert handle.threads() == 1
+
+
+@needs_openblas
+async def test_a_first_token_comes_out_before_the_count_changes_on_the_real_thread(
+    monkeypatch: pytest.MonkeyPatch, default_restored: int
+) -> None:
+    """A sequence whose first token is its last ends on the prefill's count (its one decode
+    step came right after its prefill); one of two tokens ends on the decode count."""
+    handle = _loads_with(monkeypatch, default_restored, ())
+    async with running() as model:
+        with trio.fail_after(DEADLINE):
+            assert await finish(model.insert(1, max_tokens=1)) == ("length", 1)
+            assert handle.threads() == default_restored
+            assert await finish(model.insert(2, max_tokens=2)) == ("length", 2)
             assert handle.threads() == 1
 
 

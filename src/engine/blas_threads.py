@@ -32,6 +32,12 @@ Invariants:
   finished its work (``synchronize``); it changes only when a step needs another count than
   the last one (a burst's prefill begins or ends, the batch crosses a size measured), so the
   batch's pipelining is kept otherwise.
+- The first decode step after a step that prefilled keeps the prefill's count, and the change
+  waits one step: the first tokens of the sequences that just finished their prompts come out
+  of that step, and a change before it would wait for the stream, building the next step only
+  after the last one's products are done. Measured on the bench model (two threads for a
+  short prefill, one for a lone decode), lone streamed requests, alternating: -0.96 and -1.67
+  ms to the first delta, paired (an A/A control -0.10 ms).
 - Nothing is measured or changed where OpenBLAS is not loaded, on a GPU, where its default is
   one thread, or where one pass takes longer than ``MAX_PASS_SECONDS`` (a model that large has
   products worth every thread). A fixed count (``--blas-threads N``) is set as given.
@@ -160,10 +166,14 @@ class StepThreads:
         self._synchronize = synchronize
         self.current = current
         self.changes = 0
+        self._prefilled = False  # whether the last step prefilled
 
     def before_step(self, prefilling: bool, rows: int = 1, prompt_tokens: int = 0) -> None:
         """Before a step that prefills (``prompt_tokens`` still to prefill in the batch), or
-        decodes ``rows`` sequences."""
+        decodes ``rows`` sequences (right after a prefill, on the prefill's count)."""
+        after_prefill, self._prefilled = self._prefilled, prefilling
+        if after_prefill and not prefilling:
+            return
         choice = self._choice
         wanted = choice.prefill_count(prompt_tokens) if prefilling else choice.decode_threads(rows)
         if wanted != self.current:
