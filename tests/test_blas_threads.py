@@ -216,6 +216,35 @@ def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
     }
 
 
+def test_a_failing_prefill_measurement_leaves_short_prefills_on_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The short prefill's measurement raising is no reason not to serve: the decode counts
+    stand, short prefills run on the default, and OpenBLAS is left there."""
+
+    def paired(
+        _model: object, _set: object, default: int, rows: int, *, tokens: int = 1, **_: object
+    ) -> tuple[list[float], ...]:
+        if tokens > 1:
+            raise RuntimeError("no prefill-shaped pass on this model")
+        return [1e-3] * 12, [1e-3] * 12
+
+    class Blas:
+        default = 2
+
+        def set_threads(self, count: int) -> None:
+            self.count = count
+
+    blas = Blas()
+    monkeypatch.setattr(blas_module, "calibrate", paired)
+    choice = blas_module._measure(blas, object())  # type: ignore[arg-type]
+    assert [(size, n) for size, n, _ in choice.by_rows] == [(1, 1), (4, 1), (16, 1)]
+    assert choice.short_prefill is None
+    assert [choice.prefill_count(tokens) for tokens in (1, 64, 65)] == [2, 2, 2]
+    assert blas.count == 2
+    assert choice.to_json()["short_prefill"] is None
+
+
 @needs_openblas
 def test_a_fixed_count_is_set_as_given_without_measuring(default_restored: int) -> None:
     wanted = 3 if default_restored != 3 else 2

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import statistics
 import threading
 import time
@@ -56,6 +57,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..blas import OPENBLAS, openblas_loaded
+
+log = logging.getLogger(__name__)
 
 MIN_SPEEDUP: Final = 1.3
 BLOCK_PAIRS: Final = 6
@@ -296,16 +299,21 @@ def _measure(blas: OpenBlas, model: Any) -> BlasThreads:
 
 def _measure_short_prefill(blas: OpenBlas, model: Any) -> tuple[int, float] | None:
     """The count and speedup for a prefill of ``SHORT_PREFILL_TOKENS`` tokens, or None where
-    a pass is too slow to measure (the default runs it)."""
-    one, many = calibrate(
-        model,
-        blas.set_threads,
-        blas.default,
-        1,
-        tokens=SHORT_PREFILL_TOKENS,
-        pairs=PREFILL_PAIRS,
-        max_seconds=MAX_PREFILL_PASS_SECONDS,
-    )
+    a pass is too slow to measure or the measurement fails (the default runs it: never a
+    reason not to serve)."""
+    try:
+        one, many = calibrate(
+            model,
+            blas.set_threads,
+            blas.default,
+            1,
+            tokens=SHORT_PREFILL_TOKENS,
+            pairs=PREFILL_PAIRS,
+            max_seconds=MAX_PREFILL_PASS_SECONDS,
+        )
+    except Exception:
+        log.exception("the short prefill's OpenBLAS count was not measured")
+        return None
     if not one:
         return None
     return choose_threads(one, many, blas.default, MIN_PREFILL_SPEEDUP)
