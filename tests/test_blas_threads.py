@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx2 as httpx
@@ -165,6 +165,25 @@ def test_a_decode_step_runs_on_the_count_of_the_widest_size_measured_at_or_below
     assert choice.decode_threads(rows) == (below[-1] if below else fallback)
 
 
+class _TwoThreads:
+    """An OpenBLAS whose own count is two, recording the count it is left on."""
+
+    default = 2
+    count = 0
+
+    def set_threads(self, count: int) -> None:
+        self.count = count
+
+
+def _measured_with(
+    monkeypatch: pytest.MonkeyPatch, paired: Callable[..., tuple[list[float], ...]]
+) -> tuple[BlasThreads, _TwoThreads]:
+    """What ``auto`` chooses when ``calibrate`` answers with ``paired``, and the OpenBLAS."""
+    blas = _TwoThreads()
+    monkeypatch.setattr(blas_module, "calibrate", paired)
+    return blas_module._measure(blas, object()), blas  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("prefill_gain", [1.13, 1.25])
 def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
     monkeypatch: pytest.MonkeyPatch, prefill_gain: float
@@ -183,15 +202,7 @@ def test_auto_chooses_a_count_per_batch_size_from_paired_passes(
         gain = prefill_gain if tokens > 1 else faster[rows]
         return [gain * 1e-3] * 12, [1e-3] * 12
 
-    class Blas:
-        default = 2
-
-        def set_threads(self, count: int) -> None:
-            self.count = count
-
-    blas = Blas()
-    monkeypatch.setattr(blas_module, "calibrate", paired)
-    choice = blas_module._measure(blas, object())  # type: ignore[arg-type]
+    choice, blas = _measured_with(monkeypatch, paired)
     assert measured == [(rows, 1) for rows in CALIBRATION_ROWS] + [(1, SHORT_PREFILL_TOKENS)]
     assert [(size, n) for size, n, _ in choice.by_rows] == [(1, 1), (4, 1), (16, 2)]
     short = 2 if prefill_gain >= MIN_PREFILL_SPEEDUP else 1
@@ -229,15 +240,7 @@ def test_a_failing_prefill_measurement_leaves_short_prefills_on_the_default(
             raise RuntimeError("no prefill-shaped pass on this model")
         return [1e-3] * 12, [1e-3] * 12
 
-    class Blas:
-        default = 2
-
-        def set_threads(self, count: int) -> None:
-            self.count = count
-
-    blas = Blas()
-    monkeypatch.setattr(blas_module, "calibrate", paired)
-    choice = blas_module._measure(blas, object())  # type: ignore[arg-type]
+    choice, blas = _measured_with(monkeypatch, paired)
     assert [(size, n) for size, n, _ in choice.by_rows] == [(1, 1), (4, 1), (16, 1)]
     assert choice.short_prefill is None
     assert [choice.prefill_count(tokens) for tokens in (1, 64, 65)] == [2, 2, 2]
