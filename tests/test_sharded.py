@@ -184,11 +184,15 @@ async def test_a_forced_tool_call_and_a_stop_sequence(ranks: Ranks) -> None:
 
 
 async def _stream(base_url: str, hang_up: bool) -> dict[str, Any] | None:
-    """One streamed "count" answer; with ``hang_up``, the client leaves mid-decode."""
+    """One streamed "count" answer; with ``hang_up``, the client leaves mid-decode.
+
+    It leaves after its second delta: deltas are paced (``actors.pacing``, 70 ms apart with four
+    streams decoding), so waiting for more would leave on a slow machine as the answer ends,
+    with no step after the cancel left to check."""
     body = {"model": MODEL, "input": messages("count"), "temperature": 0, "stream": True}
     if hang_up:
         async with await open_stream(base_url, "/v1/responses", body) as stream:
-            await read_until(stream, b"event: response.output_text.delta", count=10)
+            await read_until(stream, b"event: response.output_text.delta", count=2)
         return None
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
         reply = await http.post("/v1/responses", json=body)
