@@ -145,13 +145,17 @@ class DirectRunner:
         )
         return [int(t) for t in tokens]
 
-    def run(self, concurrency: int, max_tokens: int, turns: int = 1) -> Measurement:
+    def run(
+        self, concurrency: int, max_tokens: int, turns: int = 1, texts: Sequence[str] = ()
+    ) -> Measurement:
         """``concurrency`` streams, each ``turns`` requests one after another: a stream's next
-        prompt is inserted when its last one finishes, into the running batch."""
+        prompt is inserted when its last one finishes, into the running batch. Stream ``i``
+        asks ``texts[i]`` (default: ``prompt_text(i)``)."""
         from mlx_lm.generate import BatchGenerator
         from mlx_lm.sample_utils import make_sampler
 
-        prompts = [self.render(prompt_text(i)) for i in range(concurrency)]
+        asked = list(texts) or [prompt_text(i) for i in range(concurrency)]
+        prompts = [self.render(text) for text in asked]
         generator = BatchGenerator(
             self.model,
             completion_batch_size=COMPLETION_BATCH_SIZE,
