@@ -92,9 +92,19 @@ def _logprob_rows(transcript: Transcript) -> list[float]:
 
 
 def _totals(model: Engine) -> tuple[int, int]:
+    """How many times a sequence went alone (out of the generator, or prefilled alone), and
+    the steps taken alone."""
     batch = model.thread._batch
     assert batch is not None
-    return batch.totals.solo_entries, batch.totals.solo_steps
+    totals = batch.totals
+    return totals.solo_entries + totals.solo_prefills, totals.solo_steps
+
+
+def _prefills(model: Engine) -> int:
+    """How many sequences were prefilled alone."""
+    batch = model.thread._batch
+    assert batch is not None
+    return batch.totals.solo_prefills
 
 
 async def _mlx_lm(model: Engine, prompt: tuple[int, ...], max_tokens: int) -> str:
@@ -256,7 +266,8 @@ async def test_solo_decode_off_keeps_a_lone_sequence_in_the_generator_with_the_s
             batched = await read(slot)
         batch = thread._batch
         assert batch is not None
-        assert batch.totals.solo_entries == 0  # it decoded in the generator throughout
+        # It prefilled and decoded in the generator throughout.
+        assert batch.totals.solo_entries + batch.totals.solo_prefills == 0
         assert batched.tokens == 120
     finally:
         thread.send(Shutdown())
@@ -280,6 +291,8 @@ async def test_a_sequence_whose_cache_is_large_for_its_answer_stays_in_the_gener
     # SOLO_BYTES_PER_TOKEN of it. At one byte a token, the bundled model's cache is worth more
     # tokens than the answer has: it stays batched, and answers the same.
     monkeypatch.setattr(batch_module, "SOLO_BYTES_PER_TOKEN", 1)
+    # The rule is the generator's: no prefill alone, so the sequence starts there.
+    monkeypatch.setattr(batch_module.Batch, "_alone", lambda _batch: None)
     async with engine(lockstep=False) as model:
         loaded = _loaded(model)
         prompt = _prompt(loaded, "Count from 1 to 400.")
@@ -333,3 +346,79 @@ async def test_penalties_and_top_k_go_alone_with_the_sequence_and_a_grammar_stay
     assert companion.tokens > batched.tokens  # it outlived the first: that was never alone
     assert penalized == batched.text
     assert first.tokens + rest.tokens == batched.tokens
+
+
+async def _cancelled_then_next_turn(model: Engine) -> tuple[Transcript, int]:
+    """A story cancelled three tokens in, then the next turn of its conversation: what that
+    turn found in the prompt cache, and the prompt's length."""
+    loaded = _loaded(model)
+    story = _prompt(loaded, "Tell me a story about a fox.")
+    with trio.fail_after(DEADLINE):
+        model.send(Admit(1, SequenceSpec(story, 400, 0.0, 1.0)))
+        await read(model.slots[1], until_tokens=3)
+        model.send(Cancel(1))
+        assert (await read(model.slots[1])).finish == "cancelled"
+        await ended_all(model, {1})
+        turn = (*story, *_prompt(loaded, "Go on."))
+        return await _answer(model, 2, SequenceSpec(turn, 8, 0.0, 1.0)), len(story)
+
+
+async def test_a_lone_prompt_is_prefilled_alone_and_its_end_serves_the_next_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A lone short prompt never enters the generator: one call of the model on the prompt
+    # samples its first token. A cancel keeps nothing of the answer, only the checkpoint of
+    # the prompt's end, which the next turn finds as it finds the generator's.
+    async with engine(lockstep=False) as model:
+        alone, prompt_tokens = await _cancelled_then_next_turn(model)
+        prefills, (went_alone, _) = _prefills(model), _totals(model)
+    assert prefills == 2  # the story and the next turn, each alone
+    assert went_alone == prefills  # neither went through the generator first
+    assert prompt_tokens - 1 <= alone.cached_tokens <= prompt_tokens
+    monkeypatch.setattr(batch_module.Batch, "_alone", lambda _batch: None)
+    async with engine(lockstep=False) as model:
+        batched, _ = await _cancelled_then_next_turn(model)
+        assert _prefills(model) == 0
+    assert alone == batched
+
+
+async def test_a_first_token_that_is_the_last_leaves_one_entry_for_the_next_turn() -> None:
+    # The answer ends with its first token, in the step that prefilled it alone: its whole
+    # cache (the prompt and that token) is stored, and no second entry for the prompt alone,
+    # which the whole one serves.
+    async with engine(lockstep=False) as model:
+        loaded = _loaded(model)
+        prompt = _prompt(loaded, "Count from 1 to 400.")
+        with trio.fail_after(DEADLINE):
+            one = await _answer(model, 1, SequenceSpec(prompt, 1, 0.0, 1.0))
+            again = await _answer(model, 2, SequenceSpec(prompt, 1, 0.0, 1.0))
+            entries = model.facts.latest().prompt_cache.entries
+        assert _prefills(model) == 2
+    with trio.fail_after(DEADLINE):
+        assert one.text == await _mlx_lm(model, prompt, 1)
+    assert one.finish == again.finish == "length"
+    assert one.tokens == 1
+    assert again == replace(one, cached_tokens=again.cached_tokens)
+    assert again.cached_tokens == len(prompt) - 1  # all of it but the token fed again
+    assert entries == 1
+
+
+async def test_a_prompt_prefilled_alone_on_a_served_prefix_leaves_the_entry_it_came_from() -> None:
+    # "Say goodbye" is served the prefix it shares with "Say hello"'s entry, and prefilled
+    # alone from there. The served layers share that entry's arrays: written in place, the
+    # entry would hold goodbye's keys, and "Say hello" asked again would answer from them.
+    async with engine(lockstep=False) as model:
+        loaded = _loaded(model)
+        hello = _prompt(loaded, "Please say the word hello.")
+        goodbye = _prompt(loaded, "Please say the word goodbye.")
+        shared = next(i for i, (a, b) in enumerate(zip(hello, goodbye, strict=False)) if a != b)
+        with trio.fail_after(DEADLINE):
+            first = await _answer(model, 1, SequenceSpec(hello, 12, 0.0, 1.0))
+            other = await _answer(model, 2, SequenceSpec(goodbye, 12, 0.0, 1.0))
+            again = await _answer(model, 3, SequenceSpec(hello, 12, 0.0, 1.0))
+        assert _prefills(model) == 3
+    assert other.cached_tokens == shared  # served from hello's entry, then prefilled alone
+    assert again.cached_tokens == len(hello) - 1
+    assert again == replace(first, cached_tokens=again.cached_tokens)
+    with trio.fail_after(DEADLINE):
+        assert other.text == await _mlx_lm(model, goodbye, 12)
