@@ -241,7 +241,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         on_off_flag,
         "decode a request the batch holds alone outside mlx-lm's BatchGenerator, the model "
         "called on its own cache, which spares it the batch's upkeep (~12%% of a step on "
-        "the bundled model): 'on' (the default) or 'off'",
+        "the bundled model), and prefill it alone when its prompt fits one prefill chunk "
+        "(its first token sooner): 'on' (the default) or 'off'",
     ),
     Flag(
         "--tool-format",
