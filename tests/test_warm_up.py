@@ -64,6 +64,17 @@ async def test_the_first_requests_compile_nothing_and_find_no_trace_of_the_warm_
                 ):
                     reply = await http.post("/v1/responses", json=body)
                     assert reply.status_code == 200, reply.text
+                # Two at once: batched in the generator, prefill and decode steps.
+                pair = {"model": MODEL, "input": "Count from 1 to 20.", "max_output_tokens": 16}
+                replies: list[int] = []
+
+                async def ask() -> None:
+                    replies.append((await http.post("/v1/responses", json=pair)).status_code)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ask)
+                    nursery.start_soon(ask)
+                assert replies == [200, 200]
     assert compiled  # the start compiled the kernels ...
     assert _kernels(temp) == compiled  # ... and the first requests needed no other
 

@@ -5,10 +5,12 @@ Invariants:
   kernels with the system's C++ compiler and keeps them in its temp folder (``/tmp/mlx``), so
   on a machine whose temp folder does not hold them yet (a fresh install, a reboot that
   cleared ``/tmp``) the first request waited for the compiler: 2.3 s to the first delta on
-  the bundled model against ~10 ms after it. The warm-up runs one short sequence's prefill
+  the bundled model against ~10 ms after it. The warm-up runs two short sequences' prefill
   and decode steps with the API's default sampling (temperature 1) at start instead, batched
-  and alone (``batch.py``'s solo steps: the model on a plain cache): what it compiles covers a
-  greedy request too (``tests/test_warm_up.py``).
+  (two rows: one sequence alone in the generator left kernels for two at once to compile),
+  then the longer one alone (``batch.py``'s solo steps: the model on a plain cache): what they compile
+  covers a greedy request, a lone one (its prefill alone included) and two at once
+  (``tests/test_warm_up.py``).
 - It leaves nothing behind: its batch has its own prompt cache that holds nothing and its
   own counters, and its sequences' output goes nowhere; the serving batch starts empty, and
   OpenBLAS is left on the prefill's thread count, as the load leaves it.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from .batch import Batch
 from .blas_threads import open_blas
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello, how are you today?"
 WARM_UP_TOKENS = 3  # the prefill's token, one batched decode step's, one step's alone
+# The second sequence's: two more steps alone once the first has ended.
+WARM_UP_LONGER_TOKENS = WARM_UP_TOKENS + 2
 # The Responses API's default temperature (greedy compiles nothing more).
 WARM_UP_TEMPERATURE = 1.0
 
@@ -54,7 +59,8 @@ def warm_up(loaded: LoadedModel) -> float | None:
         )
         try:
             spec = SequenceSpec(prompt, WARM_UP_TOKENS, WARM_UP_TEMPERATURE, 1.0)
-            batch.admit(Admit(0, spec))
+            batch.admit(Admit(0, spec))  # two at once: both prefill in the generator
+            batch.admit(Admit(1, replace(spec, max_tokens=WARM_UP_LONGER_TOKENS)))
             while batch.live:
                 batch.step()
         finally:
