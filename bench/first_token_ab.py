@@ -50,11 +50,6 @@ import throughput
 PAUSE_SECONDS = 0.05
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def compare(first: Sequence[float], second: Sequence[float]) -> dict[str, Any]:
     """``first`` against ``second``, round by round (ms): the median of the differences
     (first - second), the rounds where ``first`` was faster, and how many rounds."""
@@ -71,7 +66,7 @@ def summary(samples: Mapping[str, Sequence[float]]) -> dict[str, Any]:
     sides = {
         side: {
             "p50_ms": round(statistics.median(values), 3),
-            "p90_ms": round(percentile(values, 0.9), 3),
+            "p90_ms": round(throughput.percentile(values, 90), 3),
         }
         for side, values in samples.items()
     }

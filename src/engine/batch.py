@@ -603,7 +603,6 @@ class Batch:
         # spare room in place: the prefill alone runs on copies holding exactly their tokens.
         model = self._loaded.model
         cache = make_prompt_cache(model) if start.cache is None else _exact(start.cache)
-        entry.phase = "prefilling"
         inputs = self._mx.array(prompt[start.start :])
         pending, logprobs = self._solo_forward(entry, cache, inputs, None, prompt=True)
         self._decodes(entry)

@@ -8,9 +8,9 @@ Invariants:
   the bundled model against ~10 ms after it. The warm-up runs two short sequences' prefill
   and decode steps with the API's default sampling (temperature 1) at start instead, batched
   (two rows: one sequence alone in the generator left kernels for two at once to compile),
-  then the longer one alone (``batch.py``'s solo steps: the model on a plain cache): what they compile
-  covers a greedy request, a lone one (its prefill alone included) and two at once
-  (``tests/test_warm_up.py``).
+  then the longer one alone (``batch.py``'s solo steps: the model on a plain cache): what
+  they compile covers a greedy request, a lone one (its prefill alone included) and two at
+  once (``tests/test_warm_up.py``).
 - It leaves nothing behind: its batch has its own prompt cache that holds nothing and its
   own counters, and its sequences' output goes nowhere; the serving batch starts empty, and
   OpenBLAS is left on the prefill's thread count, as the load leaves it.
@@ -33,8 +33,8 @@ from .prompt_cache import PromptCache
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Hello, how are you today?"
-WARM_UP_TOKENS = 3  # the prefill's token, one batched decode step's, one step's alone
-# The second sequence's: two more steps alone once the first has ended.
+WARM_UP_TOKENS = 3  # the prefill's token and two batched decode steps'
+# The second sequence's: two more steps, alone once the first has ended.
 WARM_UP_LONGER_TOKENS = WARM_UP_TOKENS + 2
 # The Responses API's default temperature (greedy compiles nothing more).
 WARM_UP_TEMPERATURE = 1.0
